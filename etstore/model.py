@@ -282,3 +282,21 @@ def attribute(name: str, member: str, value: Any) -> Any:
     else:
         setattr(a, member, value)
     return a
+
+
+def content_hash(trace: Trace) -> str:
+    """A digest of the trace's content (kind, ops, deps, missing deps, metadata), not its name.
+
+    Equal content gives an equal digest, which is what makes ingest idempotent.
+    O(bytes) over the Arrow buffers, no copies.
+    """
+    import hashlib
+
+    h = hashlib.sha1(usedforsecurity=False)
+    h.update(trace.kind.encode())
+    for table in (trace.ops, trace.deps, trace.missing, trace.meta):
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, table.schema) as writer:  # IPC honours slices
+            writer.write_table(table)
+        h.update(memoryview(sink.getvalue()))
+    return h.hexdigest()

@@ -1,0 +1,26 @@
+"""Readers and writers: Chakra ``.et``, Chakra JSON, MSCCL-IR XML."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from etstore.ingest.chakra_json import read_chakra_json, write_chakra_json
+from etstore.ingest.et import read_et, write_et
+from etstore.ingest.files import resolve_rank_files
+from etstore.model import Trace
+
+__all__ = ["read_chakra_json", "read_et", "read_trace", "resolve_rank_files", "write_chakra_json", "write_et"]
+
+
+def read_trace(spec: str | Path, *, name: str | None = None) -> Trace:
+    """Read any supported input, chosen by file name: ``.xml`` MSCCL-IR, ``.json``
+    Chakra JSON, anything else Chakra ``.et`` (plain or gzip)."""
+    text = str(spec)
+    if text.endswith(".xml"):
+        from etstore.ingest.msccl_xml import read_msccl_xml
+
+        return read_msccl_xml(spec, name=name)
+    _, files = resolve_rank_files(spec)
+    if files and files[0][1].name.endswith((".json", ".json.gz")):
+        return read_chakra_json(spec, name=name)
+    return read_et(spec, name=name)

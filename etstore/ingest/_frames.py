@@ -22,8 +22,9 @@ _FOREIGN_MAGIC = {
 }
 
 
-def read_bytes(path: Path) -> bytes:
-    """The file's bytes, gunzipped if it starts with the gzip magic."""
+def read_bytes(path: Path, *, sniff: bool = True) -> bytes:
+    """The file's bytes, gunzipped if it starts with the gzip magic; ``sniff`` rejects
+    well-known foreign formats (PNG, PDF, ...) with a clear message."""
     try:
         data = path.read_bytes()
     except OSError as exc:
@@ -34,9 +35,9 @@ def read_bytes(path: Path) -> bytes:
         except (OSError, EOFError, zlib.error) as exc:
             raise TraceFormatError(f"{path}: corrupt or truncated gzip stream: {exc}") from exc
     if not data:
-        raise TraceFormatError(f"{path}: empty file; a Chakra ET file starts with a GlobalMetadata frame")
+        raise TraceFormatError(f"{path}: empty file; a trace file cannot be empty")
     for magic, what in _FOREIGN_MAGIC.items():
-        if data.startswith(magic):
+        if sniff and data.startswith(magic):
             raise TraceFormatError(f"{path}: not a Chakra ET file: it is {what}")
     return data
 

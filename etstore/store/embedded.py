@@ -1,0 +1,404 @@
+"""The embedded default store: one directory holding Ladybug, DuckDB and the catalog.
+
+Layout of the directory::
+
+    catalog.sqlite     traces and runs (SQLModel); the commit point of every ingest
+    warehouse.duckdb   ops, deps, missing_deps, messages, meta, traces (+ sim metrics)
+    graph/             Ladybug database: (:Op)-[:DEP]->(:Op), (:Op)-[:MSG]->(:Op)
+
+DuckDB is the lossless source (export reads it); Ladybug holds the graph
+projection for Cypher. An ingest writes catalog(loading) → DuckDB (one
+transaction) → Ladybug (bulk COPY) → catalog(ready); any failure or interrupt
+undoes what landed, and a row stuck in ``loading`` is swept at the next open.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+
+from etstore.errors import QueryError, StoreError, UnknownTraceError
+from etstore.model import DEPS_SCHEMA, META_SCHEMA, OPS_SCHEMA, Trace, content_hash
+from etstore.store.base import IngestReport, ProgressFn, TraceInfo
+from etstore.store.catalog import Catalog, TraceRecord
+from etstore.store.graph import GRAPH_OP_COLUMNS, dep_edges, message_edges, op_nodes, uid_base
+from etstore.store.result import Result
+
+__all__ = ["EmbeddedStore"]
+
+log = logging.getLogger(__name__)
+
+_DUCK_TYPES = {
+    pa.int32(): "INTEGER",
+    pa.int64(): "BIGINT",
+    pa.uint64(): "UBIGINT",
+    pa.string(): "VARCHAR",
+    pa.bool_(): "BOOLEAN",
+    pa.binary(): "BLOB",
+}
+_GRAPH_TYPES = {
+    pa.int32(): "INT32",
+    pa.int64(): "INT64",
+    pa.uint64(): "UINT64",
+    pa.string(): "STRING",
+    pa.bool_(): "BOOLEAN",
+}
+
+
+def _columns_sql(schema: pa.Schema, types: Mapping[pa.DataType, str]) -> str:
+    return ", ".join(f"{f.name} {types[f.type]}" for f in schema)
+
+
+_OPS_COLS = ", ".join(f.name for f in OPS_SCHEMA)
+_DEPS_COLS = ", ".join(f.name for f in DEPS_SCHEMA)
+
+_WAREHOUSE_DDL = [
+    f"CREATE TABLE IF NOT EXISTS ops (trace VARCHAR NOT NULL, uid BIGINT NOT NULL, "
+    f"{_columns_sql(OPS_SCHEMA, _DUCK_TYPES)})",
+    f"CREATE TABLE IF NOT EXISTS deps (trace VARCHAR NOT NULL, edge BIGINT NOT NULL, "
+    f"{_columns_sql(DEPS_SCHEMA, _DUCK_TYPES)}, src_uid BIGINT, dst_uid BIGINT)",
+    f"CREATE TABLE IF NOT EXISTS missing_deps (trace VARCHAR NOT NULL, edge BIGINT NOT NULL, "
+    f"{_columns_sql(DEPS_SCHEMA, _DUCK_TYPES)})",
+    "CREATE TABLE IF NOT EXISTS meta (trace VARCHAR NOT NULL, rank INTEGER, metadata BLOB)",
+    "CREATE TABLE IF NOT EXISTS messages (trace VARCHAR NOT NULL, send_uid BIGINT, recv_uid BIGINT, "
+    "tag INTEGER, comm_size BIGINT)",
+    "CREATE TABLE IF NOT EXISTS traces (name VARCHAR PRIMARY KEY, kind VARCHAR, ranks INTEGER, "
+    "ops BIGINT, deps BIGINT, missing BIGINT, messages BIGINT, parent VARCHAR, source VARCHAR, "
+    "params VARCHAR, content_hash VARCHAR)",
+]
+_TRACE_TABLES = ("ops", "deps", "missing_deps", "meta", "messages")
+
+
+def _graph_ddl() -> list[str]:
+    op_schema = pa.schema(
+        [("uid", pa.int64()), ("trace", pa.string())]
+        + [(f.name, f.type) for f in OPS_SCHEMA if f.name in GRAPH_OP_COLUMNS]
+    )
+    return [
+        f"CREATE NODE TABLE IF NOT EXISTS Op({_columns_sql(op_schema, _GRAPH_TYPES)}, PRIMARY KEY(uid))",
+        "CREATE REL TABLE IF NOT EXISTS DEP(FROM Op TO Op, kind STRING)",
+        "CREATE REL TABLE IF NOT EXISTS MSG(FROM Op TO Op, tag INT32, comm_size INT64)",
+    ]
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+class EmbeddedStore:
+    """Ladybug + DuckDB + catalog in one directory (see the module docstring)."""
+
+    def __init__(self, path: str | os.PathLike[str], *, read_only: bool = False) -> None:
+        self.path = Path(path)
+        self.location = str(self.path)
+        self.read_only = read_only
+        if self.path.exists() and not self.path.is_dir():
+            raise StoreError(f"{self.path}: exists and is not a store directory")
+        if read_only and not (self.path / "catalog.sqlite").exists():
+            read_only = False  # a fresh store: create it once, then nothing writes
+        self.path.mkdir(parents=True, exist_ok=True)
+        self.catalog = Catalog(self.path / "catalog.sqlite")
+        self._duck: duckdb.DuckDBPyConnection | None = None
+        self._graph_conn: Any = None
+        self._graph_db: Any = None
+        self._read_only_engines = self.read_only and read_only
+        if not self.read_only:
+            self._sweep()
+
+    # ------------------------------------------------------------ engines
+
+    @property
+    def duck(self) -> duckdb.DuckDBPyConnection:
+        """The DuckDB connection (opened on first use)."""
+        if self._duck is None:
+            try:
+                con = duckdb.connect(str(self.path / "warehouse.duckdb"), read_only=self._read_only_engines)
+            except duckdb.Error as exc:
+                raise StoreError(f"{self.path}: cannot open the DuckDB warehouse: {_first_line(exc)}") from exc
+            if not self._read_only_engines:
+                for ddl in _WAREHOUSE_DDL:
+                    con.execute(ddl)
+            self._duck = con
+        return self._duck
+
+    @property
+    def graph(self) -> Any:
+        """The Ladybug connection (opened on first use)."""
+        if self._graph_conn is None:
+            import ladybug  # imported lazily: SQL-only commands never pay for it
+
+            try:
+                self._graph_db = ladybug.Database(str(self.path / "graph"), read_only=self._read_only_engines)
+                conn = ladybug.Connection(self._graph_db)
+            except RuntimeError as exc:
+                raise StoreError(f"{self.path}: cannot open the Ladybug graph: {_first_line(exc)}") from exc
+            if not self._read_only_engines:
+                for ddl in _graph_ddl():
+                    conn.execute(ddl)
+            self._graph_conn = conn
+        return self._graph_conn
+
+    def close(self) -> None:
+        if self._duck is not None:
+            self._duck.close()
+            self._duck = None
+        if self._graph_conn is not None:
+            self._graph_conn.close()
+            self._graph_conn = None
+            self._graph_db.close()
+            self._graph_db = None
+        self.catalog.engine.dispose()
+
+    def __enter__(self) -> EmbeddedStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------ catalog
+
+    def traces(self) -> list[TraceInfo]:
+        return [r.info() for r in self.catalog.ready()]
+
+    def _record(self, name: str) -> TraceRecord:
+        rec = self.catalog.by_name(name)
+        if rec is None:
+            known = sorted(r.name for r in self.catalog.ready())
+            hint = f"; stored traces: {', '.join(known[:10])}" if known else "; the store is empty"
+            raise UnknownTraceError(f"no trace named {name!r} in {self.location}{hint}")
+        return rec
+
+    def info(self, name: str) -> TraceInfo:
+        return self._record(name).info()
+
+    # ------------------------------------------------------------ ingest
+
+    def _free_name(self, wanted: str, explicit: bool) -> str:
+        taken = self.catalog.names()
+        if wanted not in taken:
+            return wanted
+        if explicit:
+            raise StoreError(f"a different trace is already named {wanted!r}; pick another --name or rm it")
+        i = 2
+        while f"{wanted}-{i}" in taken:
+            i += 1
+        return f"{wanted}-{i}"
+
+    def ingest(
+        self,
+        trace: Trace,
+        *,
+        name: str | None = None,
+        parent: str | None = None,
+        progress: ProgressFn | None = None,
+    ) -> IngestReport:
+        """Store ``trace`` atomically; identical content returns the existing trace.
+
+        Raises
+        ------
+        StoreError
+            The store is read-only, or ``name`` is taken by different content.
+        """
+        if self.read_only:
+            raise StoreError(f"{self.location} is open read-only")
+        started = time.perf_counter()
+        digest = content_hash(trace)
+        existing = self.catalog.by_hash(digest, trace.kind)
+        if existing is not None:
+            return IngestReport(existing.info(), created=False, seconds=time.perf_counter() - started)
+        from etstore.query.dag import cycle_members
+
+        final = self._free_name(name or trace.name, explicit=name is not None)
+        rec = self.catalog.add(
+            TraceRecord(
+                name=final,
+                kind=trace.kind,
+                source=trace.source,
+                content_hash=digest,
+                ranks=trace.num_ranks,
+                parent=parent,
+                params=json.dumps(dict(trace.params), sort_keys=True, default=str),
+            )
+        )
+        assert rec.seq is not None
+        try:
+            base = uid_base(rec.seq)
+            nodes = op_nodes(trace, final, base)
+            deps = dep_edges(trace, base)
+            msgs, unmatched_sends, unmatched_recvs = message_edges(trace, base)
+            counts = {
+                "ops": trace.num_ops,
+                "deps": trace.num_deps,
+                "missing": trace.num_missing,
+                "messages": msgs.num_rows,
+                "ranks": trace.num_ranks,
+            }
+            self._write_warehouse(trace, final, base, deps, msgs, counts, parent, digest)
+            if progress:
+                progress("warehouse", 1, 2)
+            self._write_graph(nodes, deps, msgs)
+            if progress:
+                progress("graph", 2, 2)
+            cycles = len(cycle_members(trace))
+            rec = self.catalog.mark_ready(rec.seq, **counts)
+        except BaseException:
+            self._purge(rec.seq, final)
+            raise
+        return IngestReport(
+            rec.info(),
+            created=True,
+            cycles=cycles,
+            unmatched_sends=unmatched_sends,
+            unmatched_recvs=unmatched_recvs,
+            seconds=time.perf_counter() - started,
+        )
+
+    def _write_warehouse(
+        self,
+        trace: Trace,
+        name: str,
+        base: int,
+        dep_uids: pa.Table,
+        msgs: pa.Table,
+        counts: Mapping[str, int],
+        parent: str | None,
+        digest: str,
+    ) -> None:
+        con = self.duck
+        n = trace.num_ops
+        ops = trace.ops.add_column(0, "uid", pa.array(range(base, base + n), pa.int64()))
+        deps = trace.deps.append_column("src_uid", dep_uids["from"]).append_column("dst_uid", dep_uids["to"])
+        deps = deps.add_column(0, "edge", pa.array(range(deps.num_rows), pa.int64()))
+        missing = trace.missing.add_column(0, "edge", pa.array(range(trace.num_missing), pa.int64()))
+        con.begin()
+        try:
+            for table_name, table, cols in (
+                ("ops", ops, "uid, " + _OPS_COLS),
+                ("deps", deps, "edge, " + _DEPS_COLS + ", src_uid, dst_uid"),
+                ("missing_deps", missing, "edge, " + _DEPS_COLS),
+                ("meta", trace.meta, "rank, metadata"),
+                ("messages", msgs.rename_columns(["send_uid", "recv_uid", "tag", "comm_size"]),
+                 "send_uid, recv_uid, tag, comm_size"),
+            ):
+                con.register("_incoming", table)
+                try:
+                    con.execute(f"INSERT INTO {table_name} (trace, {cols}) SELECT $t, {cols} FROM _incoming", {"t": name})
+                finally:
+                    con.unregister("_incoming")
+            con.execute(
+                "INSERT INTO traces VALUES ($name, $kind, $ranks, $ops, $deps, $missing, $messages, $parent, "
+                "$source, $params, $hash)",
+                {
+                    "name": name,
+                    "kind": trace.kind,
+                    "parent": parent,
+                    "source": trace.source,
+                    "params": json.dumps(dict(trace.params), sort_keys=True, default=str),
+                    "hash": digest,
+                    **counts,
+                },
+            )
+            con.commit()
+        except BaseException:
+            con.rollback()
+            raise
+
+    def _write_graph(self, nodes: pa.Table, deps: pa.Table, msgs: pa.Table) -> None:
+        g = self.graph
+        g.execute("COPY Op FROM nodes")
+        if deps.num_rows:
+            g.execute("COPY DEP FROM deps")
+        if msgs.num_rows:
+            g.execute("COPY MSG FROM msgs")
+
+    def _purge(self, seq: int, name: str) -> None:
+        """Remove every trace of ``seq``/``name`` from both engines, then the catalog row."""
+        self.catalog.mark_deleting(seq)
+        lo = uid_base(seq)
+        hi = lo + (1 << 40)
+        try:
+            self.graph.execute(
+                "MATCH (o:Op) WHERE o.uid >= $lo AND o.uid < $hi DETACH DELETE o", {"lo": lo, "hi": hi}
+            )
+        except RuntimeError as exc:  # pragma: no cover - engine failure while cleaning up
+            log.error("could not remove graph data of %s: %s", name, exc)
+            raise StoreError(f"could not remove {name!r} from the graph: {_first_line(exc)}") from exc
+        con = self.duck
+        con.begin()
+        try:
+            for table in _TRACE_TABLES:
+                con.execute(f"DELETE FROM {table} WHERE trace = $t", {"t": name})
+            con.execute("DELETE FROM traces WHERE name = $t", {"t": name})
+            con.commit()
+        except BaseException:
+            con.rollback()
+            raise
+        self.catalog.delete(seq)
+
+    def _sweep(self) -> None:
+        for rec in self.catalog.stale():
+            assert rec.seq is not None
+            log.warning("removing incomplete trace %s left by an interrupted ingest", rec.name)
+            self._purge(rec.seq, rec.name)
+
+    def remove(self, name: str) -> None:
+        if self.read_only:
+            raise StoreError(f"{self.location} is open read-only")
+        rec = self._record(name)
+        assert rec.seq is not None
+        self._purge(rec.seq, rec.name)
+
+    # ------------------------------------------------------------ read back
+
+    def load(self, name: str) -> Trace:
+        rec = self._record(name)
+        con = self.duck
+        p = {"t": name}
+        ops = con.sql(f"SELECT {_OPS_COLS} FROM ops WHERE trace = $t ORDER BY uid", params=p).to_arrow_table()
+        deps = con.sql(f"SELECT {_DEPS_COLS} FROM deps WHERE trace = $t ORDER BY edge", params=p).to_arrow_table()
+        missing = con.sql(
+            f"SELECT {_DEPS_COLS} FROM missing_deps WHERE trace = $t ORDER BY edge", params=p
+        ).to_arrow_table()
+        meta = con.sql("SELECT rank, metadata FROM meta WHERE trace = $t ORDER BY rank", params=p).to_arrow_table()
+        return Trace(
+            ops=ops.cast(OPS_SCHEMA),
+            deps=deps.cast(DEPS_SCHEMA),
+            missing=missing.cast(DEPS_SCHEMA),
+            meta=meta.cast(META_SCHEMA),
+            name=rec.name,
+            kind=rec.kind,
+            source=rec.source,
+            params=json.loads(rec.params),
+        )
+
+    # ------------------------------------------------------------ queries
+
+    def cypher(self, query: str, params: Mapping[str, Any] | None = None) -> Result:
+        """Run Cypher on the Ladybug graph (``Op`` nodes, ``DEP`` and ``MSG`` edges)."""
+        try:
+            res = self.graph.execute(query, dict(params or {}))
+            if not res.get_column_names():
+                return Result(pa.table({}), query)
+            table = res.get_as_arrow()
+        except RuntimeError as exc:
+            raise QueryError(f"Cypher error: {_first_line(exc)} (query: {query!r})") from exc
+        return Result(table, query)
+
+    def sql(self, query: str, params: Mapping[str, Any] | None = None) -> Result:
+        """Run SQL on DuckDB (tables ``ops``, ``deps``, ``missing_deps``, ``messages``, ``meta``,
+        ``traces`` and the simulator's metrics)."""
+        try:
+            rel = self.duck.sql(query, params=dict(params) if params else None)
+            table = rel.to_arrow_table() if rel is not None else pa.table({})
+        except duckdb.Error as exc:
+            raise QueryError(f"SQL error: {_first_line(exc)} (query: {query!r})") from exc
+        return Result(table, query)

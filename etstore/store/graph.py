@@ -1,0 +1,144 @@
+"""The graph shape of a trace, as Arrow tables any backend can bulk-load.
+
+Nodes are ops keyed by a store-wide ``uid`` (``trace_seq << 40 | row``). Edges:
+``DEP`` (``src → dst`` within a rank, kind ``data``/``ctrl``) and ``MSG``
+(a ``COMM_SEND`` to the ``COMM_RECV`` it matches, across ranks). Matching follows
+ASTRA-sim: sends from rank s to rank d with tag t pair with receives on d from s
+with tag t, the n-th send with the n-th receive, in issue (file) order.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from etstore.errors import StoreError
+from etstore.model import ATTR_COLUMNS, Trace
+
+__all__ = ["GRAPH_OP_COLUMNS", "UID_SHIFT", "dep_edges", "message_edges", "op_nodes", "uid_base"]
+
+UID_SHIFT = 40
+GRAPH_OP_COLUMNS: tuple[str, ...] = (
+    "uid", "trace", "rank", "id", "name", "type", "duration_micros", "start_time_micros",
+    *ATTR_COLUMNS,
+)
+
+
+def uid_base(seq: int) -> int:
+    """First uid of the trace with catalog sequence number ``seq``."""
+    if not 0 < seq < (1 << 22):
+        raise StoreError(f"trace sequence {seq} out of range")
+    return seq << UID_SHIFT
+
+
+def op_nodes(trace: Trace, trace_name: str, base: int) -> pa.Table:
+    """Graph node rows: ``uid``, ``trace`` and the op columns (no raw attrs)."""
+    n = trace.ops.num_rows
+    if n >= 1 << UID_SHIFT:
+        raise StoreError(f"trace {trace_name}: {n} ops exceed the per-trace limit of 2^40")
+    cols = {
+        "uid": pa.array(np.arange(base, base + n, dtype=np.int64)),
+        "trace": pa.array(np.full(n, trace_name, dtype=object), pa.string())
+        if n
+        else pa.array([], pa.string()),
+    }
+    for name in GRAPH_OP_COLUMNS[2:]:
+        cols[name] = trace.ops[name]
+    return pa.table(cols)
+
+
+def _uids_for(trace: Trace, base: int, rank: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """uid of each (rank, id); every pair must exist in ``trace.ops``."""
+    op_rank = trace.ops["rank"].to_numpy().astype(np.int64)
+    op_id = trace.ops["id"].to_numpy()
+    order = np.lexsort((op_id, op_rank))
+    sr, si = op_rank[order], op_id[order]
+    # binary search on (rank, id): first by rank block, then id within it
+    lo = np.searchsorted(sr, rank.astype(np.int64), side="left")
+    hi = np.searchsorted(sr, rank.astype(np.int64), side="right")
+    pos = np.empty(len(ids), dtype=np.int64)
+    # ids sorted within each rank block: search each distinct rank once
+    for r in np.unique(rank):
+        sel = rank == r
+        a, b = lo[sel][0], hi[sel][0]
+        pos[sel] = a + np.searchsorted(si[a:b], ids[sel])
+    return base + order[pos].astype(np.int64)
+
+
+def dep_edges(trace: Trace, base: int) -> pa.Table:
+    """``DEP`` edge rows ``from``, ``to`` (uids), ``kind``."""
+    deps = trace.deps
+    if deps.num_rows == 0:
+        return pa.table({"from": pa.array([], pa.int64()), "to": pa.array([], pa.int64()), "kind": pa.array([], pa.string())})
+    rank = deps["rank"].to_numpy()
+    src = _uids_for(trace, base, rank, deps["src"].to_numpy())
+    dst = _uids_for(trace, base, rank, deps["dst"].to_numpy())
+    return pa.table({"from": src, "to": dst, "kind": deps["kind"]})
+
+
+def _occurrence(keys: list[np.ndarray]) -> np.ndarray:
+    """For rows in file order, the index of each row among earlier rows with the same key."""
+    n = len(keys[0])
+    order = np.lexsort((np.arange(n), *reversed(keys)))  # keys[0] is the primary sort key
+    same = np.zeros(n, dtype=bool)
+    if n > 1:
+        eq = np.ones(n - 1, dtype=bool)
+        for k in keys:
+            ks = k[order]
+            eq &= ks[1:] == ks[:-1]
+        same[1:] = eq
+    starts = np.maximum.accumulate(np.where(same, 0, np.arange(n)))
+    occ = np.empty(n, dtype=np.int64)
+    occ[order] = np.arange(n) - starts
+    return occ
+
+
+def message_edges(trace: Trace, base: int) -> tuple[pa.Table, int, int]:
+    """``MSG`` edge rows (``from`` send uid, ``to`` recv uid, ``tag``, ``comm_size``)
+    plus the counts of unmatched sends and receives.
+
+    Notes
+    -----
+    O(V log V): two lexsorts and a join on (src, dst, tag, occurrence).
+    """
+    ops = trace.ops
+    typ = ops["type"]
+    rows = np.arange(ops.num_rows, dtype=np.int64)
+    is_send = pc.equal(typ, "COMM_SEND_NODE").to_numpy(zero_copy_only=False)
+    is_recv = pc.equal(typ, "COMM_RECV_NODE").to_numpy(zero_copy_only=False)
+    rank = ops["rank"].to_numpy().astype(np.int64)
+
+    def peer(col: str, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        arr = ops[col].filter(pa.array(mask))
+        valid = pc.is_valid(arr).to_numpy(zero_copy_only=False)
+        return pc.fill_null(arr, -1).to_numpy().astype(np.int64), valid
+
+    s_dst, s_ok = peer("comm_dst", is_send)
+    s_tag = pc.fill_null(ops["comm_tag"].filter(pa.array(is_send)), 0).to_numpy().astype(np.int64)
+    s_src = rank[is_send]
+    s_row = rows[is_send]
+    r_src, r_ok = peer("comm_src", is_recv)
+    r_tag = pc.fill_null(ops["comm_tag"].filter(pa.array(is_recv)), 0).to_numpy().astype(np.int64)
+    r_dst = rank[is_recv]
+    r_row = rows[is_recv]
+    s_src, s_dst, s_tag, s_row = s_src[s_ok], s_dst[s_ok], s_tag[s_ok], s_row[s_ok]
+    r_src, r_dst, r_tag, r_row = r_src[r_ok], r_dst[r_ok], r_tag[r_ok], r_row[r_ok]
+    sends = pa.table({
+        "s": s_src, "d": s_dst, "t": s_tag, "n": _occurrence([s_src, s_dst, s_tag]), "send_row": s_row,
+    })
+    recvs = pa.table({
+        "s": r_src, "d": r_dst, "t": r_tag, "n": _occurrence([r_src, r_dst, r_tag]), "recv_row": r_row,
+    })
+    joined = sends.join(recvs, ["s", "d", "t", "n"], join_type="inner")
+    joined = joined.sort_by("send_row")
+    send_row = joined["send_row"].to_numpy()
+    recv_row = joined["recv_row"].to_numpy()
+    size = ops["comm_size"].take(pa.array(send_row))
+    edges = pa.table({
+        "from": pa.array(base + send_row, pa.int64()),
+        "to": pa.array(base + recv_row, pa.int64()),
+        "tag": pa.array(joined["t"].to_numpy().astype(np.int32)),
+        "comm_size": size,
+    })
+    return edges, int(is_send.sum()) - joined.num_rows, int(is_recv.sum()) - joined.num_rows
