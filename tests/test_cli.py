@@ -1,0 +1,107 @@
+"""The CLI end to end: real store, real files; errors are one line, non-zero, and change nothing."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from etstore.cli import main
+
+
+def run(capsys: pytest.CaptureFixture[str], store: Path, *args: str) -> tuple[int, str, str]:
+    code = main(["--store", str(store), *args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def state(capsys: pytest.CaptureFixture[str], store: Path) -> tuple[str, str]:
+    _, listing, _ = run(capsys, store, "ls", "--format", "json")
+    _, count, _ = run(capsys, store, "sql", "SELECT count(*) AS n FROM ops", "--format", "json")
+    return listing, count
+
+
+def test_ingest_ls_show_query_export(capsys: pytest.CaptureFixture[str], tmp_path: Path, custom_allreduce: Path) -> None:
+    s = tmp_path / "s"
+    code, out, _ = run(capsys, s, "ingest", str(custom_allreduce), "--format", "json")
+    assert code == 0 and json.loads(out)[0]["ops"] == 280
+    code, out, _ = run(capsys, s, "ls", "--format", "csv")
+    assert out.splitlines()[0].startswith("name,kind,ranks,ops") and "custom_allreduce,workload,8,280" in out
+    code, out, _ = run(capsys, s, "show", "custom_allreduce", "--format", "json")
+    doc = json.loads(out)
+    assert sum(r["ops"] for r in doc["by_type_rank"]) == 280
+    code, out, _ = run(capsys, s, "cypher", "MATCH (a:Op)-[:MSG]->(b:Op) WHERE a.rank = $r RETURN DISTINCT b.rank AS peer",
+                       "--param", "r=3", "--format", "json")
+    assert json.loads(out) == [{"peer": 4}]
+    code, out, _ = run(capsys, s, "export", "custom_allreduce", "--out", str(tmp_path / "x" / "ar"))
+    assert code == 0 and len(list((tmp_path / "x").glob("ar.*.et"))) == 8
+    code, out, _ = run(capsys, s, "critical-path", "custom_allreduce", "--format", "json")
+    assert json.loads(out)["length_micros"] == 49  # 7 reduction steps of 7 µs on the ring
+    code, out, _ = run(capsys, s, "export", "custom_allreduce", "--format", "json", "--out", str(tmp_path / "j" / "ar"))
+    assert code == 0
+    code, out, _ = run(capsys, s, "rm", "custom_allreduce")
+    assert code == 0 and state(capsys, s)[1].strip() == '[\n {\n  "n": 0\n }\n]'
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda d: d.joinpath("t.0.et").write_bytes(b""), "empty file"),
+        (lambda d: d.joinpath("p.0.et").write_bytes(b"\x89PNG\r\n\x1a\n" + b"\0" * 64), "PNG image"),
+        (lambda d: d.joinpath("h.0.et").write_bytes(b"\x80\x80\x80\x80\x08abc"), "claims 2147483648 bytes"),
+    ],
+)
+def test_bad_files(capsys: pytest.CaptureFixture[str], tmp_path: Path, make, message: str) -> None:
+    s = tmp_path / "s"
+    d = tmp_path / "in"
+    d.mkdir()
+    make(d)
+    before = state(capsys, s)
+    code, out, err = run(capsys, s, "ingest", str(d))
+    assert code == 1 and message in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert state(capsys, s) == before
+
+
+def test_truncated_file_and_mixed_dir(capsys: pytest.CaptureFixture[str], tmp_path: Path, feeder: Path,
+                                      custom_allreduce: Path, rt_template: Path) -> None:
+    s = tmp_path / "s"
+    run(capsys, s, "ingest", str(rt_template))
+    before = state(capsys, s)
+    cut = tmp_path / "cut.0.et"
+    cut.write_bytes(feeder.read_bytes()[:50_000])
+    code, _, err = run(capsys, s, "ingest", str(cut))
+    assert code == 1 and "cut.0.et: byte" in err
+    mixed = tmp_path / "mixed"
+    mixed.mkdir()
+    for p in [*custom_allreduce.glob("*.et"), *rt_template.glob("*.et")]:
+        (mixed / p.name).write_bytes(p.read_bytes())
+    code, _, err = run(capsys, s, "ingest", str(mixed))
+    assert code == 1 and "mixes traces with different prefixes" in err
+    assert state(capsys, s) == before
+
+
+def test_bad_queries_and_unknown_trace(capsys: pytest.CaptureFixture[str], tmp_path: Path, rt_template: Path) -> None:
+    s = tmp_path / "s"
+    run(capsys, s, "ingest", str(rt_template))
+    before = state(capsys, s)
+    for args, message in [
+        (("cypher", "MATCH (o:Op RETURN o"), "Cypher error"),
+        (("sql", "SELEC 1"), "SQL error"),
+        (("show", "nope"), "no trace named 'nope'"),
+        (("critical-path", "nope"), "no trace named 'nope'"),
+        (("export", "nope", "--out", str(tmp_path / "o")), "no trace named 'nope'"),
+        (("rm", "nope"), "no trace named 'nope'"),
+        (("cypher", "MATCH (o:Op) RETURN o", "--param", "oops"), "expected NAME=VALUE"),
+    ]:
+        code, _, err = run(capsys, s, *args)
+        assert code == 1 and message in err and len(err.strip().splitlines()) == 1, (args, err)
+    assert state(capsys, s) == before
+
+
+def test_read_only_query_cannot_write(capsys: pytest.CaptureFixture[str], tmp_path: Path, rt_template: Path) -> None:
+    s = tmp_path / "s"
+    run(capsys, s, "ingest", str(rt_template))
+    code, _, err = run(capsys, s, "sql", "DELETE FROM ops")
+    assert code == 1 and "read-only" in err.lower()
+    assert "8" in state(capsys, s)[1]
