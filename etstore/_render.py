@@ -59,8 +59,12 @@ def render(
         writer = csv.writer(buf, lineterminator="\n")
         writer.writerow(table.column_names)
         for r in rows:
-            writer.writerow([_cell(v) if isinstance(v, (bytes, dict, list)) else ("" if v is None else v)
-                             for v in r.values()])
+            writer.writerow(
+                [
+                    _cell(v) if isinstance(v, (bytes, dict, list)) else ("" if v is None else v)
+                    for v in r.values()
+                ]
+            )
         out.write(buf.getvalue())
     else:
         t = Table(title=title, show_lines=False, header_style="bold")

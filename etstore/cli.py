@@ -57,8 +57,9 @@ def _progress(console: Console) -> Any:
         return None
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    return Progress(TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(), console=console,
-                    transient=True)
+    return Progress(
+        TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(), console=console, transient=True
+    )
 
 
 # ---------------------------------------------------------------- commands
@@ -77,19 +78,28 @@ def _ingest(args: argparse.Namespace, console: Console) -> int:
                     task = progress.add_task(f"ingest {spec}", total=3)
                     trace = read_trace(spec, name=args.name)
                     progress.advance(task)
-                    report = store.ingest(trace, name=args.name,
-                                          progress=lambda _s, _d, _t: progress.advance(task))
+                    report = store.ingest(
+                        trace, name=args.name, progress=lambda _s, _d, _t, task=task: progress.advance(task)
+                    )
             else:
                 trace = read_trace(spec, name=args.name)
                 report = store.ingest(trace, name=args.name)
             info = report.trace
-            rows.append({
-                "trace": info.name, "kind": info.kind, "status": "new" if report.created else "already stored",
-                "ranks": info.ranks, "ops": info.ops, "deps": info.deps, "missing": info.missing,
-                "messages": info.messages, "cycles": report.cycles,
-                "unmatched": report.unmatched_sends + report.unmatched_recvs,
-                "seconds": round(report.seconds, 3),
-            })
+            rows.append(
+                {
+                    "trace": info.name,
+                    "kind": info.kind,
+                    "status": "new" if report.created else "already stored",
+                    "ranks": info.ranks,
+                    "ops": info.ops,
+                    "deps": info.deps,
+                    "missing": info.missing,
+                    "messages": info.messages,
+                    "cycles": report.cycles,
+                    "unmatched": report.unmatched_sends + report.unmatched_recvs,
+                    "seconds": round(report.seconds, 3),
+                }
+            )
     render(pa.Table.from_pylist(rows), args.format, console=console)
     return 0
 
@@ -102,8 +112,11 @@ def _ls(args: argparse.Namespace, console: Console) -> int:
     if args.format == "json":
         render(pa.Table.from_pylist(rows), "json", console=console)
     else:
-        table = pa.Table.from_pylist([{c: r[c] for c in cols} for r in rows]) if rows else pa.table(
-            {c: pa.array([], pa.string()) for c in cols})
+        table = (
+            pa.Table.from_pylist([{c: r[c] for c in cols} for r in rows])
+            if rows
+            else pa.table({c: pa.array([], pa.string()) for c in cols})
+        )
         render(table, args.format, console=console)
     return 0
 
@@ -116,12 +129,18 @@ def _show(args: argparse.Namespace, console: Console) -> int:
         info = store.info(args.trace)
         s = summarize(store, args.trace)
     if args.format == "json":
-        doc = {"trace": info.as_row(), "by_type_rank": s.by_type_rank.to_pylist(),
-               "collectives": s.collectives.to_pylist(), "missing": s.missing.to_pylist()}
+        doc = {
+            "trace": info.as_row(),
+            "by_type_rank": s.by_type_rank.to_pylist(),
+            "collectives": s.collectives.to_pylist(),
+            "missing": s.missing.to_pylist(),
+        }
         sys.stdout.write(json.dumps(doc, indent=1, default=str) + "\n")
         return 0
-    console.print(f"[bold]{info.name}[/] ({info.kind}) {info.ranks} ranks, {info.ops:,} ops, "
-                  f"{info.deps:,} deps, {info.missing:,} missing deps, {info.messages:,} messages")
+    console.print(
+        f"[bold]{info.name}[/] ({info.kind}) {info.ranks} ranks, {info.ops:,} ops, "
+        f"{info.deps:,} deps, {info.missing:,} missing deps, {info.messages:,} messages"
+    )
     render(s.by_type_rank, args.format, title="ops per rank and type", console=console)
     if s.collectives.num_rows:
         render(s.collectives, args.format, title="collectives", console=console)
@@ -180,17 +199,28 @@ def _critical_path(args: argparse.Namespace, console: Console) -> int:
         trace = store.load(args.trace)
     cp = critical_path(trace, rank=args.rank)
     if args.format == "json":
-        doc = {"trace": args.trace, "rank": args.rank, "length_micros": cp.length_micros,
-               "dropped_cycle_edges": cp.dropped_edges, "per_rank": cp.per_rank.to_pylist(),
-               "path": cp.path.to_pylist()}
+        doc = {
+            "trace": args.trace,
+            "rank": args.rank,
+            "length_micros": cp.length_micros,
+            "dropped_cycle_edges": cp.dropped_edges,
+            "per_rank": cp.per_rank.to_pylist(),
+            "path": cp.path.to_pylist(),
+        }
         sys.stdout.write(json.dumps(doc, indent=1) + "\n")
         return 0
     path = cp.path if args.limit <= 0 else cp.path.slice(0, args.limit)
     render(path, args.format, title=f"critical path of {args.trace}", console=console)
     if args.format == "table":
-        console.print(f"length {cp.length_micros:,.0f} µs over {cp.path.num_rows} ops"
-                      + (f" ({cp.path.num_rows - path.num_rows} more not shown)" if path.num_rows < cp.path.num_rows else "")
-                      + (f"; {cp.dropped_edges} edges inside dependency cycles ignored" if cp.dropped_edges else ""))
+        console.print(
+            f"length {cp.length_micros:,.0f} µs over {cp.path.num_rows} ops"
+            + (
+                f" ({cp.path.num_rows - path.num_rows} more not shown)"
+                if path.num_rows < cp.path.num_rows
+                else ""
+            )
+            + (f"; {cp.dropped_edges} edges inside dependency cycles ignored" if cp.dropped_edges else "")
+        )
         if args.rank is None and cp.per_rank.num_rows > 1:
             render(cp.per_rank, "table", title="longest path within each rank", console=console)
     return 0
@@ -213,15 +243,20 @@ def _parser() -> argparse.ArgumentParser:
         description="Store, query, expand and simulate Chakra execution traces and collective algorithms.",
     )
     p.add_argument("--version", action="version", version=f"etstore {__version__}")
-    p.add_argument("--store", default=None,
-                   help=f"store directory or neo4j://user:pass@host:7687 URL (default: ${ENV_VAR} or ./.etstore)")
+    p.add_argument(
+        "--store",
+        default=None,
+        help=f"store directory or neo4j://user:pass@host:7687 URL (default: ${ENV_VAR} or ./.etstore)",
+    )
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def fmt(sp: argparse.ArgumentParser) -> None:
         sp.add_argument("--format", choices=FORMATS, default="table", help="output format (default: table)")
 
     sp = sub.add_parser("ingest", help="read traces or algorithms into the store")
-    sp.add_argument("paths", nargs="+", help=".et/.json file, directory, glob or <dir>/<prefix>; .xml for MSCCL-IR")
+    sp.add_argument(
+        "paths", nargs="+", help=".et/.json file, directory, glob or <dir>/<prefix>; .xml for MSCCL-IR"
+    )
     sp.add_argument("--name", help="trace name (default: the file prefix)")
     fmt(sp)
 
@@ -235,11 +270,18 @@ def _parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("rm", help="remove traces")
     sp.add_argument("traces", nargs="+")
 
-    for name, helptext in (("cypher", "run a Cypher query on the graph"), ("sql", "run SQL on the DuckDB tables")):
+    for name, helptext in (
+        ("cypher", "run a Cypher query on the graph"),
+        ("sql", "run SQL on the DuckDB tables"),
+    ):
         sp = sub.add_parser(name, help=helptext)
         sp.add_argument("query")
-        sp.add_argument("--param", action="append", metavar="NAME=VALUE",
-                        help="query parameter ($NAME); VALUE is parsed as JSON when it can be")
+        sp.add_argument(
+            "--param",
+            action="append",
+            metavar="NAME=VALUE",
+            help="query parameter ($NAME); VALUE is parsed as JSON when it can be",
+        )
         sp.add_argument("--write", action="store_true", help="allow the query to modify the store")
         fmt(sp)
 
@@ -247,7 +289,9 @@ def _parser() -> argparse.ArgumentParser:
     sp.add_argument("trace")
     sp.add_argument("--out", required=True, help="output prefix: writes <PREFIX>.<rank>.et (or .json)")
     sp.add_argument("--format", choices=("et", "json"), default="et")
-    sp.add_argument("--gzip", action="store_true", help="gzip the .et files (ASTRA-sim reads only plain files)")
+    sp.add_argument(
+        "--gzip", action="store_true", help="gzip the .et files (ASTRA-sim reads only plain files)"
+    )
 
     sp = sub.add_parser("critical-path", help="duration-weighted longest dependency path")
     sp.add_argument("trace")
@@ -256,7 +300,9 @@ def _parser() -> argparse.ArgumentParser:
     fmt(sp)
 
     sp = sub.add_parser("demo", help="run the end-to-end demo on shipped examples")
-    sp.add_argument("--out", default="etstore-demo", help="directory for exported files (default: etstore-demo)")
+    sp.add_argument(
+        "--out", default="etstore-demo", help="directory for exported files (default: etstore-demo)"
+    )
     return p
 
 

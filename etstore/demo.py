@@ -36,19 +36,26 @@ def run_demo(*, store_location: str | None, console: Console, out_dir: Path) -> 
         console.rule("1. ingest the example workload (8 ranks, data x tensor parallel)")
         report = store.ingest(read_trace(src, name="transformer"))
         name = report.trace.name
-        console.print(f"{src} → trace [bold]{name}[/]: {report.trace.ops} ops, {report.trace.deps} deps, "
-                      f"{report.trace.messages} cross-rank messages"
-                      + ("" if report.created else " (already stored: same content)"))
+        console.print(
+            f"{src} → trace [bold]{name}[/]: {report.trace.ops} ops, {report.trace.deps} deps, "
+            f"{report.trace.messages} cross-rank messages"
+            + ("" if report.created else " (already stored: same content)")
+        )
 
         console.rule("2. Cypher: who waits on a message from another rank?")
-        q = ("MATCH (s:Op)-[:MSG]->(r:Op)-[:DEP]->(c:Op) WHERE s.trace = $t "
-             "RETURN s.rank AS from_rank, r.rank AS to_rank, s.name AS send, c.name AS waits ORDER BY from_rank")
+        q = (
+            "MATCH (s:Op)-[:MSG]->(r:Op)-[:DEP]->(c:Op) WHERE s.trace = $t "
+            "RETURN s.rank AS from_rank, r.rank AS to_rank, s.name AS send, c.name AS waits "
+            "ORDER BY from_rank"
+        )
         console.print(q, style="dim")
         render(store.cypher(q, {"t": name}).to_arrow(), console=console)
 
         console.rule("3. SQL: collective bytes per communicator group")
-        q = ("SELECT pg_name, comm_type, count(*) AS ops, sum(comm_size) AS bytes FROM ops "
-             "WHERE trace = $t AND type = 'COMM_COLL_NODE' GROUP BY ALL ORDER BY pg_name, comm_type")
+        q = (
+            "SELECT pg_name, comm_type, count(*) AS ops, sum(comm_size) AS bytes FROM ops "
+            "WHERE trace = $t AND type = 'COMM_COLL_NODE' GROUP BY ALL ORDER BY pg_name, comm_type"
+        )
         console.print(q, style="dim")
         render(store.sql(q, {"t": name}).to_arrow(), console=console)
 

@@ -90,8 +90,18 @@ DEPS_SCHEMA = pa.schema(
 META_SCHEMA = pa.schema([("rank", pa.int32()), ("metadata", pa.binary())])
 
 _INT_MEMBERS = frozenset(
-    {"int32_val", "int64_val", "uint32_val", "uint64_val", "sint32_val", "sint64_val",
-     "fixed32_val", "fixed64_val", "sfixed32_val", "sfixed64_val"}
+    {
+        "int32_val",
+        "int64_val",
+        "uint32_val",
+        "uint64_val",
+        "sint32_val",
+        "sint64_val",
+        "fixed32_val",
+        "fixed64_val",
+        "sfixed32_val",
+        "sfixed64_val",
+    }
 )
 _MEMBER_NUMBER = {name: number for number, name in ONEOF_FIELDS.items()}
 

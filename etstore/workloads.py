@@ -69,9 +69,23 @@ def transformer(
     for j in range(tp):
         groups[f"dp{j}"] = list(range(j, ranks, tp))
 
-    cols: dict[str, list[Any]] = {k: [] for k in (
-        "rank", "id", "name", "type", "duration_micros", "comm_type", "comm_size",
-        "comm_src", "comm_dst", "comm_tag", "pg_name", "is_cpu_op")}
+    cols: dict[str, list[Any]] = {
+        k: []
+        for k in (
+            "rank",
+            "id",
+            "name",
+            "type",
+            "duration_micros",
+            "comm_type",
+            "comm_size",
+            "comm_src",
+            "comm_dst",
+            "comm_tag",
+            "pg_name",
+            "is_cpu_op",
+        )
+    }
     d_rank: list[int] = []
     d_src: list[int] = []
     d_dst: list[int] = []
@@ -80,9 +94,11 @@ def transformer(
         nid = 0
         last: int | None = None
 
-        def add(name: str, typ: str, *, dur: float = 0, after: list[int] | None = None, **comm: Any) -> int:
+        def add(
+            name: str, typ: str, *, dur: float = 0, after: list[int] | None = None, rank: int = r, **comm: Any
+        ) -> int:
             nonlocal nid, last
-            cols["rank"].append(r)
+            cols["rank"].append(rank)
             cols["id"].append(nid)
             cols["name"].append(name)
             cols["type"].append(typ)
@@ -91,7 +107,7 @@ def transformer(
                 cols[key].append(comm.get(key))
             cols["is_cpu_op"].append(False)
             for p in after if after is not None else ([last] if last is not None else []):
-                d_rank.append(r)
+                d_rank.append(rank)
                 d_src.append(p)
                 d_dst.append(nid)
             last = nid
@@ -99,21 +115,33 @@ def transformer(
             return last
 
         tpg, dpg = f"tp{r // tp}", f"dp{r % tp}"
-        dp_index = (r // tp)
+        dp_index = r // tp
         # pipeline-style exchange with the neighbouring data-parallel replica
         if ndp > 1:
             nxt = ((dp_index + 1) % ndp) * tp + r % tp
             prv = ((dp_index - 1) % ndp) * tp + r % tp
             s = add("send_embeddings", "COMM_SEND_NODE", comm_size=act_bytes // 4, comm_dst=nxt, comm_tag=1)
-            rv = add("recv_embeddings", "COMM_RECV_NODE", after=[], comm_size=act_bytes // 4, comm_src=prv, comm_tag=1)
+            rv = add(
+                "recv_embeddings",
+                "COMM_RECV_NODE",
+                after=[],
+                comm_size=act_bytes // 4,
+                comm_src=prv,
+                comm_tag=1,
+            )
             add("embedding", "COMP_NODE", dur=fwd_us * 0.2, after=[s, rv])
         else:
             add("embedding", "COMP_NODE", dur=fwd_us * 0.2, after=[])
         for layer in range(layers):
             jitter = rng.uniform(0.9, 1.1)
             if tp > 1:
-                add(f"fwd_allgather_L{layer}", "COMM_COLL_NODE", comm_type="ALL_GATHER",
-                    comm_size=act_bytes, pg_name=tpg)
+                add(
+                    f"fwd_allgather_L{layer}",
+                    "COMM_COLL_NODE",
+                    comm_type="ALL_GATHER",
+                    comm_size=act_bytes,
+                    pg_name=tpg,
+                )
             add(f"fwd_attn_L{layer}", "COMP_NODE", dur=fwd_us * 0.4 * jitter)
             add(f"fwd_mlp_L{layer}", "COMP_NODE", dur=fwd_us * 0.6 * jitter)
         add("loss", "COMP_NODE", dur=fwd_us * 0.1)
@@ -123,18 +151,41 @@ def transformer(
             add(f"bwd_mlp_L{layer}", "COMP_NODE", dur=fwd_us * 1.2 * jitter)
             grads = add(f"bwd_attn_L{layer}", "COMP_NODE", dur=fwd_us * 0.8 * jitter)
             if tp > 1:
-                add(f"bwd_reducescatter_L{layer}", "COMM_COLL_NODE", comm_type="REDUCE_SCATTER",
-                    comm_size=act_bytes, pg_name=tpg)
+                add(
+                    f"bwd_reducescatter_L{layer}",
+                    "COMM_COLL_NODE",
+                    comm_type="REDUCE_SCATTER",
+                    comm_size=act_bytes,
+                    pg_name=tpg,
+                )
             chain = last
             if ndp > 1:
                 # the gradient all-reduce waits only for this layer's gradients: overlappable
-                allreduces.append(add(f"grad_allreduce_L{layer}", "COMM_COLL_NODE", after=[grads],
-                                      comm_type="ALL_REDUCE", comm_size=grad_bytes, pg_name=dpg))
+                allreduces.append(
+                    add(
+                        f"grad_allreduce_L{layer}",
+                        "COMM_COLL_NODE",
+                        after=[grads],
+                        comm_type="ALL_REDUCE",
+                        comm_size=grad_bytes,
+                        pg_name=dpg,
+                    )
+                )
                 last = chain
         add("optimizer_step", "COMP_NODE", dur=fwd_us * 0.3, after=[*allreduces, last])
     ops = ops_table(cols)
     deps = deps_table(np.asarray(d_rank), np.asarray(d_src), np.asarray(d_dst))
-    params = {"ranks": ranks, "layers": layers, "tp": tp, "hidden": hidden, "seq_tokens": seq_tokens,
-              "bytes_per_elem": bytes_per_elem, "seed": seed, "comm_groups": groups, "producer": "transformer"}
-    return Trace(ops=ops, deps=deps, name=name, kind="workload", source="etstore.workloads.transformer",
-                 params=params)
+    params = {
+        "ranks": ranks,
+        "layers": layers,
+        "tp": tp,
+        "hidden": hidden,
+        "seq_tokens": seq_tokens,
+        "bytes_per_elem": bytes_per_elem,
+        "seed": seed,
+        "comm_groups": groups,
+        "producer": "transformer",
+    }
+    return Trace(
+        ops=ops, deps=deps, name=name, kind="workload", source="etstore.workloads.transformer", params=params
+    )

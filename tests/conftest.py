@@ -40,4 +40,6 @@ def rt_template() -> Path:
 
 @pytest.fixture
 def custom_allreduce() -> Path:
-    return fixture_path("astra-sim", "examples", "system", "custom_collectives", "custom_ring_allreduce_8npus_1MB")
+    return fixture_path(
+        "astra-sim", "examples", "system", "custom_collectives", "custom_ring_allreduce_8npus_1MB"
+    )

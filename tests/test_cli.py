@@ -22,7 +22,9 @@ def state(capsys: pytest.CaptureFixture[str], store: Path) -> tuple[str, str]:
     return listing, count
 
 
-def test_ingest_ls_show_query_export(capsys: pytest.CaptureFixture[str], tmp_path: Path, custom_allreduce: Path) -> None:
+def test_ingest_ls_show_query_export(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, custom_allreduce: Path
+) -> None:
     s = tmp_path / "s"
     code, out, _ = run(capsys, s, "ingest", str(custom_allreduce), "--format", "json")
     assert code == 0 and json.loads(out)[0]["ops"] == 280
@@ -31,14 +33,24 @@ def test_ingest_ls_show_query_export(capsys: pytest.CaptureFixture[str], tmp_pat
     code, out, _ = run(capsys, s, "show", "custom_allreduce", "--format", "json")
     doc = json.loads(out)
     assert sum(r["ops"] for r in doc["by_type_rank"]) == 280
-    code, out, _ = run(capsys, s, "cypher", "MATCH (a:Op)-[:MSG]->(b:Op) WHERE a.rank = $r RETURN DISTINCT b.rank AS peer",
-                       "--param", "r=3", "--format", "json")
+    code, out, _ = run(
+        capsys,
+        s,
+        "cypher",
+        "MATCH (a:Op)-[:MSG]->(b:Op) WHERE a.rank = $r RETURN DISTINCT b.rank AS peer",
+        "--param",
+        "r=3",
+        "--format",
+        "json",
+    )
     assert json.loads(out) == [{"peer": 4}]
     code, out, _ = run(capsys, s, "export", "custom_allreduce", "--out", str(tmp_path / "x" / "ar"))
     assert code == 0 and len(list((tmp_path / "x").glob("ar.*.et"))) == 8
     code, out, _ = run(capsys, s, "critical-path", "custom_allreduce", "--format", "json")
     assert json.loads(out)["length_micros"] == 49  # 7 reduction steps of 7 µs on the ring
-    code, out, _ = run(capsys, s, "export", "custom_allreduce", "--format", "json", "--out", str(tmp_path / "j" / "ar"))
+    code, out, _ = run(
+        capsys, s, "export", "custom_allreduce", "--format", "json", "--out", str(tmp_path / "j" / "ar")
+    )
     assert code == 0
     code, out, _ = run(capsys, s, "rm", "custom_allreduce")
     assert code == 0 and state(capsys, s)[1].strip() == '[\n {\n  "n": 0\n }\n]'
@@ -58,13 +70,18 @@ def test_bad_files(capsys: pytest.CaptureFixture[str], tmp_path: Path, make, mes
     d.mkdir()
     make(d)
     before = state(capsys, s)
-    code, out, err = run(capsys, s, "ingest", str(d))
+    code, _, err = run(capsys, s, "ingest", str(d))
     assert code == 1 and message in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
     assert state(capsys, s) == before
 
 
-def test_truncated_file_and_mixed_dir(capsys: pytest.CaptureFixture[str], tmp_path: Path, feeder: Path,
-                                      custom_allreduce: Path, rt_template: Path) -> None:
+def test_truncated_file_and_mixed_dir(
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    feeder: Path,
+    custom_allreduce: Path,
+    rt_template: Path,
+) -> None:
     s = tmp_path / "s"
     run(capsys, s, "ingest", str(rt_template))
     before = state(capsys, s)
@@ -81,7 +98,9 @@ def test_truncated_file_and_mixed_dir(capsys: pytest.CaptureFixture[str], tmp_pa
     assert state(capsys, s) == before
 
 
-def test_bad_queries_and_unknown_trace(capsys: pytest.CaptureFixture[str], tmp_path: Path, rt_template: Path) -> None:
+def test_bad_queries_and_unknown_trace(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, rt_template: Path
+) -> None:
     s = tmp_path / "s"
     run(capsys, s, "ingest", str(rt_template))
     before = state(capsys, s)
@@ -99,7 +118,9 @@ def test_bad_queries_and_unknown_trace(capsys: pytest.CaptureFixture[str], tmp_p
     assert state(capsys, s) == before
 
 
-def test_read_only_query_cannot_write(capsys: pytest.CaptureFixture[str], tmp_path: Path, rt_template: Path) -> None:
+def test_read_only_query_cannot_write(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, rt_template: Path
+) -> None:
     s = tmp_path / "s"
     run(capsys, s, "ingest", str(rt_template))
     code, _, err = run(capsys, s, "sql", "DELETE FROM ops")

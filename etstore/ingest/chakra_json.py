@@ -52,7 +52,11 @@ def _extras(node: dict[str, Any], where: str) -> tuple[bytes | None, str]:
             for member in members:
                 value = attr[member]
                 if member.startswith("bytes"):
-                    value = [base64.b64decode(v) for v in value] if member.endswith("_list") else base64.b64decode(value)
+                    value = (
+                        [base64.b64decode(v) for v in value]
+                        if member.endswith("_list")
+                        else base64.b64decode(value)
+                    )
                 if member.endswith("_list"):
                     getattr(a, member).values.extend(value)
                 else:
@@ -132,7 +136,9 @@ def read_chakra_json(spec: str | Path, *, name: str | None = None) -> Trace:
         deps_parts.append(deps)
     ops = pa.concat_tables(ops_parts).combine_chunks()
     present, missing = split_missing(ops, pa.concat_tables(deps_parts).combine_chunks())
-    meta = pa.Table.from_pydict({"rank": [r for r, _ in files], "metadata": [None] * len(files)}, schema=META_SCHEMA)
+    meta = pa.Table.from_pydict(
+        {"rank": [r for r, _ in files], "metadata": [None] * len(files)}, schema=META_SCHEMA
+    )
     return Trace(ops=ops, deps=present, missing=missing, meta=meta, name=name or prefix, source=str(spec))
 
 
@@ -160,7 +166,9 @@ def write_chakra_json(trace: Trace, prefix: str | Path) -> list[Path]:
     prefix.parent.mkdir(parents=True, exist_ok=True)
     all_deps = pa.concat_tables([trace.deps, trace.missing])
     by_node: dict[tuple[int, int, str], list[tuple[int, int]]] = {}
-    for r, s, d, k, p in zip(*(all_deps[c].to_pylist() for c in ("rank", "src", "dst", "kind", "pos")), strict=True):
+    for r, s, d, k, p in zip(
+        *(all_deps[c].to_pylist() for c in ("rank", "src", "dst", "kind", "pos")), strict=True
+    ):
         by_node.setdefault((r, d, k), []).append((p, s))
     paths = []
     for rank, (start, end) in trace.rank_slices().items():

@@ -48,9 +48,11 @@ def resolve_rank_files(spec: str | Path) -> tuple[str, list[RankFile]]:
         return prefix, [(rank if rank is not None else 0, path)]
     else:
         # <dir>/<prefix>: the files <prefix>.<rank>.et next to it
-        candidates = sorted(
-            p for p in path.parent.glob(glob.escape(path.name) + ".*") if _RANKED.match(p.name)
-        ) if path.parent.is_dir() else []
+        candidates = (
+            sorted(p for p in path.parent.glob(glob.escape(path.name) + ".*") if _RANKED.match(p.name))
+            if path.parent.is_dir()
+            else []
+        )
         where = f"prefix {text!r}"
         if not candidates:
             raise TraceFormatError(f"{text}: no such file, directory or <prefix>.<rank>.et files")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import numpy as np
@@ -80,7 +81,9 @@ def critical_path(trace: Trace, *, rank: int | None = None, on_cycle: str = "bre
         if on_cycle == "raise":
             bad = np.flatnonzero(gen < 0)[:5]
             where = ", ".join(f"rank {ops['rank'][int(i)]} id {ops['id'][int(i)]}" for i in bad)
-            raise EtstoreError(f"trace {trace.name!r} has a dependency cycle ({where}, ...); no critical path")
+            raise EtstoreError(
+                f"trace {trace.name!r} has a dependency cycle ({where}, ...); no critical path"
+            )
         keep = break_cycles(n, src, dst)
         dropped = int((~keep).sum())
         src, dst = src[keep], dst[keep]
@@ -88,7 +91,7 @@ def critical_path(trace: Trace, *, rank: int | None = None, on_cycle: str = "bre
     length, rows, _ = longest_path(n, src, dst, weight)
     msg_pairs = set(zip(msrc.tolist(), mdst.tolist(), strict=True))
     via = ["start"] + [
-        "msg" if (int(a), int(b)) in msg_pairs else "dep" for a, b in zip(rows[:-1], rows[1:], strict=True)
+        "msg" if (int(a), int(b)) in msg_pairs else "dep" for a, b in itertools.pairwise(rows)
     ]
     take = pa.array(rows)
     durations = weight[rows]
@@ -111,7 +114,9 @@ def critical_path(trace: Trace, *, rank: int | None = None, on_cycle: str = "bre
 def _per_rank(trace: Trace) -> pa.Table:
     ranks, lengths, counts = [], [], []
     for r, (a, b) in trace.rank_slices().items():
-        sub = trace.replace(ops=trace.ops.slice(a, b - a), deps=trace.deps.filter(pc.equal(trace.deps["rank"], r)))
+        sub = trace.replace(
+            ops=trace.ops.slice(a, b - a), deps=trace.deps.filter(pc.equal(trace.deps["rank"], r))
+        )
         src, dst = trace_edges(sub)
         keep = break_cycles(sub.num_ops, src, dst)
         src, dst = src[keep], dst[keep]
@@ -121,5 +126,9 @@ def _per_rank(trace: Trace) -> pa.Table:
         lengths.append(length)
         counts.append(len(rows))
     return pa.table(
-        {"rank": pa.array(ranks, pa.int32()), "length_micros": pa.array(lengths), "ops": pa.array(counts, pa.int64())}
+        {
+            "rank": pa.array(ranks, pa.int32()),
+            "length_micros": pa.array(lengths),
+            "ops": pa.array(counts, pa.int64()),
+        }
     )

@@ -39,7 +39,8 @@ def summarize(store: Store, name: str) -> TraceSummary:
         p,
     ).to_arrow()
     missing = store.sql(
-        "SELECT rank, kind, count(*) AS count FROM missing_deps WHERE trace = $t GROUP BY ALL ORDER BY rank, kind",
+        "SELECT rank, kind, count(*) AS count FROM missing_deps WHERE trace = $t "
+        "GROUP BY ALL ORDER BY rank, kind",
         p,
     ).to_arrow()
     return TraceSummary(by, coll, missing)

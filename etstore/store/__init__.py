@@ -10,7 +10,16 @@ from etstore.store.base import IngestReport, Store, TraceInfo
 from etstore.store.embedded import EmbeddedStore
 from etstore.store.result import Result
 
-__all__ = ["DEFAULT_STORE", "ENV_VAR", "EmbeddedStore", "IngestReport", "Result", "Store", "TraceInfo", "open_store"]
+__all__ = [
+    "DEFAULT_STORE",
+    "ENV_VAR",
+    "EmbeddedStore",
+    "IngestReport",
+    "Result",
+    "Store",
+    "TraceInfo",
+    "open_store",
+]
 
 DEFAULT_STORE = ".etstore"
 ENV_VAR = "ETSTORE_STORE"

@@ -146,4 +146,3 @@ class Catalog:
             if rec is not None:
                 s.delete(rec)
                 s.commit()
-

@@ -123,7 +123,9 @@ class EmbeddedStore:
             try:
                 con = duckdb.connect(str(self.path / "warehouse.duckdb"), read_only=self._read_only_engines)
             except duckdb.Error as exc:
-                raise StoreError(f"{self.path}: cannot open the DuckDB warehouse: {_first_line(exc)}") from exc
+                raise StoreError(
+                    f"{self.path}: cannot open the DuckDB warehouse: {_first_line(exc)}"
+                ) from exc
             if not self._read_only_engines:
                 for ddl in _WAREHOUSE_DDL:
                     con.execute(ddl)
@@ -286,12 +288,18 @@ class EmbeddedStore:
                 ("deps", deps, "edge, " + _DEPS_COLS + ", src_uid, dst_uid"),
                 ("missing_deps", missing, "edge, " + _DEPS_COLS),
                 ("meta", trace.meta, "rank, metadata"),
-                ("messages", msgs.rename_columns(["send_uid", "recv_uid", "tag", "comm_size"]),
-                 "send_uid, recv_uid, tag, comm_size"),
+                (
+                    "messages",
+                    msgs.rename_columns(["send_uid", "recv_uid", "tag", "comm_size"]),
+                    "send_uid, recv_uid, tag, comm_size",
+                ),
             ):
                 con.register("_incoming", table)
                 try:
-                    con.execute(f"INSERT INTO {table_name} (trace, {cols}) SELECT $t, {cols} FROM _incoming", {"t": name})
+                    con.execute(
+                        f"INSERT INTO {table_name} (trace, {cols}) SELECT $t, {cols} FROM _incoming",
+                        {"t": name},
+                    )
                 finally:
                     con.unregister("_incoming")
             con.execute(
@@ -364,11 +372,15 @@ class EmbeddedStore:
         con = self.duck
         p = {"t": name}
         ops = con.sql(f"SELECT {_OPS_COLS} FROM ops WHERE trace = $t ORDER BY uid", params=p).to_arrow_table()
-        deps = con.sql(f"SELECT {_DEPS_COLS} FROM deps WHERE trace = $t ORDER BY edge", params=p).to_arrow_table()
+        deps = con.sql(
+            f"SELECT {_DEPS_COLS} FROM deps WHERE trace = $t ORDER BY edge", params=p
+        ).to_arrow_table()
         missing = con.sql(
             f"SELECT {_DEPS_COLS} FROM missing_deps WHERE trace = $t ORDER BY edge", params=p
         ).to_arrow_table()
-        meta = con.sql("SELECT rank, metadata FROM meta WHERE trace = $t ORDER BY rank", params=p).to_arrow_table()
+        meta = con.sql(
+            "SELECT rank, metadata FROM meta WHERE trace = $t ORDER BY rank", params=p
+        ).to_arrow_table()
         return Trace(
             ops=ops.cast(OPS_SCHEMA),
             deps=deps.cast(DEPS_SCHEMA),

@@ -20,7 +20,14 @@ __all__ = ["GRAPH_OP_COLUMNS", "UID_SHIFT", "dep_edges", "message_edges", "op_no
 
 UID_SHIFT = 40
 GRAPH_OP_COLUMNS: tuple[str, ...] = (
-    "uid", "trace", "rank", "id", "name", "type", "duration_micros", "start_time_micros",
+    "uid",
+    "trace",
+    "rank",
+    "id",
+    "name",
+    "type",
+    "duration_micros",
+    "start_time_micros",
     *ATTR_COLUMNS,
 )
 
@@ -70,7 +77,13 @@ def dep_edges(trace: Trace, base: int) -> pa.Table:
     """``DEP`` edge rows ``from``, ``to`` (uids), ``kind``."""
     deps = trace.deps
     if deps.num_rows == 0:
-        return pa.table({"from": pa.array([], pa.int64()), "to": pa.array([], pa.int64()), "kind": pa.array([], pa.string())})
+        return pa.table(
+            {
+                "from": pa.array([], pa.int64()),
+                "to": pa.array([], pa.int64()),
+                "kind": pa.array([], pa.string()),
+            }
+        )
     rank = deps["rank"].to_numpy()
     src = _uids_for(trace, base, rank, deps["src"].to_numpy())
     dst = _uids_for(trace, base, rank, deps["dst"].to_numpy())
@@ -124,21 +137,35 @@ def message_edges(trace: Trace, base: int) -> tuple[pa.Table, int, int]:
     r_row = rows[is_recv]
     s_src, s_dst, s_tag, s_row = s_src[s_ok], s_dst[s_ok], s_tag[s_ok], s_row[s_ok]
     r_src, r_dst, r_tag, r_row = r_src[r_ok], r_dst[r_ok], r_tag[r_ok], r_row[r_ok]
-    sends = pa.table({
-        "s": s_src, "d": s_dst, "t": s_tag, "n": _occurrence([s_src, s_dst, s_tag]), "send_row": s_row,
-    })
-    recvs = pa.table({
-        "s": r_src, "d": r_dst, "t": r_tag, "n": _occurrence([r_src, r_dst, r_tag]), "recv_row": r_row,
-    })
+    sends = pa.table(
+        {
+            "s": s_src,
+            "d": s_dst,
+            "t": s_tag,
+            "n": _occurrence([s_src, s_dst, s_tag]),
+            "send_row": s_row,
+        }
+    )
+    recvs = pa.table(
+        {
+            "s": r_src,
+            "d": r_dst,
+            "t": r_tag,
+            "n": _occurrence([r_src, r_dst, r_tag]),
+            "recv_row": r_row,
+        }
+    )
     joined = sends.join(recvs, ["s", "d", "t", "n"], join_type="inner")
     joined = joined.sort_by("send_row")
     send_row = joined["send_row"].to_numpy()
     recv_row = joined["recv_row"].to_numpy()
     size = ops["comm_size"].take(pa.array(send_row))
-    edges = pa.table({
-        "from": pa.array(base + send_row, pa.int64()),
-        "to": pa.array(base + recv_row, pa.int64()),
-        "tag": pa.array(joined["t"].to_numpy().astype(np.int32)),
-        "comm_size": size,
-    })
+    edges = pa.table(
+        {
+            "from": pa.array(base + send_row, pa.int64()),
+            "to": pa.array(base + recv_row, pa.int64()),
+            "tag": pa.array(joined["t"].to_numpy().astype(np.int32)),
+            "comm_size": size,
+        }
+    )
     return edges, int(is_send.sum()) - joined.num_rows, int(is_recv.sum()) - joined.num_rows

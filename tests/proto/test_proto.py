@@ -39,7 +39,7 @@ def test_wire_bytes_are_chakra_field_numbers() -> None:
     # id=1 (field 1), type=COMP_NODE (field 3 = 4), one attr (field 10, 14 bytes: name 2+9, bool 3)
     node = Node(id=1, type=4)
     node.attr.add(name="is_cpu_op", bool_val=True)
-    assert node.SerializeToString() == bytes([0x08, 0x01, 0x18, 0x04, 0x52, 0x0E, 0x0A, 0x09]) + b"is_cpu_op" + bytes(
-        [0xD8, 0x01, 0x01]
-    )
+    assert node.SerializeToString() == bytes(
+        [0x08, 0x01, 0x18, 0x04, 0x52, 0x0E, 0x0A, 0x09]
+    ) + b"is_cpu_op" + bytes([0xD8, 0x01, 0x01])
     assert GlobalMetadata(version="0.0.4").SerializeToString() == b"\x0a\x050.0.4"

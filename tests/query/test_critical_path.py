@@ -17,16 +17,18 @@ from etstore.query.dag import break_cycles, trace_edges
 
 def _diamond() -> Trace:
     # rank 0: a(5) → b(1) → d(2); a → c(7) → d ; rank 1: x(3) receives from a send on rank 0
-    ops = ops_table({
-        "rank": [0, 0, 0, 0, 0, 1, 1],
-        "id": [10, 11, 12, 13, 14, 0, 1],
-        "name": ["a", "b", "c", "d", "send", "recv", "x"],
-        "type": ["COMP_NODE"] * 4 + ["COMM_SEND_NODE", "COMM_RECV_NODE", "COMP_NODE"],
-        "duration_micros": [5, 1, 7, 2, 0, 0, 30],
-        "comm_dst": [None, None, None, None, 1, None, None],
-        "comm_src": [None, None, None, None, None, 0, None],
-        "comm_tag": [None, None, None, None, 9, 9, None],
-    })
+    ops = ops_table(
+        {
+            "rank": [0, 0, 0, 0, 0, 1, 1],
+            "id": [10, 11, 12, 13, 14, 0, 1],
+            "name": ["a", "b", "c", "d", "send", "recv", "x"],
+            "type": ["COMP_NODE"] * 4 + ["COMM_SEND_NODE", "COMM_RECV_NODE", "COMP_NODE"],
+            "duration_micros": [5, 1, 7, 2, 0, 0, 30],
+            "comm_dst": [None, None, None, None, 1, None, None],
+            "comm_src": [None, None, None, None, None, 0, None],
+            "comm_tag": [None, None, None, None, 9, 9, None],
+        }
+    )
     deps = deps_table([0, 0, 0, 0, 0, 1], [10, 10, 11, 12, 10, 0], [11, 12, 13, 13, 14, 1])
     return Trace(ops=ops, deps=deps, name="diamond")
 
@@ -73,8 +75,10 @@ def test_matches_networkx_on_the_pytorch_trace(feeder: Path) -> None:
     for s, d in zip(src[keep].tolist(), dst[keep].tolist(), strict=True):
         g.add_edge(s, d, weight=w[d])
     # node weights as edge weights into the node, plus the first node's own weight
-    best = max(w[p[0]] + nx.path_weight(g, p, "weight") if len(p) > 1 else w[p[0]]
-               for p in [nx.dag_longest_path(g, weight="weight", default_weight=0)])
+    best = max(
+        w[p[0]] + nx.path_weight(g, p, "weight") if len(p) > 1 else w[p[0]]
+        for p in [nx.dag_longest_path(g, weight="weight", default_weight=0)]
+    )
     lengths = dict.fromkeys(range(trace.num_ops), 0.0)
     for v in nx.topological_sort(g):
         lengths[v] = w[v] + max((lengths[u] for u in g.predecessors(v)), default=0.0)

@@ -21,7 +21,9 @@ def backend_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[St
         return
     url = os.environ.get("ETSTORE_TEST_NEO4J")
     if not url:
-        pytest.skip("no Neo4j server: set ETSTORE_TEST_NEO4J=neo4j://user:pass@127.0.0.1:7687 (scripts/neo4j.sh)")
+        pytest.skip(
+            "no Neo4j server: set ETSTORE_TEST_NEO4J=neo4j://user:pass@127.0.0.1:7687 (scripts/neo4j.sh)"
+        )
     s = open_store(url)
     try:
         for t in s.traces():

@@ -28,11 +28,14 @@ def test_ingest_counts_and_idempotence(backend_store: Store, custom_allreduce: P
 
 def test_cypher_and_sql_agree(backend_store: Store, rt_template: Path) -> None:
     backend_store.ingest(read_et(rt_template))
-    n = backend_store.cypher("MATCH (o:Op) WHERE o.trace = $t RETURN count(o) AS n", {"t": "chakra_trace"}).scalar()
+    n = backend_store.cypher(
+        "MATCH (o:Op) WHERE o.trace = $t RETURN count(o) AS n", {"t": "chakra_trace"}
+    ).scalar()
     m = backend_store.sql("SELECT count(*) FROM ops WHERE trace = $t", {"t": "chakra_trace"}).scalar()
     assert n == m == 8
     rows = backend_store.cypher(
-        "MATCH (o:Op {trace: $t}) RETURN o.rank AS rank, o.comm_type AS ct, o.comm_size AS size ORDER BY rank",
+        "MATCH (o:Op {trace: $t}) "
+        "RETURN o.rank AS rank, o.comm_type AS ct, o.comm_size AS size ORDER BY rank",
         {"t": "chakra_trace"},
     ).to_pylist()
     assert rows == [{"rank": r, "ct": "ALL_REDUCE", "size": 1048576} for r in range(8)]
