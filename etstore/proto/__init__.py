@@ -12,15 +12,15 @@ from __future__ import annotations
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
 __all__ = [
-    "AttributeProto",
     "COLLECTIVE_COMM_TYPES",
-    "GlobalMetadata",
-    "IOInfo",
     "LIST_ELEMENT_TYPES",
     "NODE_TYPES",
-    "Node",
     "ONEOF_FIELDS",
     "PACKAGE",
+    "AttributeProto",
+    "GlobalMetadata",
+    "IOInfo",
+    "Node",
     "Tensor",
     "file_descriptor_proto",
 ]
