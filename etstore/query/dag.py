@@ -100,6 +100,8 @@ def trace_edges(trace: Trace, *, messages: bool = False) -> tuple[np.ndarray, np
 def cycle_members(trace: Trace) -> np.ndarray:
     """Rows of ops that sit on a dependency cycle or wait behind one (empty if acyclic)."""
     src, dst = trace_edges(trace)
+    if len(src) == 0 or bool(np.all(src < dst)):
+        return np.zeros(0, dtype=np.int64)  # every edge points forward in file order: acyclic
     return np.flatnonzero(generations(trace.num_ops, src, dst) < 0)
 
 

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import duckdb
+import numpy as np
 import pyarrow as pa
 
 from etstore.errors import QueryError, StoreError, UnknownTraceError
@@ -277,10 +278,10 @@ class EmbeddedStore:
     ) -> None:
         con = self.duck
         n = trace.num_ops
-        ops = trace.ops.add_column(0, "uid", pa.array(range(base, base + n), pa.int64()))
+        ops = trace.ops.add_column(0, "uid", pa.array(np.arange(base, base + n, dtype=np.int64)))
         deps = trace.deps.append_column("src_uid", dep_uids["from"]).append_column("dst_uid", dep_uids["to"])
-        deps = deps.add_column(0, "edge", pa.array(range(deps.num_rows), pa.int64()))
-        missing = trace.missing.add_column(0, "edge", pa.array(range(trace.num_missing), pa.int64()))
+        deps = deps.add_column(0, "edge", pa.array(np.arange(deps.num_rows, dtype=np.int64)))
+        missing = trace.missing.add_column(0, "edge", pa.array(np.arange(trace.num_missing, dtype=np.int64)))
         con.begin()
         try:
             for table_name, table, cols in (

@@ -1,0 +1,173 @@
+"""Ingest throughput and query latency on a >= 1M-op synthetic multi-rank trace.
+
+Prints one JSON line per measurement. The anchor is the decode-only loop of
+Chakra's reference Python reader (varint length, parse one Node into a reused
+message, keep nothing) over the same files.
+
+    python bench/bench_ingest.py [--ops 1000000] [--ranks 64]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import resource
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from etstore.ingest import read_et, write_et
+from etstore.ingest._frames import varint
+from etstore.model import Trace, deps_table, ops_table
+from etstore.proto import GlobalMetadata, Node
+from etstore.store import EmbeddedStore
+
+OUT = Path(__file__).resolve().parent / "out"
+
+
+def emit(metric: str, value: float, unit: str, n: int, **extra: object) -> None:
+    row = {
+        "metric": metric,
+        "value": round(value, 4),
+        "unit": unit,
+        "n": n,
+        "machine": platform.machine(),
+        **extra,
+    }
+    print(json.dumps(row), flush=True)
+
+
+def synthetic(ops: int, ranks: int, seed: int = 7) -> Trace:
+    """Per rank: a chain of compute/comm ops plus one extra data dep every other op (~1.5 deps/op)."""
+    rng = np.random.default_rng(seed)
+    per = ops // ranks
+    rank = np.repeat(np.arange(ranks, dtype=np.int32), per)
+    ids = np.tile(np.arange(per, dtype=np.uint64), ranks)
+    kind = rng.choice(4, size=len(ids), p=[0.7, 0.1, 0.1, 0.1])
+    types = np.array(["COMP_NODE", "COMM_SEND_NODE", "COMM_RECV_NODE", "COMM_COLL_NODE"])[kind]
+    peer_dst = np.where(kind == 1, (rank + 1) % ranks, -1)
+    peer_src = np.where(kind == 2, (rank - 1) % ranks, -1)
+    o = ops_table(
+        {
+            "rank": rank,
+            "id": ids,
+            "name": np.array(["gemm", "send", "recv", "allreduce"])[kind].astype(object),
+            "type": types.astype(object),
+            "duration_micros": np.where(kind == 0, rng.integers(1, 500, len(ids)), 0).astype(np.uint64),
+            "is_cpu_op": kind == 0,
+            "comm_type": np.where(kind == 3, "ALL_REDUCE", None),
+            "comm_size": np.where(kind > 0, 1 << 20, None),
+            "comm_dst": np.where(peer_dst >= 0, peer_dst, None),
+            "comm_src": np.where(peer_src >= 0, peer_src, None),
+            "comm_tag": np.where(kind == 1, 0, np.where(kind == 2, 0, None)),
+        }
+    )
+    chain = ids[1:] if per > 1 else ids[:0]
+    mask = np.tile(np.arange(per) > 0, ranks)
+    d_rank = rank[mask]
+    d_dst = ids[mask]
+    d_src = d_dst - 1
+    extra = mask & (ids >= 8) & (np.arange(len(ids)) % 2 == 0)
+    e_src = ids[extra] - rng.integers(2, 8, int(extra.sum())).astype(np.uint64)
+    deps = deps_table(
+        np.concatenate([d_rank, rank[extra]]),
+        np.concatenate([d_src, e_src]),
+        np.concatenate([d_dst, ids[extra]]),
+    )
+    del chain
+    return Trace(ops=o, deps=deps, name="bench")
+
+
+def reference_decode(files: list[Path]) -> int:
+    """Chakra's reference reader loop: decode every node into one reused message."""
+    node = Node()
+    meta = GlobalMetadata()
+    count = 0
+    for path in files:
+        data = path.read_bytes()
+        n, pos = varint(data, 0, path)
+        meta.ParseFromString(data[pos : pos + n])
+        pos += n
+        while pos < len(data):
+            n, pos = varint(data, pos, path)
+            node.ParseFromString(data[pos : pos + n])
+            pos += n
+            count += 1
+    return count
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--ops", type=int, default=1_000_000)
+    ap.add_argument("--ranks", type=int, default=64)
+    args = ap.parse_args()
+    src = OUT / f"ingest_{args.ops}_{args.ranks}"
+    if not (src / "bench.0.et").exists():
+        t0 = time.perf_counter()
+        write_et(synthetic(args.ops, args.ranks), src / "bench")
+        emit("write_et", time.perf_counter() - t0, "s", args.ops)
+    files = sorted(src.glob("bench.*.et"))
+
+    t0 = time.perf_counter()
+    n = reference_decode(files)
+    ref = n / (time.perf_counter() - t0)
+    emit("reference_decode_rate", ref, "ops/s", n)
+
+    t0 = time.perf_counter()
+    trace = read_et(src)
+    t_read = time.perf_counter() - t0
+    emit(
+        "read_et_rate",
+        trace.num_ops / t_read,
+        "ops/s",
+        trace.num_ops,
+        ratio_vs_anchor=round(trace.num_ops / t_read / ref, 3),
+    )
+
+    tmp = Path(tempfile.mkdtemp(prefix="etstore-bench-"))
+    try:
+        with EmbeddedStore(tmp / "store") as store:
+            t0 = time.perf_counter()
+            report = store.ingest(trace)
+            t_store = time.perf_counter() - t0
+            emit("store_ingest_rate", trace.num_ops / t_store, "ops/s", trace.num_ops, deps=trace.num_deps)
+            total = t_read + t_store
+            emit(
+                "ingest_end_to_end_rate",
+                trace.num_ops / total,
+                "ops/s",
+                trace.num_ops,
+                ratio_vs_anchor=round(trace.num_ops / total / ref, 3),
+                budget=">= 1e6 ops/s",
+            )
+
+            base = int(store.sql("SELECT min(uid) FROM ops").scalar())
+            uid = base + trace.num_ops // 2
+            q_point = "MATCH (o:Op {uid: $u}) RETURN o.name, o.duration_micros"
+            q_walk = "MATCH (o:Op {uid: $u})-[:DEP*5..5]->(x:Op) RETURN count(x)"
+            for metric, q, budget in (("point_lookup", q_point, "< 1 ms"), ("walk_5_hops", q_walk, "< 5 ms")):
+                store.cypher(q, {"u": uid})
+                reps = 200
+                t0 = time.perf_counter()
+                for i in range(reps):
+                    store.cypher(q, {"u": base + (i * 7919) % trace.num_ops})
+                emit(
+                    f"{metric}_latency",
+                    (time.perf_counter() - t0) / reps * 1e3,
+                    "ms",
+                    report.trace.ops,
+                    budget=budget,
+                )
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    emit("peak_rss", rss_mb, "MiB", args.ops)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
