@@ -1,0 +1,430 @@
+"""Simulator parameters (:class:`SimConfig`) and readers for ASTRA-sim's input files.
+
+ASTRA-sim describes a run with three files: a *system* JSON (scheduling policy,
+endpoint delay, chunking, collective implementations, local memory bandwidth), an
+analytical *network* YAML (one entry per dimension: topology, NPU count, bandwidth,
+latency) and optionally a *communicator group* JSON. :func:`read_system_config`,
+:func:`read_network_config` and :func:`read_comm_groups` turn them into a
+:class:`SimConfig`, a :class:`~etstore.sim.topology.Topology` and a group mapping.
+
+Units: time in ns, sizes in bytes. Network bandwidth is GB/s with GB = 2^30
+(ASTRA-sim's analytical network); ``local-mem-bw`` is GB/s with GB = 10^9, which is
+how ASTRA-sim's system layer reads it (it multiplies the value by 10^9).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from etstore.errors import EtstoreError, TopologyError
+from etstore.sim.topology import Topology
+
+__all__ = [
+    "COLLECTIVES",
+    "AstraNetwork",
+    "ConfigError",
+    "SimConfig",
+    "astra_topology",
+    "collective_name",
+    "read_comm_groups",
+    "read_network_config",
+    "read_system_config",
+]
+
+log = logging.getLogger(__name__)
+
+
+class ConfigError(EtstoreError):
+    """A simulator parameter or an ASTRA-sim config file is malformed or unsupported."""
+
+
+# Chakra CollectiveCommType name -> the algorithm representation's collective name.
+COLLECTIVES: dict[str, str] = {
+    "ALL_REDUCE": "allreduce",
+    "REDUCE": "reduce",
+    "ALL_GATHER": "allgather",
+    "GATHER": "gather",
+    "SCATTER": "scatter",
+    "BROADCAST": "broadcast",
+    "ALL_TO_ALL": "alltoall",
+    "REDUCE_SCATTER": "reducescatter",
+    "REDUCE_SCATTER_BLOCK": "reducescatter",
+    "BARRIER": "barrier",
+}
+_ALIASES = {name.replace("_", "").lower(): chakra for chakra, name in COLLECTIVES.items()}
+_ALIASES.update({c.replace("_", "").lower(): c for c in COLLECTIVES})
+
+
+def collective_name(name: str) -> str:
+    """Chakra name (``ALL_REDUCE``) for any spelling: ``allreduce``, ``all-reduce``, ``ALL_REDUCE``.
+
+    Raises
+    ------
+    ConfigError
+        The name is not a Chakra collective.
+    """
+    key = name.replace("-", "").replace("_", "").replace(" ", "").lower()
+    if key not in _ALIASES:
+        raise ConfigError(f"unknown collective {name!r}; expected one of {', '.join(COLLECTIVES)}")
+    return _ALIASES[key]
+
+
+# ASTRA-sim implementation names -> ours ("native" = ASTRA-sim's own ring, per dimension).
+_IMPL_NAMES = {
+    "ring": "native",
+    "oneRing": "native",
+    "direct": "direct",
+    "oneDirect": "direct",
+    "halvingDoubling": "halving-doubling",
+    "oneHalvingDoubling": "halving-doubling",
+    "doubleBinaryTree": "tree",
+}
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """Every knob of :func:`etstore.sim.simulate`; the defaults are ASTRA-sim's regression case.
+
+    The defaults equal ``tests/rt_template/inputs/system_cfg.json`` (LIFO, endpoint
+    delay 10 ns, one active chunk per dimension, 4 dataset splits, local memory 50 GB/s,
+    ring collectives) with the congestion-unaware network.
+
+    Attributes
+    ----------
+    scheduling_policy
+        ``"FIFO"`` or ``"LIFO"``: which waiting op takes a freed NPU slot (the one
+        that became ready first, or last). Ties break by op order in the trace.
+    congestion
+        ``"unaware"``: a message takes ``sum(latency) + size / min(bandwidth)`` over
+        its route; ``"aware"``: store-and-forward per link with FIFO link queues.
+    max_comp_ops, max_cpu_ops, max_comm_ops, max_mem_ops
+        Ops of each class that may run at once per NPU (ASTRA-sim: 1 each). Comm
+        covers sends and collectives. ``None`` means unlimited.
+    max_recv_ops
+        Receives in flight per NPU; ``None`` (ASTRA-sim) means unlimited.
+    duration_unit_ns
+        ns per unit of ``duration_micros`` (1000: Chakra durations are µs).
+    min_comp_ns
+        Duration of a compute op whose ``duration_micros`` is 0 (ASTRA-sim: 1 ns).
+    endpoint_delay_ns
+        ASTRA-sim's ``endpoint-delay``: paid by native collectives once when a chunk
+        enters a ring phase and once per received message (the NPU ↔ memory hop).
+    message_overhead_ns
+        Added to every message before it is injected (0 in ASTRA-sim).
+    local_mem_bw_gb_per_s
+        ASTRA-sim's ``local-mem-bw``; GB = 10^9 bytes here, as ASTRA-sim reads it.
+    reduction_mem_accesses, copy_mem_accesses
+        A local reduction of ``b`` bytes costs ``reduction_mem_accesses`` memory passes
+        of ``b / local_mem_bw`` each (ASTRA-sim: one write + two reads = 3); a copy
+        costs ``copy_mem_accesses`` passes. Applies to native collectives and to
+        algorithm ``COMP_NODE``s whose duration is 0.
+    active_chunks_per_dimension
+        Chunks of a native collective that may use one network dimension at once.
+    preferred_dataset_splits
+        Chunks (ASTRA-sim "streams") a native collective is split into.
+    integer_ns
+        Truncate every delay to whole ns, as ASTRA-sim's integer clock does.
+    match_on_size
+        Also require equal sizes when matching sends to receives (ASTRA-sim does);
+        off by default, matching on (src, dst, tag) as the store does.
+    all_reduce_impl, all_gather_impl, reduce_scatter_impl, all_to_all_impl
+        Default algorithm per collective: ``"native"`` (ASTRA-sim's ring, one phase
+        per dimension) or a generator name (``ring``, ``direct``, ...).
+    algorithm_chunks
+        ``chunks`` passed to the algorithm generators.
+    """
+
+    scheduling_policy: str = "LIFO"
+    congestion: str = "unaware"
+    max_comp_ops: int | None = 1
+    max_cpu_ops: int | None = 1
+    max_comm_ops: int | None = 1
+    max_recv_ops: int | None = None
+    max_mem_ops: int | None = 1
+    duration_unit_ns: float = 1000.0
+    min_comp_ns: float = 1.0
+    endpoint_delay_ns: float = 10.0
+    message_overhead_ns: float = 0.0
+    local_mem_bw_gb_per_s: float = 50.0
+    reduction_mem_accesses: int = 3
+    copy_mem_accesses: int = 2
+    active_chunks_per_dimension: int = 1
+    preferred_dataset_splits: int = 4
+    integer_ns: bool = True
+    match_on_size: bool = False
+    all_reduce_impl: str = "native"
+    all_gather_impl: str = "native"
+    reduce_scatter_impl: str = "native"
+    all_to_all_impl: str = "native"
+    algorithm_chunks: int = 1
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.scheduling_policy not in ("FIFO", "LIFO"):
+            raise ConfigError(f"scheduling_policy must be FIFO or LIFO, not {self.scheduling_policy!r}")
+        if self.congestion not in ("aware", "unaware"):
+            raise ConfigError(f"congestion must be 'aware' or 'unaware', not {self.congestion!r}")
+        for name in ("max_comp_ops", "max_cpu_ops", "max_comm_ops", "max_recv_ops", "max_mem_ops"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ConfigError(f"{name} must be >= 1 or None (unlimited), not {value}")
+        if self.local_mem_bw_gb_per_s <= 0:
+            raise ConfigError(f"local_mem_bw_gb_per_s must be > 0, not {self.local_mem_bw_gb_per_s}")
+        if self.preferred_dataset_splits < 1 or self.active_chunks_per_dimension < 1:
+            raise ConfigError("preferred_dataset_splits and active_chunks_per_dimension must be >= 1")
+        for name in ("endpoint_delay_ns", "message_overhead_ns", "min_comp_ns", "duration_unit_ns"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name} must be >= 0, not {getattr(self, name)}")
+
+    def impl_for(self, coll: str) -> str:
+        """Default algorithm name for a Chakra collective (``ALL_REDUCE`` → ``all_reduce_impl``)."""
+        return {
+            "ALL_REDUCE": self.all_reduce_impl,
+            "ALL_GATHER": self.all_gather_impl,
+            "REDUCE_SCATTER": self.reduce_scatter_impl,
+            "REDUCE_SCATTER_BLOCK": self.reduce_scatter_impl,
+            "ALL_TO_ALL": self.all_to_all_impl,
+        }.get(coll, "replay")
+
+    def replace(self, **changes: Any) -> SimConfig:
+        """A copy with some fields changed."""
+        return replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able parameters (what :func:`etstore.sim.record_run` stores)."""
+        out = asdict(self)
+        out["extra"] = dict(self.extra)
+        return out
+
+    @classmethod
+    def from_astra(cls, system: Mapping[str, Any], **overrides: Any) -> SimConfig:
+        """A config from the parsed contents of an ASTRA-sim system JSON.
+
+        Keys read: ``scheduling-policy``, ``endpoint-delay``,
+        ``active-chunks-per-dimension``, ``preferred-dataset-splits``,
+        ``local-mem-bw``, ``*-implementation``. Other keys land in ``extra``.
+        Unsupported values (``EXPLICIT`` scheduling, mixed implementations per
+        dimension) raise :class:`ConfigError`.
+        """
+        known = {
+            "scheduling-policy",
+            "endpoint-delay",
+            "active-chunks-per-dimension",
+            "preferred-dataset-splits",
+            "local-mem-bw",
+            "all-reduce-implementation",
+            "all-gather-implementation",
+            "reduce-scatter-implementation",
+            "all-to-all-implementation",
+        }
+        values: dict[str, Any] = {}
+        if "scheduling-policy" in system:
+            values["scheduling_policy"] = str(system["scheduling-policy"]).upper()
+            if values["scheduling_policy"] not in ("FIFO", "LIFO"):
+                raise ConfigError(
+                    f"scheduling-policy {system['scheduling-policy']!r} is not supported (FIFO or LIFO)"
+                )
+        if "endpoint-delay" in system:
+            values["endpoint_delay_ns"] = float(system["endpoint-delay"])
+        if "active-chunks-per-dimension" in system:
+            values["active_chunks_per_dimension"] = int(system["active-chunks-per-dimension"])
+        if "preferred-dataset-splits" in system:
+            values["preferred_dataset_splits"] = int(system["preferred-dataset-splits"])
+        if "local-mem-bw" in system:
+            values["local_mem_bw_gb_per_s"] = float(system["local-mem-bw"])
+        for key, attr in (
+            ("all-reduce-implementation", "all_reduce_impl"),
+            ("all-gather-implementation", "all_gather_impl"),
+            ("reduce-scatter-implementation", "reduce_scatter_impl"),
+            ("all-to-all-implementation", "all_to_all_impl"),
+        ):
+            if key in system:
+                values[attr] = _impl_from_astra(key, system[key])
+        values["extra"] = {k: v for k, v in system.items() if k not in known}
+        values.update(overrides)
+        return cls(**values)
+
+    @classmethod
+    def field_names(cls) -> list[str]:
+        """Names of every parameter."""
+        return [f.name for f in fields(cls)]
+
+
+def _impl_from_astra(key: str, value: Any) -> str:
+    names = [value] if isinstance(value, str) else list(value)
+    if not names:
+        raise ConfigError(f"{key}: empty implementation list")
+    mapped = []
+    for name in names:
+        base = name
+        if name.startswith("direct") and name != "direct":
+            base = "direct"  # "directN" carries a window we do not model
+        if base not in _IMPL_NAMES:
+            raise ConfigError(f"{key}: unknown implementation {name!r}; known: {', '.join(_IMPL_NAMES)}")
+        mapped.append(_IMPL_NAMES[base])
+    if len(set(mapped)) > 1:
+        raise ConfigError(f"{key}: different implementations per dimension ({names}) are not supported")
+    return mapped[0]
+
+
+def read_system_config(path: str | Path, **overrides: Any) -> SimConfig:
+    """Read an ASTRA-sim system JSON into a :class:`SimConfig`.
+
+    Parameters
+    ----------
+    path
+        The ``system_cfg.json`` file.
+    **overrides
+        :class:`SimConfig` fields to set on top (``congestion="aware"``...).
+
+    Raises
+    ------
+    ConfigError
+        The file is missing, not JSON, or holds an unsupported value.
+
+    Examples
+    --------
+    >>> cfg = read_system_config("../shared/fixtures/astra-sim/tests/rt_template/inputs/system_cfg.json")
+    ... # doctest: +SKIP
+    >>> cfg.scheduling_policy, cfg.preferred_dataset_splits  # doctest: +SKIP
+    ('LIFO', 4)
+    """
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError as exc:
+        raise ConfigError(f"{path}: no such system config file") from exc
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{path}: line {exc.lineno}: not valid JSON ({exc.msg})") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a JSON object of system parameters")
+    try:
+        return SimConfig.from_astra(data, **overrides)
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc}") from exc
+
+
+class AstraNetwork(NamedTuple):
+    """An analytical network config: the topology and its dimensions."""
+
+    topology: Topology
+    """Directed links between NPUs (NPU id = Σ coordinate_d · stride_d, dimension 0 fastest)."""
+    kinds: tuple[str, ...]
+    """ASTRA-sim topology kind per dimension (``Ring``, ``FullyConnected``, ``Switch``)."""
+    dims: tuple[int, ...]
+    """NPUs per dimension."""
+
+
+def read_network_config(path: str | Path) -> AstraNetwork:
+    """Read an ASTRA-sim analytical network YAML into a :class:`Topology`.
+
+    Each dimension ``d`` of ``n_d`` NPUs becomes links between NPUs that differ only
+    in coordinate ``d``: ``Ring`` links each NPU to its two ring neighbours,
+    ``FullyConnected`` links every pair, and ``Switch`` links every pair with twice
+    the latency (a message crosses two hops; exact for the congestion-unaware model,
+    and for the congestion-aware model it ignores the sharing of switch ports).
+    Bandwidth is GB/s with GB = 2^30, latency ns.
+
+    Raises
+    ------
+    TopologyError
+        The file is missing, malformed, or its lists differ in length.
+
+    Notes
+    -----
+    O(Σ_d N · n_d) links for rings, O(N · Σ_d n_d) for fully connected dimensions.
+    """
+    import yaml  # pyyaml is a dependency; imported here to keep import time low
+
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text())
+    except FileNotFoundError as exc:
+        raise TopologyError(f"{path}: no such network config file") from exc
+    except yaml.YAMLError as exc:
+        raise TopologyError(f"{path}: not valid YAML ({exc})") from exc
+    if not isinstance(data, dict):
+        raise TopologyError(f"{path}: expected keys topology, npus_count, bandwidth, latency")
+    missing = [k for k in ("topology", "npus_count", "bandwidth", "latency") if k not in data]
+    if missing:
+        raise TopologyError(f"{path}: missing key(s) {', '.join(missing)}")
+    lists = {
+        k: data[k] if isinstance(data[k], list) else [data[k]]
+        for k in ("topology", "npus_count", "bandwidth", "latency")
+    }
+    lengths = {k: len(v) for k, v in lists.items()}
+    if len(set(lengths.values())) != 1:
+        raise TopologyError(f"{path}: one entry per dimension expected, got {lengths}")
+    try:
+        kinds = tuple(str(k) for k in lists["topology"])
+        dims = tuple(int(n) for n in lists["npus_count"])
+        bws = [float(b) for b in lists["bandwidth"]]
+        lats = [float(x) for x in lists["latency"]]
+        topo = astra_topology(kinds, dims, bws, lats)
+    except (TypeError, ValueError) as exc:
+        raise TopologyError(f"{path}: {exc}") from exc
+    except TopologyError as exc:
+        raise TopologyError(f"{path}: {exc}") from exc
+    return AstraNetwork(topo, kinds, dims)
+
+
+def astra_topology(
+    kinds: tuple[str, ...], dims: tuple[int, ...], bandwidth_gb_per_s: list[float], latency_ns: list[float]
+) -> Topology:
+    """The topology of an analytical network config (see :func:`read_network_config`)."""
+    name = (
+        f"{kinds[0].lower()}:{dims[0]}"
+        if len(dims) == 1
+        else f"astra-{'-'.join(kinds)}:{'x'.join(str(n) for n in dims)}"
+    )
+    try:
+        from etstore.sim.topology import Dim  # the shared axis model, when present
+    except ImportError:
+        Dim = None
+    compose = getattr(Topology, "compose", None)
+    if Dim is not None and compose is not None and all(n >= 2 for n in dims):
+        axes = []
+        for kind, n, bw, lat in zip(kinds, dims, bandwidth_gb_per_s, latency_ns, strict=True):
+            k = kind.lower()
+            if k == "ring":
+                axes.append(Dim("ring", n, bw, lat))
+            elif k == "fullyconnected":
+                axes.append(Dim("fc", n, bw, lat))
+            elif k == "switch":  # two hops at full port bandwidth: ASTRA-sim's unaware formula
+                axes.append(Dim("fc", n, bw, 2.0 * lat))
+            else:
+                raise TopologyError(f"unknown topology {kind!r}; expected Ring, FullyConnected or Switch")
+        return compose(axes, name=name)
+    from etstore.sim.network import grid_topology
+
+    return grid_topology(kinds, dims, bandwidth_gb_per_s=bandwidth_gb_per_s, latency_ns=latency_ns, name=name)
+
+
+def read_comm_groups(path: str | Path) -> dict[str, list[int]]:
+    """Read ASTRA-sim's communicator-group JSON (``{"1": [0, 1, 2, 3], ...}``).
+
+    Raises
+    ------
+    ConfigError
+        The file is missing, not JSON, or a group is not a list of ranks.
+    """
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError as exc:
+        raise ConfigError(f"{path}: no such communicator group file") from exc
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{path}: line {exc.lineno}: not valid JSON ({exc.msg})") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected an object mapping group names to rank lists")
+    out: dict[str, list[int]] = {}
+    for name, ranks in data.items():
+        if not isinstance(ranks, list) or not all(isinstance(r, int) for r in ranks):
+            raise ConfigError(f"{path}: group {name!r} must be a list of integer ranks")
+        out[str(name)] = list(ranks)
+    return out

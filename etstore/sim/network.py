@@ -1,0 +1,375 @@
+"""Network models over a :class:`~etstore.sim.topology.Topology`: routes and message times.
+
+Routing is shortest-path with *dimension order* where the topology has dimensions:
+next-hop tables are computed once per destination by a vectorised breadth-first
+search over the link arrays, and among the shortest next hops a node prefers the
+link that moves along the lowest dimension (X before Y before Z on a mesh or torus),
+then the lowest link index. Without dimensions every link is dimension 0 and ties
+break by link index, so routes are deterministic.
+
+Two message models sit on the routes (FORMATS.md §3):
+
+* congestion-unaware: ``Σ latency + size / min(bandwidth)`` over the route, i.e.
+  ``hops × latency + size / bandwidth`` on uniform links; vectorised here
+  (:meth:`Network.message_times_ns`).
+* congestion-aware: store-and-forward, each link a FIFO queue busy ``size /
+  bandwidth`` per message, the next hop reached ``latency`` later. The event loop
+  in :mod:`etstore.sim.engine` walks messages hop by hop with :meth:`Network.hop_table`.
+
+Bandwidth is GB/s with GB = 2^30 bytes; times are ns.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Sequence
+
+import numpy as np
+
+from etstore.errors import TopologyError
+from etstore.sim.topology import GIB, Topology
+
+__all__ = ["Network", "dims_of", "grid_topology", "link_dimensions"]
+
+log = logging.getLogger(__name__)
+
+_DIMS_RE = re.compile(r":(\d+(?:x\d+)*)$")
+
+
+def dims_of(topo: Topology) -> tuple[int, ...]:
+    """The dimensions of a topology: its ``dims`` attribute, else parsed from its name.
+
+    ``mesh2d:8x8`` → ``(8, 8)``, ``ring:8`` → ``(8,)``; a name without sizes, or
+    sizes whose product is not ``num_npus``, gives ``(num_npus,)``.
+    """
+    dims = getattr(topo, "dims", None)
+    if dims:
+        sizes = tuple(int(getattr(d, "size", d)) for d in dims)
+        if int(np.prod(sizes)) == topo.num_npus:
+            return sizes
+    m = _DIMS_RE.search(topo.name or "")
+    if m:
+        parsed = tuple(int(x) for x in m.group(1).split("x"))
+        if int(np.prod(parsed)) == topo.num_npus:
+            return parsed
+    return (topo.num_npus,)
+
+
+def _coords(num: int, dims: Sequence[int]) -> np.ndarray:
+    """Coordinates (num × len(dims)) of NPU ids, dimension 0 fastest."""
+    ids = np.arange(num, dtype=np.int64)
+    out = np.empty((num, len(dims)), dtype=np.int64)
+    stride = 1
+    for d, n in enumerate(dims):
+        out[:, d] = (ids // stride) % n
+        stride *= n
+    return out
+
+
+def link_dimensions(topo: Topology, dims: Sequence[int] | None = None) -> np.ndarray:
+    """Per link, the one dimension whose coordinate it changes (``len(dims)`` if several or none)."""
+    dims = tuple(dims) if dims is not None else dims_of(topo)
+    if len(dims) == 1 or topo.num_links == 0:
+        return np.zeros(topo.num_links, dtype=np.int64)
+    c = _coords(topo.num_npus, dims)
+    diff = c[topo.src] != c[topo.dst]
+    one = diff.sum(axis=1) == 1
+    return np.where(one, np.argmax(diff, axis=1), len(dims)).astype(np.int64)
+
+
+def grid_topology(
+    kinds: Sequence[str],
+    dims: Sequence[int],
+    *,
+    bandwidth_gb_per_s: Sequence[float],
+    latency_ns: Sequence[float],
+    name: str | None = None,
+) -> Topology:
+    """A multi-dimensional topology, one kind per dimension (ASTRA-sim's analytical network).
+
+    Parameters
+    ----------
+    kinds
+        Per dimension: ``Ring``, ``FullyConnected``, ``Switch`` (every pair linked
+        with twice the latency: two hops) or ``Mesh`` (a line, no wrap-around).
+    dims
+        NPUs per dimension; NPU id = Σ coordinate_d · stride_d, dimension 0 fastest.
+    bandwidth_gb_per_s, latency_ns
+        Per dimension; GB = 2^30 bytes.
+    name
+        Defaults to ``ring:8`` for one dimension, else ``astra-Ring-Switch:8x4``.
+
+    Raises
+    ------
+    TopologyError
+        Unknown kind, lists of different lengths, or a dimension below 1.
+
+    Notes
+    -----
+    O(N · Σ_d n_d) links at most (fully connected dimensions), built with numpy.
+    """
+    k = len(dims)
+    if not (len(kinds) == len(bandwidth_gb_per_s) == len(latency_ns) == k) or k == 0:
+        raise TopologyError("kinds, dims, bandwidth and latency need one entry per dimension")
+    if any(int(n) < 1 for n in dims):
+        raise TopologyError(f"every dimension needs at least one NPU, got {list(dims)}")
+    num = int(np.prod(dims))
+    c = _coords(num, dims)
+    ids = np.arange(num, dtype=np.int64)
+    srcs, dsts, lats, bws = [], [], [], []
+    stride = 1
+    for d, (kind, n) in enumerate(zip(kinds, dims, strict=True)):
+        n = int(n)
+        kind_l = kind.lower()
+        pairs: list[tuple[np.ndarray, np.ndarray]] = []
+        lat = float(latency_ns[d])
+        if n > 1:
+            if kind_l == "ring":
+                pairs.append((ids, ids + (((c[:, d] + 1) % n) - c[:, d]) * stride))
+                if n > 2:
+                    pairs.append((ids, ids + (((c[:, d] - 1) % n) - c[:, d]) * stride))
+            elif kind_l in ("mesh", "line"):
+                up = c[:, d] < n - 1
+                pairs.append((ids[up], ids[up] + stride))
+                down = c[:, d] > 0
+                pairs.append((ids[down], ids[down] - stride))
+            elif kind_l in ("fullyconnected", "switch"):
+                for off in range(1, n):
+                    pairs.append((ids, ids + (((c[:, d] + off) % n) - c[:, d]) * stride))
+                if kind_l == "switch":
+                    lat *= 2.0
+            else:
+                raise TopologyError(
+                    f"unknown topology kind {kind!r} in dimension {d}; expected Ring, FullyConnected, "
+                    "Switch or Mesh"
+                )
+        for s, t in pairs:
+            srcs.append(s)
+            dsts.append(t)
+            lats.append(np.full(len(s), lat))
+            bws.append(np.full(len(s), float(bandwidth_gb_per_s[d])))
+        stride *= n
+    if name is None:
+        name = (
+            f"{kinds[0].lower()}:{dims[0]}"
+            if k == 1
+            else f"astra-{'-'.join(kinds)}:{'x'.join(str(int(n)) for n in dims)}"
+        )
+
+    def cat(parts: list[np.ndarray], dtype: type) -> np.ndarray:
+        return np.concatenate(parts).astype(dtype) if parts else np.zeros(0, dtype=dtype)
+
+    topo = Topology(
+        num, cat(srcs, np.int32), cat(dsts, np.int32), cat(lats, np.float64), cat(bws, np.float64), name
+    )
+    return topo
+
+
+class Network:
+    """Routes and message times over one topology (built once per simulation).
+
+    Parameters
+    ----------
+    topo
+        The links.
+    dims
+        Dimensions for dimension-order routing; default :func:`dims_of`.
+
+    Notes
+    -----
+    Next-hop tables are built lazily per destination, each by a BFS of O(D · E)
+    numpy work (D = diameter, E = links); memory O(N²) int32 for the table.
+    """
+
+    def __init__(self, topo: Topology, dims: Sequence[int] | None = None) -> None:
+        self.topo = topo
+        self.num_nodes = topo.num_npus
+        self.dims = tuple(dims) if dims is not None else dims_of(topo)
+        self.src = np.asarray(topo.src, dtype=np.int64)
+        self.dst = np.asarray(topo.dst, dtype=np.int64)
+        self.latency_ns = np.asarray(topo.latency_ns, dtype=np.float64)
+        self.bytes_per_ns = np.asarray(topo.bandwidth_gb_per_s, dtype=np.float64) * GIB / 1e9
+        self.label = link_dimensions(topo, self.dims)
+        n = self.num_nodes
+        self._nh = np.full((n, n), -2, dtype=np.int32)  # [dst, src] -> link; -2 unknown, -1 none
+        self._done = np.zeros(n, dtype=bool)
+        self._shared = self._shared_routes(topo) if dims is None else None
+        if self._shared is not None:
+            self._nh = self._shared
+            self._done[:] = True
+
+    @staticmethod
+    def _shared_routes(topo: Topology) -> np.ndarray | None:
+        """The topology's own next-link table, as ``[dst, src]``, when it offers one.
+
+        ``Topology.next_link()`` (fewest hops, lowest link id, dimension-ordered for
+        built-in shapes) is used as is so the simulator and the synthesizer route alike.
+        """
+        fn = getattr(topo, "next_link", None)
+        if not callable(fn):
+            return None
+        try:
+            table = np.asarray(fn(), dtype=np.int32)
+        except Exception as exc:  # a foreign implementation: fall back to our BFS
+            log.debug("Topology.next_link unusable (%s); using etstore.sim.network routing", exc)
+            return None
+        n = topo.num_npus
+        if table.shape != (n, n):
+            return None
+        return np.ascontiguousarray(table.T)
+
+    # ------------------------------------------------------------ routing
+
+    def _bfs_to(self, d: int) -> None:
+        """Fill the next-hop row of destination ``d`` (one vectorised BFS)."""
+        n = self.num_nodes
+        row = np.full(n, -1, dtype=np.int32)
+        seen = np.zeros(n, dtype=bool)
+        seen[d] = True
+        frontier = np.zeros(n, dtype=bool)
+        frontier[d] = True
+        src, dst, label = self.src, self.dst, self.label
+        while True:
+            cand = np.flatnonzero(frontier[dst] & ~seen[src])
+            if cand.size == 0:
+                break
+            order = np.lexsort((cand, label[cand], src[cand]))
+            c = cand[order]
+            s = src[c]
+            first = np.ones(len(c), dtype=bool)
+            first[1:] = s[1:] != s[:-1]
+            c, s = c[first], s[first]
+            row[s] = c
+            seen[s] = True
+            frontier[:] = False
+            frontier[s] = True
+        self._nh[d] = row
+        self._done[d] = True
+
+    def prepare(self, destinations: np.ndarray) -> None:
+        """Build next-hop rows for these destinations (no-op for ones already built)."""
+        for d in np.unique(np.asarray(destinations, dtype=np.int64)):
+            d = int(d)
+            if not 0 <= d < self.num_nodes:
+                raise TopologyError(
+                    f"topology {self.topo.name}: NPU {d} is outside 0..{self.num_nodes - 1}; "
+                    "the trace has more ranks than the topology has NPUs"
+                )
+            if not self._done[d]:
+                self._bfs_to(d)
+
+    def next_hop(self, src: int, dst: int) -> int:
+        """Link index of the first hop from ``src`` toward ``dst`` (-1 if ``src == dst``)."""
+        self.prepare(np.array([dst]))
+        if src == dst:
+            return -1
+        link = int(self._nh[dst, src])
+        if link < 0:
+            raise TopologyError(f"topology {self.topo.name}: NPU {dst} is unreachable from NPU {src}")
+        return link
+
+    def route(self, src: int, dst: int) -> list[int]:
+        """Link indices of the route from ``src`` to ``dst`` (empty when equal)."""
+        out = []
+        cur = src
+        while cur != dst:
+            link = self.next_hop(cur, dst)
+            out.append(link)
+            cur = int(self.dst[link])
+        return out
+
+    def _walk(self, src: np.ndarray, dst: np.ndarray):  # type: ignore[no-untyped-def]
+        """Yield (message positions, link indices) hop by hop for many messages at once."""
+        self.prepare(dst)
+        cur = np.asarray(src, dtype=np.int64).copy()
+        dst = np.asarray(dst, dtype=np.int64)
+        active = np.flatnonzero(cur != dst)
+        for _ in range(self.num_nodes + 1):
+            if active.size == 0:
+                return
+            links = self._nh[dst[active], cur[active]].astype(np.int64)
+            bad = links < 0
+            if bad.any():
+                i = active[np.argmax(bad)]
+                raise TopologyError(
+                    f"topology {self.topo.name}: NPU {int(dst[i])} is unreachable from NPU {int(src[i])}"
+                )
+            yield active, links
+            cur[active] = self.dst[links]
+            active = active[cur[active] != dst[active]]
+        raise TopologyError(f"topology {self.topo.name}: routing loop")  # pragma: no cover
+
+    def route_metrics(self, src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per (src, dst): hops, summed latency (ns) and bottleneck bandwidth (bytes/ns).
+
+        Notes
+        -----
+        O(P · D) numpy work for P pairs and route length D.
+        """
+        m = len(src)
+        hops = np.zeros(m, dtype=np.int64)
+        lat = np.zeros(m, dtype=np.float64)
+        bw = np.full(m, np.inf)
+        for pos, links in self._walk(src, dst):
+            hops[pos] += 1
+            lat[pos] += self.latency_ns[links]
+            bw[pos] = np.minimum(bw[pos], self.bytes_per_ns[links])
+        return hops, lat, bw
+
+    # ------------------------------------------------------------ models
+
+    def message_times_ns(
+        self,
+        src: np.ndarray,
+        dst: np.ndarray,
+        size_bytes: np.ndarray,
+        *,
+        integer_ns: bool = True,
+        overhead_ns: float = 0.0,
+    ) -> np.ndarray:
+        """Congestion-unaware delivery time of each message: ``Σ latency + size / min bandwidth``.
+
+        A message to itself takes ``overhead_ns``. With ``integer_ns`` the time is
+        truncated to whole ns (ASTRA-sim's clock).
+
+        Notes
+        -----
+        O(M + P · D): routes are computed once per distinct (src, dst) pair.
+        """
+        src = np.asarray(src, dtype=np.int64)
+        dst = np.asarray(dst, dtype=np.int64)
+        size = np.asarray(size_bytes, dtype=np.float64)
+        if len(src) == 0:
+            return np.zeros(0)
+        n = max(self.num_nodes, 1)
+        key = src * n + dst
+        uniq, inv = np.unique(key, return_inverse=True)
+        hops, lat, bw = self.route_metrics(uniq // n, uniq % n)
+        lat_m, bw_m, hops_m = lat[inv], bw[inv], hops[inv]
+        t = np.where(hops_m > 0, lat_m + size / np.where(np.isinf(bw_m), 1.0, bw_m), 0.0)
+        if integer_ns:
+            t = np.floor(t)
+        return t + overhead_ns
+
+    def link_loads(self, src: np.ndarray, dst: np.ndarray, size_bytes: np.ndarray) -> tuple[np.ndarray, ...]:
+        """Per link: bytes carried, messages carried and busy time (ns, ``bytes / bandwidth``).
+
+        What the congestion-unaware model puts on each link (no queueing).
+        """
+        nl = self.topo.num_links
+        nbytes = np.zeros(nl)
+        msgs = np.zeros(nl, dtype=np.int64)
+        size = np.asarray(size_bytes, dtype=np.float64)
+        for pos, links in self._walk(np.asarray(src), np.asarray(dst)):
+            np.add.at(nbytes, links, size[pos])
+            np.add.at(msgs, links, 1)
+        return nbytes, msgs, nbytes / self.bytes_per_ns if nl else nbytes
+
+    def hop_table(self, destinations: np.ndarray) -> list[list[int] | None]:
+        """Per destination NPU, the next-hop link of every NPU as a Python list (None if unused)."""
+        self.prepare(destinations)
+        out: list[list[int] | None] = [None] * self.num_nodes
+        for d in np.unique(np.asarray(destinations, dtype=np.int64)):
+            out[int(d)] = self._nh[int(d)].tolist()
+        return out

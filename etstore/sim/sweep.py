@@ -1,0 +1,178 @@
+"""Bus-bandwidth curves: one collective over sizes × algorithms × topologies.
+
+Each point simulates a one-collective workload (one ``COMM_COLL_NODE`` per NPU of
+the topology) with :func:`etstore.sim.simulate` and reports nccl-tests ``algbw``
+and ``busbw`` (GB/s, GB = 2^30).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Union
+
+import numpy as np
+import pyarrow as pa
+
+from etstore.errors import TopologyError
+from etstore.model import Trace, ops_table
+from etstore.sim.config import SimConfig, collective_name
+from etstore.sim.engine import SimulationError, busbw_factor, simulate
+from etstore.sim.topology import GIB, Topology
+
+__all__ = ["SWEEP_SCHEMA", "collective_workload", "sweep"]
+
+log = logging.getLogger(__name__)
+
+AlgorithmFactory = Callable[[Topology, str], Trace]
+SweepAlgorithm = Union[str, Trace, AlgorithmFactory]  # noqa: UP007 - a runtime alias
+
+SWEEP_SCHEMA = pa.schema(
+    [
+        ("topology", pa.string()),
+        ("num_npus", pa.int32()),
+        ("collective", pa.string()),
+        ("algorithm", pa.string()),
+        ("congestion", pa.string()),
+        ("size_bytes", pa.int64()),
+        ("time_ns", pa.float64()),
+        ("algbw_gb_per_s", pa.float64()),
+        ("busbw_gb_per_s", pa.float64()),
+        ("events", pa.int64()),
+        ("wall_s", pa.float64()),
+    ]
+)
+
+
+def collective_workload(collective: str, num_npus: int, size_bytes: int, *, name: str | None = None) -> Trace:
+    """A workload of one ``COMM_COLL_NODE`` per rank: ``collective`` of nccl-tests size ``size_bytes``.
+
+    ``size_bytes`` is nccl-tests' S (the whole array); for all-gather the node's
+    ``comm_size`` is the per-rank share ``S / num_npus``, as ASTRA-sim reads it.
+    """
+    coll = collective_name(collective)
+    comm_size = size_bytes // num_npus if coll == "ALL_GATHER" else size_bytes
+    ops = ops_table(
+        {
+            "rank": np.arange(num_npus, dtype=np.int32),
+            "id": np.ones(num_npus, dtype=np.uint64),
+            "name": [f"{coll.lower()}_{size_bytes}"] * num_npus,
+            "type": ["COMM_COLL_NODE"] * num_npus,
+            "comm_type": [coll] * num_npus,
+            "comm_size": np.full(num_npus, comm_size, dtype=np.int64),
+        }
+    )
+    return Trace(ops=ops, name=name or f"{coll.lower()}-{num_npus}x{size_bytes}", kind="workload")
+
+
+def _topology(spec: Topology | str) -> Topology:
+    if isinstance(spec, Topology):
+        return spec
+    try:
+        from etstore.sim.topology import parse_topology  # type: ignore[attr-defined]
+    except ImportError as exc:
+        raise TopologyError(f"cannot parse topology spec {spec!r}: pass a Topology object") from exc
+    return parse_topology(spec)  # type: ignore[no-any-return]
+
+
+def _label(spec: SweepAlgorithm) -> str:
+    if isinstance(spec, str):
+        return spec
+    if isinstance(spec, Trace):
+        return spec.name
+    return getattr(spec, "__name__", "custom")
+
+
+def sweep(
+    sizes_bytes: Sequence[int],
+    algorithms: Sequence[SweepAlgorithm] | Mapping[str, SweepAlgorithm],
+    topologies: Sequence[Topology | str],
+    *,
+    collective: str = "allreduce",
+    config: SimConfig | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> pa.Table:
+    """Simulate one collective for every (topology, algorithm, size) and tabulate bandwidth.
+
+    Parameters
+    ----------
+    sizes_bytes
+        nccl-tests sizes S (bytes).
+    algorithms
+        Names (``"native"``, ``"ring"``, ``"direct"``...), algorithm traces, or
+        factories ``f(topology, collective) -> Trace`` (a synthesizer), optionally as
+        a ``{label: algorithm}`` mapping. Factories run once per topology.
+    topologies
+        :class:`Topology` objects or specs (``"mesh2d:8x8,bw=50,lat=500"``).
+    collective
+        ``allreduce``, ``allgather``, ``reducescatter``, ``alltoall``...
+    config
+        Simulator parameters; ``config.congestion`` picks the network model.
+    progress
+        Called with (points done, points total) after each point.
+
+    Returns
+    -------
+    pyarrow.Table
+        :data:`SWEEP_SCHEMA`: topology, num_npus, collective, algorithm, congestion,
+        size_bytes, time_ns, algbw_gb_per_s and busbw_gb_per_s (GB = 2^30), events, wall_s.
+
+    Raises
+    ------
+    SimulationError
+        An algorithm cannot run this collective on a topology.
+    TopologyError
+        A topology spec cannot be parsed.
+
+    Notes
+    -----
+    O(T · A · S) simulations; each is O(events log events) (see :func:`simulate`).
+    """
+    cfg = config or SimConfig()
+    coll = collective_name(collective)
+    items = (
+        list(algorithms.items()) if isinstance(algorithms, Mapping) else [(_label(a), a) for a in algorithms]
+    )
+    topos = [_topology(t) for t in topologies]
+    rows: dict[str, list[Any]] = {f.name: [] for f in SWEEP_SCHEMA}
+    total = len(topos) * len(items) * len(sizes_bytes)
+    done = 0
+    for topo in topos:
+        n = topo.num_npus
+        for label, spec in items:
+            algo: str | Trace
+            if isinstance(spec, (str, Trace)):
+                algo = spec
+            else:
+                t0 = time.perf_counter()
+                algo = spec(topo, coll)
+                log.debug("algorithm %s for %s built in %.3f s", label, topo.name, time.perf_counter() - t0)
+            for size in sizes_bytes:
+                work = collective_workload(coll, n, int(size))
+                t0 = time.perf_counter()
+                try:
+                    res = simulate(work, topo, config=cfg, algorithms={coll: algo})
+                except SimulationError as exc:
+                    raise SimulationError(f"sweep point {topo.name} / {label} / {size} B: {exc}") from exc
+                wall = time.perf_counter() - t0
+                t = res.total_ns
+                algbw = int(size) / t * 1e9 / GIB if t > 0 else 0.0
+                for key, value in (
+                    ("topology", topo.name),
+                    ("num_npus", n),
+                    ("collective", coll),
+                    ("algorithm", label),
+                    ("congestion", cfg.congestion),
+                    ("size_bytes", int(size)),
+                    ("time_ns", t),
+                    ("algbw_gb_per_s", algbw),
+                    ("busbw_gb_per_s", algbw * busbw_factor(coll, n)),
+                    ("events", res.events),
+                    ("wall_s", wall),
+                ):
+                    rows[key].append(value)
+                done += 1
+                if progress is not None:
+                    progress(done, total)
+    return pa.Table.from_pydict(rows, schema=SWEEP_SCHEMA)

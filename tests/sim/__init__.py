@@ -1,0 +1,1 @@
+"""Tests of etstore.sim: replay, network models, metrics."""

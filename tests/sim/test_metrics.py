@@ -1,0 +1,167 @@
+"""Metrics in a real DuckDB file: schema, one run, joins with stored ops, sweeps, errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import duckdb
+import pyarrow as pa
+import pytest
+
+from etstore.errors import StoreError
+from etstore.model import Trace, deps_table, ops_table
+from etstore.sim import (
+    SimConfig,
+    collective_workload,
+    create_schema,
+    record_run,
+    record_sweep,
+    simulate,
+    sweep,
+)
+from etstore.sim.metrics import SCHEMA_VERSION, TABLES
+from etstore.sim.topology import Topology
+
+
+def _workload() -> Trace:
+    size = 1 << 20
+    ops = ops_table(
+        {
+            "rank": [0, 0, 0, 1, 1],
+            "id": [1, 2, 3, 1, 2],
+            "name": ["fwd", "send", "bwd", "recv", "fwd"],
+            "type": ["COMP_NODE", "COMM_SEND_NODE", "COMP_NODE", "COMM_RECV_NODE", "COMP_NODE"],
+            "duration_micros": [5, 0, 2, 0, 30],
+            "comm_dst": [None, 1, None, None, None],
+            "comm_src": [None, None, None, 0, None],
+            "comm_tag": [None, 4, None, 4, None],
+            "comm_size": [None, size, None, size, None],
+        }
+    )
+    return Trace(ops, deps=deps_table([0, 0], [1, 2], [2, 3]), name="tiny")
+
+
+@pytest.fixture
+def con(tmp_path: Path):  # type: ignore[no-untyped-def]
+    c = duckdb.connect(str(tmp_path / "warehouse.duckdb"))
+    yield c
+    c.close()
+
+
+def test_schema_is_created_once(con) -> None:  # type: ignore[no-untyped-def]
+    create_schema(con)
+    create_schema(con)
+    tables = {r[0] for r in con.execute("SELECT table_name FROM information_schema.tables").fetchall()}
+    assert set(TABLES) <= tables
+    assert con.execute("SELECT count(*), max(version) FROM etstore_sim_schema").fetchall()[0] == (
+        1,
+        SCHEMA_VERSION,
+    )
+
+
+def test_record_run_and_read_back(tmp_path: Path) -> None:
+    path = tmp_path / "w.duckdb"
+    res = simulate(_workload(), Topology.ring(2), config=SimConfig(scheduling_policy="FIFO"))
+    with duckdb.connect(str(path)) as con:
+        rid = record_run(con, res, trace_name="tiny", params={"note": "baseline"})
+    assert rid == 1
+    with duckdb.connect(str(path)) as con:  # a fresh connection: it was committed to the file
+        run = con.execute(
+            "SELECT trace, topology, num_npus, congestion, scheduling_policy, total_ns, num_ops, "
+            "params FROM runs WHERE run_id = $r",
+            {"r": rid},
+        ).fetchall()[0]
+        assert run[:7] == ("tiny", res.topology, 2, "unaware", "FIFO", res.total_ns, 5)
+        params = json.loads(run[7])
+        assert params["user"] == {"note": "baseline"}
+        assert params["config"]["scheduling_policy"] == "FIFO"
+        n = con.execute("SELECT count(*) FROM op_timings WHERE run_id = $r", {"r": rid}).fetchall()[0][0]
+        assert n == 5
+        # durations and waits are consistent with the times
+        bad = con.execute(
+            "SELECT count(*) FROM op_timings WHERE duration_ns <> end_ns - start_ns "
+            "OR wait_ns <> start_ns - ready_ns"
+        ).fetchall()[0][0]
+        assert bad == 0
+        # the breakdown identity holds in SQL
+        rows = con.execute(
+            "SELECT rank, total_ns, compute_ns + exposed_comm_ns + idle_ns FROM rank_breakdown "
+            "WHERE run_id = $r ORDER BY rank",
+            {"r": rid},
+        ).fetchall()
+        assert [r[0] for r in rows] == [0, 1]
+        assert all(abs(r[1] - r[2]) < 1e-6 for r in rows)
+        links = con.execute(
+            "SELECT count(*), sum(bytes), sum(messages) FROM link_util WHERE run_id = $r", {"r": rid}
+        ).fetchall()[0]
+        assert links == (2, float(1 << 20), 1)
+
+
+def test_op_timings_join_the_stores_ops(con) -> None:  # type: ignore[no-untyped-def]
+    tr = _workload()
+    # the store keeps ops in DuckDB with columns trace, rank, id, ...
+    stored = tr.ops.select(["rank", "id", "name", "type", "duration_micros"])
+    stored = stored.add_column(0, "trace", pa.array(["tiny"] * stored.num_rows))
+    con.register("incoming", stored)
+    con.execute("CREATE TABLE ops AS SELECT * FROM incoming")
+    res = simulate(tr, Topology.ring(2))
+    rid = record_run(con, res, trace_name="tiny")
+    got = con.execute(
+        "SELECT o.rank, o.id, o.duration_micros, t.start_ns, t.end_ns FROM ops o "
+        "JOIN op_timings t USING (trace, rank, id) WHERE t.run_id = $r AND o.type = 'COMP_NODE' "
+        "ORDER BY o.rank, o.id",
+        {"r": rid},
+    ).fetchall()
+    assert len(got) == 3
+    for _rank, _id, micros, start, end in got:
+        assert end - start == micros * 1000
+    # the receive's wait: recv posted at 0, message 20031 ns after the 5 us compute
+    recv_end = con.execute(
+        "SELECT end_ns FROM op_timings WHERE run_id = $r AND rank = 1 AND id = 1", {"r": rid}
+    ).fetchall()[0][0]
+    assert recv_end == 5000 + 20031
+
+
+def test_collectives_table_has_busbw(con) -> None:  # type: ignore[no-untyped-def]
+    res = simulate(collective_workload("allreduce", 8, 1 << 20), Topology.ring(8))
+    rid = record_run(con, res)
+    row = con.execute(
+        "SELECT comm_type, algorithm, group_size, size_bytes, time_ns, busbw_gb_per_s, "
+        "algbw_gb_per_s * 2 * 7 / 8 FROM collectives WHERE run_id = $r",
+        {"r": rid},
+    ).fetchall()[0]
+    assert row[:5] == ("ALL_REDUCE", "native", 8, 1 << 20, 117780.0)
+    assert row[5] == pytest.approx(row[6])
+
+
+def test_run_ids_increase_and_a_taken_id_is_refused(con) -> None:  # type: ignore[no-untyped-def]
+    res = simulate(_workload(), Topology.ring(2))
+    assert record_run(con, res) == 1
+    assert record_run(con, res) == 2
+    assert record_run(con, res, run_id=10) == 10
+    with pytest.raises(StoreError, match="cannot record simulation run of 'tiny'"):
+        record_run(con, res, run_id=10)
+    # the failed run left nothing behind
+    assert con.execute("SELECT count(*) FROM op_timings WHERE run_id = 10").fetchall()[0][0] == 5
+    assert con.execute("SELECT count(*) FROM runs").fetchall()[0][0] == 3
+
+
+def test_record_sweep(con) -> None:  # type: ignore[no-untyped-def]
+    pts = sweep([1 << 16, 1 << 20], ["native"], [Topology.ring(4)])
+    sid = record_sweep(con, pts, params={"experiment": "t"})
+    assert sid == 1
+    rows = con.execute(
+        "SELECT size_bytes, busbw_gb_per_s, params FROM sweep_points WHERE sweep_id = 1 ORDER BY size_bytes"
+    ).fetchall()
+    assert [r[0] for r in rows] == [1 << 16, 1 << 20]
+    assert rows[0][1] < rows[1][1]  # bigger messages amortize latency
+    assert json.loads(rows[0][2]) == {"experiment": "t"}
+    assert record_sweep(con, pts) == 2
+
+
+def test_newer_schema_is_refused(con) -> None:  # type: ignore[no-untyped-def]
+    create_schema(con)
+    con.execute("INSERT INTO etstore_sim_schema VALUES (99)")
+    with pytest.raises(StoreError, match="schema version 99; this etstore writes version 1"):
+        create_schema(con)
