@@ -355,7 +355,7 @@ def write_et(trace: Trace, prefix: str | Path, *, gzip_output: bool = False) -> 
     prefix = Path(prefix)
     prefix.parent.mkdir(parents=True, exist_ok=True)
     all_deps = pa.concat_tables([trace.deps, trace.missing]) if trace.missing.num_rows else trace.deps
-    meta = {r: m for r, m in zip(trace.meta["rank"].to_pylist(), trace.meta["metadata"].to_pylist(), strict=True)}
+    meta = dict(zip(trace.meta["rank"].to_pylist(), trace.meta["metadata"].to_pylist(), strict=True))
     paths = []
     for rank, (start, end) in trace.rank_slices().items():
         ops = trace.ops.slice(start, end - start)
