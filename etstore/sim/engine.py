@@ -25,6 +25,7 @@ kind, duration, size, peer, match key) and replayed by one heap-based loop over
 
 from __future__ import annotations
 
+import gc
 import heapq
 import logging
 import time
@@ -425,6 +426,23 @@ class _Algorithms:
         return trace
 
 
+class _TypeNames:
+    """Node type names of a column, dictionary-encoded (no Python string per op)."""
+
+    def __init__(self, column: pa.ChunkedArray) -> None:
+        enc = pc.dictionary_encode(column).combine_chunks()
+        self.names: list[str] = [str(x) for x in enc.dictionary.to_pylist()]
+        self.codes = enc.indices.to_numpy(zero_copy_only=False)
+
+    def mask(self, name: str) -> np.ndarray:
+        if name not in self.names:
+            return np.zeros(len(self.codes), dtype=bool)
+        return self.codes == self.names.index(name)  # type: ignore[no-any-return]
+
+    def __getitem__(self, i: int) -> str:
+        return self.names[int(self.codes[i])]
+
+
 def _groups_for(
     pg: np.ndarray,
     is_coll: np.ndarray,
@@ -458,15 +476,13 @@ def _build(
     n0 = ops.num_rows
     rank = ops["rank"].to_numpy().astype(np.int64)
     ids = ops["id"].to_numpy().astype(np.uint64)
-    types = ops["type"].to_numpy(zero_copy_only=False).astype(str)
+    types = _TypeNames(ops["type"])
     durm = ops["duration_micros"].to_numpy().astype(np.float64)
     is_cpu, _ = _col(ops, "is_cpu_op", False, bool)
     csize, has_size = _col(ops, "comm_size", 0, np.int64)
     csrc, has_src = _col(ops, "comm_src", -1, np.int64)
     cdst, has_dst = _col(ops, "comm_dst", -1, np.int64)
     ctag, _ = _col(ops, "comm_tag", 0, np.int64)
-    ctype = pc.fill_null(ops["comm_type"], "").to_numpy(zero_copy_only=False).astype(str)
-    pg = pc.fill_null(ops["pg_name"], "").to_numpy(zero_copy_only=False).astype(str)
 
     all_ranks = np.unique(rank)
     if len(all_ranks) and (all_ranks.min() < 0 or all_ranks.max() >= net.num_nodes):
@@ -475,11 +491,11 @@ def _build(
             f"{net.topo.name} has NPUs 0..{net.num_nodes - 1}"
         )
     unit = config.duration_unit_ns
-    is_comp = types == "COMP_NODE"
-    is_send = types == "COMM_SEND_NODE"
-    is_recv = types == "COMM_RECV_NODE"
-    is_coll = types == "COMM_COLL_NODE"
-    is_mem = (types == "MEM_LOAD_NODE") | (types == "MEM_STORE_NODE")
+    is_comp = types.mask("COMP_NODE")
+    is_send = types.mask("COMM_SEND_NODE")
+    is_recv = types.mask("COMM_RECV_NODE")
+    is_coll = types.mask("COMM_COLL_NODE")
+    is_mem = types.mask("MEM_LOAD_NODE") | types.mask("MEM_STORE_NODE")
     kind = np.full(n0, K_DELAY, dtype=np.int64)
     kind[is_comp & ~is_cpu] = K_COMP
     kind[is_comp & is_cpu] = K_CPU
@@ -541,6 +557,11 @@ def _build(
     coll_rows = np.flatnonzero(is_coll)
     instances: list[dict[str, Any]] = []
     if len(coll_rows):
+        take = pa.array(coll_rows)
+        ctype = np.full(n0, "", dtype=object)
+        pg = np.full(n0, "", dtype=object)
+        ctype[coll_rows] = pc.fill_null(ops["comm_type"].take(take), "").to_pylist()
+        pg[coll_rows] = pc.fill_null(ops["pg_name"].take(take), "").to_pylist()
         members = _groups_for(pg, is_coll, rank, all_ranks, groups)
         seq_counter: dict[tuple[str, int], int] = {}
         inst_index: dict[tuple[str, int], int] = {}
@@ -755,7 +776,6 @@ def _run(
             break
         t = pop(cal)
         items = buckets.pop(t)
-        nev += len(items)
         for x in items:
             if x < 0:
                 s = ~x
@@ -787,70 +807,72 @@ def _run(
                         continue
                 arrived[s] = True
                 r = partner[s]
-                done: tuple[int, ...] = (s, r) if r >= 0 else (s,)
+                if r >= 0:
+                    items.append(r)  # the matched receive finishes now too (same instant)
+                y = s
             else:
-                done = (x,)
-            for y in done:
-                end_t[y] = t
-                c = rel[y]
+                y = x
+            end_t[y] = t
+            c = rel[y]
+            if c >= 0:
+                w = waitq[c]
+                if w:
+                    j = take(w)
+                    start_t[j] = t
+                    go.append(j)
+                else:
+                    free[c] += 1
+            for j in succs[y]:
+                d = indeg[j] - 1
+                indeg[j] = d
+                if d:
+                    continue
+                c = acq[j]
                 if c >= 0:
-                    w = waitq[c]
-                    if w:
-                        j = take(w)
-                        start_t[j] = t
-                        go.append(j)
+                    if free[c] > 0:
+                        free[c] -= 1
                     else:
-                        free[c] += 1
-                for j in succs[y]:
-                    d = indeg[j] - 1
-                    indeg[j] = d
-                    if d:
+                        waitq[c].append(j)
                         continue
-                    c = acq[j]
-                    if c >= 0:
-                        if free[c] > 0:
-                            free[c] -= 1
-                        else:
-                            waitq[c].append(j)
-                            continue
-                    k = kind[j]
-                    if k == K_SEND:
-                        mk = mkey[j]
-                        q = recv_q.get(mk)
-                        if q:
-                            partner[j] = q.popleft()
-                        else:
-                            q = send_q.get(mk)
-                            if q is None:
-                                send_q[mk] = deque((j,))
-                            else:
-                                q.append(j)
-                        t2 = t + (overhead if aware else mt[j])
-                        x2 = ~j
-                    elif k == K_RECV:
-                        mk = mkey[j]
+                k = kind[j]
+                if k == K_SEND:
+                    mk = mkey[j]
+                    q = recv_q.get(mk)
+                    if q:
+                        partner[j] = q.popleft()
+                    else:
                         q = send_q.get(mk)
-                        if q:
-                            s2 = q.popleft()
-                            if not arrived[s2]:
-                                partner[s2] = j
-                                continue
-                            t2, x2 = t, j
+                        if q is None:
+                            send_q[mk] = deque((j,))
                         else:
-                            q = recv_q.get(mk)
-                            if q is None:
-                                recv_q[mk] = deque((j,))
-                            else:
-                                q.append(j)
+                            q.append(j)
+                    t2 = t + (overhead if aware else mt[j])
+                    x2 = ~j
+                elif k == K_RECV:
+                    mk = mkey[j]
+                    q = send_q.get(mk)
+                    if q:
+                        s2 = q.popleft()
+                        if not arrived[s2]:
+                            partner[s2] = j
                             continue
+                        t2, x2 = t, j
                     else:
-                        t2, x2 = t + dur[j], j
-                    b = buckets.get(t2)
-                    if b is None:
-                        buckets[t2] = [x2]
-                        push(cal, t2)
-                    else:
-                        b.append(x2)
+                        q = recv_q.get(mk)
+                        if q is None:
+                            recv_q[mk] = deque((j,))
+                        else:
+                            q.append(j)
+                        continue
+                else:
+                    t2, x2 = t + dur[j], j
+                b = buckets.get(t2)
+                if b is None:
+                    buckets[t2] = [x2]
+                    push(cal, t2)
+                else:
+                    b.append(x2)
+        nev += len(items)
     return {
         "start": start_t,
         "end": end_t,
@@ -934,8 +956,26 @@ def simulate(
     >>> simulate(Trace(ops), Topology.ring(2)).total_ns  # 500 ns + 1 MiB / 50 GiB/s
     20031.0
     """
+    # The replay allocates ~one list per op and many small tuples; the cyclic GC would
+    # rescan them over and over (none of them can form cycles), so it is paused.
+    gc_was_on = gc.isenabled()
+    gc.disable()
+    try:
+        return _simulate(trace, topo, config or SimConfig(), algorithms, groups, dims)
+    finally:
+        if gc_was_on:
+            gc.enable()
+
+
+def _simulate(
+    trace: Trace,
+    topo: Topology,
+    config: SimConfig,
+    algorithms: Mapping[str, AlgorithmSpec] | None,
+    groups: Mapping[str, Sequence[int]] | None,
+    dims: Sequence[int] | None,
+) -> SimResult:
     t0 = time.perf_counter()
-    config = config or SimConfig()
     try:
         net = Network(topo, dims)
         algos = _Algorithms(config, algorithms, net.dims, topo.num_npus)
@@ -1056,11 +1096,11 @@ def simulate(
     loop_s = time.process_time() - t_loop
     for key in ("end", "start", "indeg"):
         out[key] = np.asarray(out[key])[inv]
-    for key in ("send_q", "recv_q"):
-        out[key] = {k: [int(perm[j]) for j in q] for k, q in out[key].items()}
-    out["waitq"] = [[int(perm[j]) for j in q] for q in out["waitq"]]
     end = out["end"]
     if (end < 0).any():
+        for key in ("send_q", "recv_q"):
+            out[key] = {k: [int(perm[j]) for j in q] for k, q in out[key].items() if q}
+        out["waitq"] = [[int(perm[j]) for j in q] for q in out["waitq"] if q]
         raise _stuck_error(trace, built, a, out, kind, rank, peer, tag, size, succ, ptr)
     # an op is ready when its last dependency ends; it starts then unless it waited for a slot
     ready = np.zeros(n)
