@@ -46,6 +46,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from etstore.errors import UnsatisfiableError
 from etstore.model import Trace, deps_table, encode_attrs, ops_table
@@ -57,10 +58,19 @@ log = logging.getLogger(__name__)
 
 COLLECTIVES = ("allgather", "reducescatter", "allreduce", "broadcast", "reduce", "alltoall")
 _ALIASES = {
-    "ag": "allgather", "all_gather": "allgather", "all-gather": "allgather",
-    "rs": "reducescatter", "reduce_scatter": "reducescatter", "reduce-scatter": "reducescatter",
-    "ar": "allreduce", "all_reduce": "allreduce", "all-reduce": "allreduce",
-    "bcast": "broadcast", "a2a": "alltoall", "all_to_all": "alltoall", "all-to-all": "alltoall",
+    "ag": "allgather",
+    "all_gather": "allgather",
+    "all-gather": "allgather",
+    "rs": "reducescatter",
+    "reduce_scatter": "reducescatter",
+    "reduce-scatter": "reducescatter",
+    "ar": "allreduce",
+    "all_reduce": "allreduce",
+    "all-reduce": "allreduce",
+    "bcast": "broadcast",
+    "a2a": "alltoall",
+    "all_to_all": "alltoall",
+    "all-to-all": "alltoall",
 }
 _EPS = 1e-6  # ns: events closer than this are simultaneous
 
@@ -306,11 +316,27 @@ def synthesize(
     if topo.labels is not None:
         params["npu_labels"] = [int(x) for x in topo.labels]
     trace = trace.replace(params=params)
-    log.debug("synth %s on %s: %.1f ns (bound %.1f) in %.3f s", coll_name, topo.name, schedule.time_ns, lb,
-              elapsed)
+    log.debug(
+        "synth %s on %s: %.1f ns (bound %.1f) in %.3f s", coll_name, topo.name, schedule.time_ns, lb, elapsed
+    )
     extra = {"root": root} if coll_name in ("broadcast", "reduce") else {}
-    return SynthResult(trace, schedule, coll_name, topo.name, n, k, int(buffer_bytes), chunk_bytes,
-                       schedule.time_ns, lb, seed, used, best, elapsed, extra)
+    return SynthResult(
+        trace,
+        schedule,
+        coll_name,
+        topo.name,
+        n,
+        k,
+        int(buffer_bytes),
+        chunk_bytes,
+        schedule.time_ns,
+        lb,
+        seed,
+        used,
+        best,
+        elapsed,
+        extra,
+    )
 
 
 # ============================================================ greedy engine
@@ -357,6 +383,7 @@ class _EventQueue:
         if len(fifos) > 1:
             got.sort()
         return got
+
 
 _Raw = tuple[list[int], list[int], list[float], float]  # links, chunks, starts, makespan
 
@@ -528,8 +555,10 @@ class _Engine:
         tol = 1e-9 * max(1.0, float(np.max(dist)))
         sl, dl = self.topo.src, self.topo.dst
         t_arr = np.asarray(times)
-        adm = [bytes(row) for row in
-               (np.abs(dist[dl] + t_arr[:, None] - dist[sl]) <= tol).astype(np.uint8) * (dist[sl] > 0)]
+        adm = [
+            bytes(row)
+            for row in (np.abs(dist[dl] + t_arr[:, None] - dist[sl]) <= tol).astype(np.uint8) * (dist[sl] > 0)
+        ]
         far = dist.tolist()
         out = self.out
         queues: list[list[tuple[float, float, int]]] = [[] for _ in range(num_links)]
@@ -648,8 +677,9 @@ def _ingress_bound(num_npus: int, dst: np.ndarray, times: np.ndarray, need: np.n
     return out
 
 
-def _flood_setup(topo: Topology, times: np.ndarray, dist: np.ndarray, coll: str, k: int, root: int,
-                 *, transpose: bool) -> tuple[list[list[int]], float]:
+def _flood_setup(
+    topo: Topology, times: np.ndarray, dist: np.ndarray, coll: str, k: int, root: int, *, transpose: bool
+) -> tuple[list[list[int]], float]:
     """Initial holders of a flood (All-Gather or Broadcast) and its lower bound (ns)."""
     n = topo.num_npus
     if transpose:
@@ -694,8 +724,6 @@ def _reverse_links(topo: Topology) -> np.ndarray | None:
     return rev
 
 
-
-
 class _Flow(NamedTuple):
     """One phase's transfers as arrays (times relative to the phase start)."""
 
@@ -716,8 +744,9 @@ def _flow(raw: _Raw, times: np.ndarray) -> _Flow:
 
 def _reverse(flow: _Flow, link_map: np.ndarray) -> _Flow:
     """Time reversal: a transfer on link l over [s, e] becomes one on ``link_map[l]`` over [T-e, T-s]."""
-    return _Flow(link_map[flow.link], flow.chunk, flow.makespan - flow.end, flow.makespan - flow.start,
-                 flow.makespan)
+    return _Flow(
+        link_map[flow.link], flow.chunk, flow.makespan - flow.end, flow.makespan - flow.start, flow.makespan
+    )
 
 
 def _assemble(topo: Topology, phases: Sequence[tuple[_Flow, int, float]]) -> Schedule:
@@ -800,9 +829,11 @@ def _build_trace(topo: Topology, sched: Schedule, coll: str, n: int, k: int, tot
     op_time = np.concatenate(parts_time)
     op_link = np.concatenate(parts_link).astype(np.int64)
     op_side = np.concatenate(parts_side).astype(np.int64)
-    order = np.lexsort((op_side, op_link, _ORDER[op_kind], op_time, op_rank))
+    minor = (_ORDER[op_kind].astype(np.int64) << 40) | (op_side << 36) | op_link
+    order = np.lexsort((minor, op_time, op_rank))
     op_transfer, op_kind, op_rank, op_time, op_link, op_side = (
-        x[order] for x in (op_transfer, op_kind, op_rank, op_time, op_link, op_side))
+        x[order] for x in (op_transfer, op_kind, op_rank, op_time, op_link, op_side)
+    )
     m = len(order)
     rank_start = np.searchsorted(op_rank, np.arange(n + 1))
     op_id = np.arange(m, dtype=np.int64) - rank_start[op_rank]
@@ -865,7 +896,10 @@ def _build_trace(topo: Topology, sched: Schedule, coll: str, n: int, k: int, tot
         dep_dst.append(first[ka])
     d_src = np.concatenate(dep_src)
     d_dst = np.concatenate(dep_dst)
-    deps = deps_table(op_rank[d_dst], op_id[d_src].astype(np.uint64), op_id[d_dst].astype(np.uint64))
+    by_dst = np.argsort(d_dst, kind="stable")
+    pos = np.empty(len(d_dst), dtype=np.int64)
+    pos[by_dst] = _group_rank(d_dst[by_dst])[1] if len(d_dst) else pos
+    deps = deps_table(op_rank[d_dst], op_id[d_src].astype(np.uint64), op_id[d_dst].astype(np.uint64), pos=pos)
     # ---- columns
     attrs = _attr_column(own_sb, own_so, own_db, own_do)
     peer = np.zeros(m, np.int32)
@@ -874,22 +908,25 @@ def _build_trace(topo: Topology, sched: Schedule, coll: str, n: int, k: int, tot
     tags = np.append(_link_tags(topo), 0)[np.minimum(op_link, topo.num_links)]
     kind32 = pa.array(op_kind.astype(np.int32))
     is_comm = (op_kind == _SEND) | (op_kind == _RECV)
-    ops = ops_table({
-        "rank": op_rank,
-        "id": op_id.astype(np.uint64),
-        "name": pa.DictionaryArray.from_arrays(kind32, pa.array(_OP_NAMES)).cast(pa.string()),
-        "type": pa.DictionaryArray.from_arrays(kind32, pa.array(_TYPE_NAMES)).cast(pa.string()),
-        "comm_src": pa.array(peer, mask=op_kind != _RECV),
-        "comm_dst": pa.array(peer, mask=op_kind != _SEND),
-        "comm_tag": pa.array(tags.astype(np.int32), mask=~is_comm),
-        "msg_chunk_cnt": np.ones(m, dtype=np.int64),
-        "msg_chunk_idx": chunk,
-        "chunk_offset": local_offset,
-        "total_chunk_cnt": np.full(m, total_chunks, dtype=np.int64),
-        "tb_id": tb_id,
-        "local_time_step": step,
-        "attrs": attrs,
-    }, num_rows=m)
+    ops = ops_table(
+        {
+            "rank": op_rank,
+            "id": op_id.astype(np.uint64),
+            "name": pc.take(pa.array(_OP_NAMES), kind32),
+            "type": pc.take(pa.array(_TYPE_NAMES), kind32),
+            "comm_src": pa.array(peer, mask=op_kind != _RECV),
+            "comm_dst": pa.array(peer, mask=op_kind != _SEND),
+            "comm_tag": pa.array(tags.astype(np.int32), mask=~is_comm),
+            "msg_chunk_cnt": np.ones(m, dtype=np.int64),
+            "msg_chunk_idx": chunk,
+            "chunk_offset": local_offset,
+            "total_chunk_cnt": np.full(m, total_chunks, dtype=np.int64),
+            "tb_id": tb_id,
+            "local_time_step": step,
+            "attrs": attrs,
+        },
+        num_rows=m,
+    )
     shape = topo.name.split(",")[0]
     return Trace(ops, deps, name=f"synth-{coll}-{shape}-k{k}", kind="algorithm", source="synth")
 
@@ -899,14 +936,17 @@ def _attr_column(sb: np.ndarray, so: np.ndarray, db: np.ndarray, do: np.ndarray)
     key = (sb.astype(np.int64) << 60) | (db.astype(np.int64) << 58) | (so.astype(np.int64) << 29) | do
     uniq, inverse = np.unique(key, return_inverse=True)
     blobs = [
-        encode_attrs([
-            ("srcbuf", "string_val", _BUFS[(u >> 60) & 3]), ("srcoff", "int64_val", (u >> 29) & 0x1FFFFFFF),
-            ("dstbuf", "string_val", _BUFS[(u >> 58) & 3]), ("dstoff", "int64_val", u & 0x1FFFFFFF),
-        ])
+        encode_attrs(
+            [
+                ("srcbuf", "string_val", _BUFS[(u >> 60) & 3]),
+                ("srcoff", "int64_val", (u >> 29) & 0x1FFFFFFF),
+                ("dstbuf", "string_val", _BUFS[(u >> 58) & 3]),
+                ("dstoff", "int64_val", u & 0x1FFFFFFF),
+            ]
+        )
         for u in uniq.tolist()
     ]
-    return pa.DictionaryArray.from_arrays(pa.array(inverse.reshape(-1).astype(np.int32)),
-                                          pa.array(blobs, pa.binary())).cast(pa.binary())
+    return pc.take(pa.array(blobs, pa.binary()), pa.array(inverse.reshape(-1).astype(np.int32)))
 
 
 def _link_tags(topo: Topology) -> np.ndarray:
