@@ -348,7 +348,7 @@ def test_threadblocks_have_one_peer_each_way() -> None:
 
 def test_steps_are_msccl_steps() -> None:
     ir = pytest.importorskip("etstore.collectives._ir")
-    STEP_TYPES, node_semantics = ir.STEP_TYPES, ir.node_semantics  # noqa: N806
+    STEP_TYPES, node_semantics = ir.STEP_TYPES, ir.node_semantics
 
     for coll in ("allreduce", "alltoall"):
         r = synthesize("mesh2d:3x3", coll=coll)
