@@ -185,8 +185,8 @@ class SimResult:
     wall_s
         Wall time of the whole call; ``loop_s`` of the event loop alone.
     events
-        Events processed: op completions plus message arrivals (plus link hops
-        with the congestion-aware model).
+        Events processed: one per op that finished (a send and its matched receive
+        are two), plus one per link hop with the congestion-aware model.
     """
 
     ops: pa.Table
