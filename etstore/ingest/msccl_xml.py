@@ -1,0 +1,625 @@
+"""MSCCL-IR XML (MSCCLang, TACCL, TACOS, RCCL) → algorithm :class:`~etstore.model.Trace`.
+
+Two parsers produce the same steps:
+
+* a columnar fast path for the shape every producer emits (double-quoted attributes,
+  ``<step>`` attributes in the canonical order ``s type srcbuf srcoff dstbuf dstoff cnt
+  depid deps hasdep``): numpy finds tags and quotes and decodes all values at once;
+* the standard library's expat parser for everything else (other attribute orders,
+  ``<op>`` elements, entities, unknown elements) and for every error, so messages
+  carry the line number.
+
+Documents with a ``<!DOCTYPE`` or ``<!ENTITY`` are refused before parsing: MSCCL-IR
+never needs them, and refusing them makes entity-expansion bombs fail at once.
+
+The writer lives in :mod:`etstore.collectives.msccl_writer` and is re-exported here.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from xml.parsers import expat
+
+import numpy as np
+
+from etstore.collectives._ir import BUF_CODE, STEP_TYPES, TYPE_CODE, StepTable, build_trace
+from etstore.collectives.msccl_writer import to_msccl_xml, write_msccl_xml  # the writer, beside the reader
+from etstore.errors import TraceFormatError
+from etstore.model import Trace
+
+__all__ = ["parse_msccl_xml", "read_msccl_xml", "to_msccl_xml", "write_msccl_xml"]
+
+log = logging.getLogger(__name__)
+
+_COLL_ALIASES = {
+    "allreduce": "allreduce",
+    "all_reduce": "allreduce",
+    "allgather": "allgather",
+    "all_gather": "allgather",
+    "reducescatter": "reducescatter",
+    "reduce_scatter": "reducescatter",
+    "alltoall": "alltoall",
+    "all_to_all": "alltoall",
+    "broadcast": "broadcast",
+    "reduce": "reduce",
+    # RCCL also accepts these; etstore ingests them but cannot check their postcondition
+    "send": "send",
+    "recv": "recv",
+    "gather": "gather",
+    "scatter": "scatter",
+    "alltoallv": "alltoallv",
+}
+_SEND_TYPES = frozenset({"s", "rcs", "rrs", "rrcs"})
+_STEP_ATTRS = ("s", "type", "srcbuf", "srcoff", "dstbuf", "dstoff", "cnt", "depid", "deps", "hasdep")
+_INT_COLS = (0, 3, 5, 6, 7, 8, 9)  # positions of integer attributes in _STEP_ATTRS
+
+
+class _Fallback(Exception):
+    """The fast path met something it does not handle; use expat."""
+
+
+@dataclass
+class _Parsed:
+    """What either parser extracts: raw attributes of algo/gpu/tb, step columns."""
+
+    algo: dict[str, str]
+    gpus: list[dict[str, str]] = field(default_factory=list)
+    tbs: list[dict[str, str]] = field(default_factory=list)
+    tb_gpu: list[int] = field(default_factory=list)
+    steps: dict[str, np.ndarray] = field(default_factory=dict)
+    step_tb: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    # where each element sits: byte offsets (fast path) or line numbers (expat)
+    algo_at: int = 0
+    gpu_at: list[int] = field(default_factory=list)
+    tb_at: list[int] = field(default_factory=list)
+    step_at: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    at_is_line: bool = False
+
+
+# ---------------------------------------------------------------- fast path
+
+_WS = np.zeros(256, dtype=bool)
+_WS[[9, 10, 13, 32]] = True
+_NAMES = (b"algo", b"gpu", b"tb", b"step", b"op")
+_TAG_RE = re.compile(rb'<(/?)([A-Za-z_][\w.-]*)((?:\s+[A-Za-z_][\w.:-]*\s*=\s*"[^"<]*")*)\s*(/?)>\Z')
+_ATTR_RE = re.compile(rb'([A-Za-z_][\w.:-]*)\s*=\s*"([^"<]*)"')
+
+
+def _pack(b: bytes) -> int:
+    return int.from_bytes(b.ljust(8, b"\0")[:8], "little")
+
+
+def _windows(buf: bytes) -> np.ndarray:
+    """Every 8-byte window of ``buf`` as a little-endian uint64 (a strided view, no copy)."""
+    return np.ndarray((len(buf) - 7,), dtype="<u8", buffer=buf, offset=0, strides=(1,))
+
+
+def _blank(buf: bytes) -> bytes:
+    """Replace an XML declaration at the start and every comment by spaces (offsets kept)."""
+    if b"?" not in buf and b"!" not in buf:  # single bytes: memchr-fast, unlike '<?'
+        return buf
+    arr = bytearray(buf)
+    i = buf.find(b"<?")
+    if i >= 0:
+        if buf[:i].strip() or not buf.startswith(b"<?xml", i):
+            raise _Fallback
+        j = buf.find(b"?>", i)
+        if j < 0:
+            raise _Fallback
+        arr[i : j + 2] = b" " * (j + 2 - i)
+    i = buf.find(b"<!--")
+    while i >= 0:
+        j = buf.find(b"-->", i + 4)
+        if j < 0:
+            raise _Fallback
+        arr[i : j + 3] = b" " * (j + 3 - i)
+        i = buf.find(b"<!--", j + 3)
+    out = bytes(arr)
+    if b"<?" in out:
+        raise _Fallback
+    return out
+
+
+def _tag_attrs(buf: bytes, start: int, end: int) -> dict[str, str]:
+    m = _TAG_RE.match(buf, start, end + 1)
+    if m is None:
+        raise _Fallback
+    pairs = _ATTR_RE.findall(m.group(3))
+    out = {k.decode(): v.decode() for k, v in pairs}
+    if len(out) != len(pairs):
+        raise _Fallback  # duplicate attribute: let expat report it
+    return out
+
+
+_LENS = np.array([len(x) for x in _STEP_ATTRS], dtype=np.int64)
+# the 8 bytes before each opening quote end with ' name=' (names are at most 6 long)
+_NAME_MASKS = np.array([((1 << (8 * (n + 2))) - 1) << (8 * (6 - n)) for n in _LENS.tolist()], dtype=np.uint64)
+_NAME_CODES = np.array(
+    [int.from_bytes((b" " + x.encode() + b"=").rjust(8, b"\0"), "little") for x in _STEP_ATTRS],
+    dtype=np.uint64,
+)
+_LEN_MASK = np.array([(1 << (8 * n)) - 1 for n in range(9)], dtype=np.uint64)
+_TYPE_KEYS = np.array(sorted(_pack(t.encode()) for t in STEP_TYPES), dtype=np.uint64)
+_TYPE_LUT = np.array(
+    [TYPE_CODE[int(k).to_bytes(8, "little").rstrip(b"\0").decode()] for k in _TYPE_KEYS.tolist()]
+)
+_BUFCODE = np.full(256, -1, dtype=np.int64)
+for _b, _c in BUF_CODE.items():
+    _BUFCODE[ord(_b)] = _c
+_U = np.uint64
+_ZEROS = _U(0x3030303030303030)
+
+
+def _parse_ints(a: np.ndarray, W: np.ndarray, start: np.ndarray, length: np.ndarray) -> np.ndarray:
+    """Decimal integers (optional '-', 1..8 digits) at the given places, eight bytes at a time."""
+    neg = a[start] == 45
+    start = start + neg
+    length = length - neg
+    if (length < 1).any() or (length > 8).any():
+        raise _Fallback
+    shift = ((8 - length) * 8).astype(np.uint64)
+    x = (W[start] << shift) | (_ZEROS & ((_U(1) << shift) - _U(1)))  # left-pad with '0'
+    if not (
+        ((x & _U(0xF0F0F0F0F0F0F0F0)) == _ZEROS)
+        & (((x + _U(0x0606060606060606)) & _U(0xF0F0F0F0F0F0F0F0)) == _ZEROS)
+    ).all():
+        raise _Fallback
+    x = x - _ZEROS
+    x = (x * _U(10) + (x >> _U(8))) & _U(0x00FF00FF00FF00FF)
+    x = (x * _U(100) + (x >> _U(16))) & _U(0x0000FFFF0000FFFF)
+    x = (x * _U(10000) + (x >> _U(32))) & _U(0xFFFFFFFF)
+    v = x.astype(np.int64)
+    return np.where(neg, -v, v)
+
+
+def _fast(data: bytes) -> _Parsed:
+    """Columnar parse of canonical MSCCL-IR; raises _Fallback on anything else."""
+    buf = b"   " + data[3:] if data.startswith(b"\xef\xbb\xbf") else data
+    buf = _blank(buf)
+    if b"!" in buf or b"&" in buf or b"'" in buf or len(buf) < 16:
+        raise _Fallback
+    buf += b" " * 8  # so every 8-byte window near the end exists
+    a = np.frombuffer(buf, dtype=np.uint8)
+    lt = np.flatnonzero(a == 60)
+    gt = np.flatnonzero(a == 62)
+    if len(lt) == 0 or len(lt) != len(gt) or not (lt < gt).all() or not (gt[:-1] < lt[1:]).all():
+        raise _Fallback
+    q = np.flatnonzero(a == 34)
+    qa = np.searchsorted(q, lt)
+    nq = np.searchsorted(q, gt) - qa
+    if int(nq.sum()) != len(q) or (nq & 1).any():
+        raise _Fallback
+    W = _windows(buf)
+    close = a[lt + 1] == 47
+    selfc = a[gt - 1] == 47
+    ns = lt + 1 + close
+    w = W[ns]
+    name_id = np.full(len(lt), -1, dtype=np.int64)
+    for k, nm in enumerate(_NAMES):
+        L = len(nm)
+        delim = a[ns + L]
+        hit = ((w & np.uint64((1 << (8 * L)) - 1)) == np.uint64(_pack(nm))) & (
+            _WS[delim] | (delim == 47) | (delim == 62)
+        )
+        name_id[hit] = k
+    if (name_id < 0).any():
+        raise _Fallback
+    opening = ~close & ~selfc
+    delta = opening.astype(np.int64) - close.astype(np.int64)
+    depth = np.cumsum(delta) - delta - close  # depth of the element each tag opens or closes
+    if depth.min() < 0 or int(delta.sum()) != 0:
+        raise _Fallback
+    expected = np.array([0, 1, 2, 3, 3])[name_id]
+    if (depth != expected).any() or (depth == 0).sum() != (2 if opening[0] else 1) or depth[0] != 0:
+        raise _Fallback
+    is_step = depth == 3
+    if (is_step & ~selfc).any() or (name_id[is_step] != 3).any():
+        raise _Fallback  # <op> elements or <step>...</step>: expat handles them
+    # algo, gpu and tb elements are few: parse them one by one
+    parsed = _Parsed(algo=_tag_attrs(buf, int(lt[0]), int(gt[0])), algo_at=int(lt[0]))
+    struct = np.flatnonzero(~is_step & ~close)
+    struct = struct[depth[struct] > 0]
+    gpu_tags: list[int] = []
+    tb_tags: list[int] = []
+    for t in struct.tolist():
+        attrs = _tag_attrs(buf, int(lt[t]), int(gt[t]))
+        if depth[t] == 1:
+            gpu_tags.append(t)
+            parsed.gpus.append(attrs)
+            parsed.gpu_at.append(int(lt[t]))
+        else:
+            tb_tags.append(t)
+            parsed.tbs.append(attrs)
+            parsed.tb_at.append(int(lt[t]))
+            parsed.tb_gpu.append(len(gpu_tags) - 1)
+    steps = np.flatnonzero(is_step)
+    n = len(steps)
+    if n == 0:
+        parsed.steps = {
+            k: np.zeros(0, np.int64)
+            for k in ("s", "type", "srcbuf", "srcoff", "dstbuf", "dstoff", "cnt", "depid", "deps")
+        }
+        return parsed
+    parsed.step_tb = np.searchsorted(np.asarray(tb_tags, dtype=np.int64), steps) - 1
+    parsed.step_at = lt[steps]
+    if (nq[steps] != 2 * len(_STEP_ATTRS)).any():
+        raise _Fallback
+    quotes = q[qa[steps][:, None] + np.arange(2 * len(_STEP_ATTRS))]
+    opens, closes = quotes[:, 0::2], quotes[:, 1::2]
+    # layout: '<step' ' ' name="value" (' ' name="value")* ' '? '/>'
+    if (opens[:, 0] - lt[steps] != 8).any() or (opens[:, 1:] - closes[:, :-1] != _LENS[1:] + 3).any():
+        raise _Fallback
+    if not ((W[opens - 8] & _NAME_MASKS) == _NAME_CODES).all():
+        raise _Fallback
+    tail = gt[steps] - closes[:, -1]
+    if not ((tail == 2) | ((tail == 3) & _WS[a[closes[:, -1] + 1]])).all():
+        raise _Fallback
+    vstart = opens + 1
+    vlen = closes - vstart
+    # step type: 1..4 characters, a known name
+    tl = vlen[:, 1]
+    if ((tl < 1) | (tl > 4)).any():
+        raise _Fallback
+    tcode = W[vstart[:, 1]] & _LEN_MASK[tl]
+    pos = np.minimum(np.searchsorted(_TYPE_KEYS, tcode), len(_TYPE_KEYS) - 1)
+    if not (_TYPE_KEYS[pos] == tcode).all():
+        raise _Fallback
+    typ = _TYPE_LUT[pos]
+    # buffers: one of i, o, s
+    sb = np.where(vlen[:, 2] == 1, _BUFCODE[a[vstart[:, 2]]], -1)
+    db = np.where(vlen[:, 4] == 1, _BUFCODE[a[vstart[:, 4]]], -1)
+    if (sb < 0).any() or (db < 0).any():
+        raise _Fallback
+    val = _parse_ints(a, W, vstart[:, _INT_COLS], vlen[:, _INT_COLS])
+    cols = dict(zip(("s", "srcoff", "dstoff", "cnt", "depid", "deps", "hasdep"), val.T, strict=True))
+    parsed.steps = {
+        "s": cols["s"],
+        "type": typ,
+        "srcbuf": sb,
+        "srcoff": cols["srcoff"],
+        "dstbuf": db,
+        "dstoff": cols["dstoff"],
+        "cnt": cols["cnt"],
+        "depid": cols["depid"],
+        "deps": cols["deps"],
+    }
+    return parsed
+
+
+# ---------------------------------------------------------------- expat path
+
+
+def _expat(data: bytes, source: str) -> _Parsed:
+    """General parse with the standard library's expat; every message carries a line."""
+    parser = expat.ParserCreate()
+    parser.SetParamEntityParsing(expat.XML_PARAM_ENTITY_PARSING_NEVER)
+    parsed: _Parsed | None = None
+    stack: list[str] = []
+    ignored = 0
+    rows: list[tuple[str, dict[str, str], int, int]] = []  # (element, attrs, tb index, line)
+
+    def refuse(*_: Any) -> None:
+        raise TraceFormatError(
+            f"{source}:{parser.CurrentLineNumber}: DOCTYPE/ENTITY declarations are not allowed in "
+            "MSCCL-IR XML (refusing to expand entities)"
+        )
+
+    def start(tag: str, attrs: dict[str, str]) -> None:
+        nonlocal parsed, ignored
+        line = parser.CurrentLineNumber
+        depth = len(stack)
+        stack.append(tag)
+        if ignored:
+            ignored += 1
+            return
+        if depth == 0:
+            if tag != "algo":
+                raise TraceFormatError(f"{source}:{line}: root element must be <algo>, found <{tag}>")
+            parsed = _Parsed(algo=dict(attrs), algo_at=line, at_is_line=True)
+            return
+        assert parsed is not None
+        if depth == 1 and tag == "gpu":
+            parsed.gpus.append(dict(attrs))
+            parsed.gpu_at.append(line)
+        elif depth == 2 and tag == "tb":
+            parsed.tbs.append(dict(attrs))
+            parsed.tb_at.append(line)
+            parsed.tb_gpu.append(len(parsed.gpus) - 1)
+        elif depth == 3 and tag in ("step", "op"):
+            rows.append((tag, dict(attrs), len(parsed.tbs) - 1, line))
+            ignored = 1  # children of a step carry nothing
+        else:
+            log.warning("%s:%d: ignoring unexpected element <%s> inside <%s>", source, line, tag, stack[-2])
+            ignored = 1
+
+    def end(tag: str) -> None:
+        nonlocal ignored
+        stack.pop()
+        if ignored:
+            ignored -= 1
+
+    parser.StartDoctypeDeclHandler = refuse
+    parser.EntityDeclHandler = refuse
+    parser.StartElementHandler = start
+    parser.EndElementHandler = end
+    try:
+        parser.Parse(data, True)
+    except expat.ExpatError as exc:
+        raise TraceFormatError(
+            f"{source}:{exc.lineno}: not well-formed XML ({expat.ErrorString(exc.code)} at column "
+            f"{exc.offset}); truncated file?"
+        ) from exc
+    if parsed is None:  # pragma: no cover - expat rejects documents without a root
+        raise TraceFormatError(f"{source}: no <algo> element")
+    _steps_from_rows(parsed, rows, source)
+    return parsed
+
+
+def _int(value: str | None, what: str, where: str | Callable[[], str]) -> int:
+    try:
+        if value is None:
+            raise ValueError
+        return int(value.strip())
+    except ValueError:
+        place = where() if callable(where) else where
+        if value is None:
+            raise TraceFormatError(f"{place}: missing attribute {what!r}") from None
+        raise TraceFormatError(f"{place}: attribute {what}={value!r} is not an integer") from None
+
+
+def _steps_from_rows(parsed: _Parsed, rows: list[tuple[str, dict[str, str], int, int]], source: str) -> None:
+    n = len(rows)
+    cols = {
+        k: np.zeros(n, dtype=np.int64)
+        for k in ("s", "type", "srcbuf", "srcoff", "dstbuf", "dstoff", "cnt", "depid", "deps")
+    }
+    step_tb = np.zeros(n, dtype=np.int64)
+    step_at = np.zeros(n, dtype=np.int64)
+    for i, (tag, attrs, tb, line) in enumerate(rows):
+        tba = parsed.tbs[tb]
+        gpu = parsed.gpus[parsed.tb_gpu[tb]].get("id", "?")
+        where = f"{source}:{line}: gpu {gpu} tb {tba.get('id', '?')}"
+        if tag == "step":
+            s = _int(attrs.get("s"), "s", where)
+        else:
+            s = _int(attrs.get("step", attrs.get("s")), "step", where)
+        where = f"{where} step {s}"
+        t = attrs.get("type")
+        if t is None:
+            raise TraceFormatError(f"{where}: missing attribute 'type'")
+        if t not in TYPE_CODE:
+            raise TraceFormatError(
+                f"{where}: unknown step type {t!r} (expected one of {', '.join(STEP_TYPES)})"
+            )
+        if tag == "step" or "srcbuf" in attrs:
+            sb, so, db, do = (
+                attrs.get("srcbuf"),
+                attrs.get("srcoff"),
+                attrs.get("dstbuf"),
+                attrs.get("dstoff"),
+            )
+            so_i, do_i = _int(so, "srcoff", where), _int(do, "dstoff", where)
+            cnt = _int(attrs.get("cnt"), "cnt", where)
+            depid = _int(attrs.get("depid"), "depid", where)
+            deps = _int(attrs.get("deps"), "deps", where)
+        else:
+            # <op step type buf off [cnt] [depid deps] [hasdep]>: one buffer per op (the
+            # source of sending ops, the destination of the others); we use it for both sides
+            b = attrs.get("buf")
+            off = _int(attrs.get("off", "-1"), "off", where)
+            sb = db = b
+            so_i = do_i = off
+            cnt = _int(attrs.get("cnt", "1"), "cnt", where)
+            depid = _int(attrs.get("depid", "-1"), "depid", where)
+            deps = _int(attrs.get("deps", "-1"), "deps", where)
+            if b is None and TYPE_CODE[t] < TYPE_CODE["nop"]:
+                raise TraceFormatError(f"{where}: missing attribute 'buf'")
+        for side, b in (("srcbuf", sb), ("dstbuf", db)):
+            if b is None:
+                raise TraceFormatError(f"{where}: missing attribute {side!r}")
+            if b not in BUF_CODE:
+                raise TraceFormatError(f"{where}: {side}={b!r} is not a buffer (expected i, o or s)")
+        cols["s"][i] = s
+        cols["type"][i] = TYPE_CODE[t]
+        cols["srcbuf"][i] = BUF_CODE[sb]  # type: ignore[index]
+        cols["dstbuf"][i] = BUF_CODE[db]  # type: ignore[index]
+        cols["srcoff"][i] = so_i
+        cols["dstoff"][i] = do_i
+        cols["cnt"][i] = cnt
+        cols["depid"][i] = depid
+        cols["deps"][i] = deps
+        step_tb[i] = tb
+        step_at[i] = line
+    parsed.steps = cols
+    parsed.step_tb = step_tb
+    parsed.step_at = step_at
+
+
+# ---------------------------------------------------------------- assembly
+
+
+def _header(parsed: _Parsed, where: Callable[[], str]) -> dict[str, Any]:
+    a = parsed.algo
+    h: dict[str, Any] = dict(a)
+    coll = a.get("coll")
+    if coll is None:
+        raise TraceFormatError(f"{where()}: <algo> has no 'coll' attribute (the collective)")
+    if coll.lower() not in _COLL_ALIASES:
+        raise TraceFormatError(
+            f"{where()}: unknown collective coll={coll!r} (expected one of allreduce, allgather, "
+            "reducescatter, alltoall, broadcast, reduce)"
+        )
+    h["coll"] = _COLL_ALIASES[coll.lower()]
+    h["ngpus"] = _int(a.get("ngpus"), "ngpus", where)
+    for key in ("nchannels", "nchunksperloop", "minBytes", "maxBytes"):
+        if key in a:
+            h[key] = _int(a[key], key, where)
+    inplace = _int(a.get("inplace", "0"), "inplace", where)
+    h["inplace"] = inplace
+    h["outofplace"] = _int(a.get("outofplace", str(1 - min(inplace, 1))), "outofplace", where)
+    h.setdefault("name", "")
+    h.setdefault("proto", "Simple")
+    return h
+
+
+def _assemble(
+    parsed: _Parsed, source: str, data: bytes
+) -> tuple[StepTable, dict[str, Any], Callable[[str, int], str]]:
+    def at(kind: str, index: int) -> str:
+        pos = {"gpu": parsed.gpu_at, "tb": parsed.tb_at, "step": parsed.step_at, "algo": [parsed.algo_at]}[
+            kind
+        ][index]
+        line = int(pos) if parsed.at_is_line else data.count(b"\n", 0, int(pos)) + 1
+        return f"{source}:{line}"
+
+    header = _header(parsed, lambda: at("algo", 0))
+    if not parsed.gpus:
+        raise TraceFormatError(f"{at('algo', 0)}: <algo> has no <gpu> elements")
+    g = len(parsed.gpus)
+    gpu_cols = {k: np.zeros(g, dtype=np.int64) for k in ("id", "i_chunks", "o_chunks", "s_chunks")}
+    for i, attrs in enumerate(parsed.gpus):
+        for k, col in gpu_cols.items():
+            col[i] = _int(attrs.get(k), k, lambda i=i: f"{at('gpu', i)}: <gpu>")
+    t = len(parsed.tbs)
+    tb_cols = {k: np.zeros(t, dtype=np.int64) for k in ("id", "send", "recv", "chan")}
+    for i, attrs in enumerate(parsed.tbs):
+        for k, col in tb_cols.items():
+            col[i] = _int(
+                attrs.get(k),
+                k,
+                lambda i=i: f"{at('tb', i)}: gpu {int(gpu_cols['id'][parsed.tb_gpu[i]])} <tb>",
+            )
+    tb_rank = gpu_cols["id"][np.asarray(parsed.tb_gpu, dtype=np.int64)] if t else np.zeros(0, np.int64)
+    steps = parsed.steps
+    step_tb = parsed.step_tb
+    rank = tb_rank[step_tb] if len(step_tb) else np.zeros(0, np.int64)
+    order = None
+    if len(rank) and (np.diff(rank) < 0).any():  # gpus listed out of order: group steps by gpu
+        order = np.argsort(rank, kind="stable")
+        rank = rank[order]
+        step_tb = step_tb[order]
+        steps = {k: v[order] for k, v in steps.items()}
+        parsed.step_at = parsed.step_at[order]
+    if "nchunksperloop" not in header:
+        header["nchunksperloop"] = int(max(gpu_cols["i_chunks"].max(), gpu_cols["o_chunks"].max()))
+    if "nchannels" not in header:
+        header["nchannels"] = int(tb_cols["chan"].max()) + 1 if t else 1
+    st = StepTable(
+        rank=rank,
+        tb=tb_cols["id"][step_tb] if len(step_tb) else np.zeros(0, np.int64),
+        s=steps["s"],
+        type=steps["type"],
+        srcbuf=steps["srcbuf"],
+        srcoff=steps["srcoff"],
+        dstbuf=steps["dstbuf"],
+        dstoff=steps["dstoff"],
+        cnt=steps["cnt"],
+        depid=steps["depid"],
+        deps=steps["deps"],
+        tb_rank=tb_rank,
+        tb_id=tb_cols["id"],
+        tb_send=tb_cols["send"],
+        tb_recv=tb_cols["recv"],
+        tb_chan=tb_cols["chan"],
+        gpu_rank=gpu_cols["id"],
+        i_chunks=gpu_cols["i_chunks"],
+        o_chunks=gpu_cols["o_chunks"],
+        s_chunks=gpu_cols["s_chunks"],
+    )
+    return st, header, at
+
+
+def _refuse_dtd(data: bytes, source: str) -> None:
+    if b"!" not in data:
+        return
+    for marker in (b"<!DOCTYPE", b"<!ENTITY"):
+        i = data.find(marker)
+        if i >= 0:
+            line = data.count(b"\n", 0, i) + 1
+            raise TraceFormatError(
+                f"{source}:{line}: {marker[2:].decode()} declarations are not allowed in MSCCL-IR XML "
+                "(refusing to expand entities)"
+            )
+
+
+def parse_msccl_xml(data: bytes | str, *, name: str = "algorithm", source: str = "<memory>") -> Trace:
+    """Parse MSCCL-IR XML held in memory; see :func:`read_msccl_xml`.
+
+    Parameters
+    ----------
+    data
+        The document (``str`` is encoded as UTF-8).
+    name
+        Trace name.
+    source
+        Used in error messages in place of a file name.
+    """
+    raw = data.encode("utf-8") if isinstance(data, str) else bytes(data)
+    _refuse_dtd(raw, source)
+    if not raw.strip():
+        raise TraceFormatError(f"{source}:1: empty file; an MSCCL-IR document starts with <algo ...>")
+    try:
+        parsed = _fast(raw)
+    except _Fallback:
+        parsed = _expat(raw, source)
+    st, header, at = _assemble(parsed, source, raw)
+    return build_trace(st, header, name=name, source=source, producer="msccl-xml", locate=at)
+
+
+def read_msccl_xml(path: str | Path, *, name: str | None = None) -> Trace:
+    """Read an MSCCL-IR XML file into an ``algorithm`` trace.
+
+    Every step type (``s r rcs rrs rrc rrcs cpy re nop``, and ``d``/``st`` as
+    dependency-only steps), ``<step>`` and ``<op>`` elements, all buffers and
+    offsets, channels, threadblocks and cross-threadblock dependencies
+    (``depid``/``deps``, including chains through ``nop`` steps) are understood.
+    Fused steps become the node sequence they mean, e.g. ``rrcs`` is
+    ``RECV → reduce COMP → SEND``; see :mod:`etstore.collectives._ir` and
+    ``docs/algorithms.md``.
+
+    Parameters
+    ----------
+    path
+        The ``.xml`` file.
+    name
+        Trace name; defaults to the file's stem.
+
+    Returns
+    -------
+    Trace
+        ``kind="algorithm"``; one rank per ``<gpu>``; node ids count from 0 per
+        rank in threadblock, then step order. ``params`` holds the ``<algo>``
+        attributes (``collective``, ``ngpus``, ``nchunksperloop``, ``inplace``,
+        ``outofplace``, ``proto``, ...) and ``gpu_chunks`` (per-rank buffer sizes).
+
+    Raises
+    ------
+    TraceFormatError
+        The file cannot be read, is not well-formed (e.g. truncated), declares a
+        DOCTYPE/ENTITY (XML bombs), lacks a required attribute, has an unknown step
+        type, a ``depid``/``deps`` that points nowhere, a peer or buffer range that
+        is impossible, or a dependency cycle. The message starts with
+        ``file:line`` and names the gpu, threadblock and step.
+
+    Notes
+    -----
+    O(file size + S log S) for S steps; canonical files are decoded column-wise
+    (128-rank ring all-reduce, 65k steps: about 40 ms on a laptop core).
+
+    Examples
+    --------
+    >>> t = read_msccl_xml("custom_allreduce.xml")  # doctest: +SKIP
+    >>> t.params["collective"], t.num_ranks  # doctest: +SKIP
+    ('allreduce', 8)
+    """
+    p = Path(path)
+    try:
+        data = p.read_bytes()
+    except OSError as exc:
+        raise TraceFormatError(f"{p}: cannot read: {exc.strerror or exc}") from exc
+    return parse_msccl_xml(data, name=name or p.name.removesuffix(".xml"), source=str(p))

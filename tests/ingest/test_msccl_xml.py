@@ -1,0 +1,546 @@
+"""MSCCL-IR XML → algorithm trace, against the real fixtures and hand-checkable documents."""
+
+from __future__ import annotations
+
+import re
+import time
+import xml.etree.ElementTree as ET
+from itertools import pairwise
+from pathlib import Path
+
+import pyarrow.compute as pc
+import pytest
+
+from etstore.errors import TraceFormatError
+from etstore.ingest import read_trace
+from etstore.ingest.et import read_et
+from etstore.ingest.msccl_xml import parse_msccl_xml, read_msccl_xml
+from etstore.model import Trace, decode_attrs
+from tests.conftest import SHARED, fixture_path
+
+CUSTOM = ("astra-sim", "examples", "system", "custom_collectives", "custom_ring_allreduce_8npus_1MB")
+
+# (ops, deps, ranks) per fixture, pinned; deps re-derived independently below
+COUNTS = {
+    "all-reduce-ring-simple.xml": (28800, 28416, 16),
+    "all-to-all-2d-hierarchical-simple-n2g32.xml": (2048, 1536, 32),
+    "allgather-8n-1mb-4mb.xml": (448, 0, 8),
+    "allgather-8n-8kb-1mb.xml": (448, 0, 8),
+    "allgather-allpairs-16n-16tb.xml": (480, 240, 16),
+    "allreduce-allpairs-8n-ll-32tb-op.xml": (2720, 5824, 8),
+    "allreduce-allpairs-8n-ll-32tb.xml": (2688, 5568, 8),
+    "allreduce-allpairs-8n-simple.xml": (5376, 11136, 8),
+    "allreduce_1step_mccl_8_2_131072_LL.xml": (1120, 2448, 8),
+    "alltoall-8n-1mb-4mb.xml": (480, 0, 8),
+}
+
+HEAD = (
+    '<algo name="t" proto="Simple" nchannels="1" nchunksperloop="2" ngpus="2" coll="allreduce" '
+    'inplace="0" outofplace="1" minBytes="0" maxBytes="0">'
+)
+
+
+def doc(
+    gpu0: str, gpu1: str = "", head: str = HEAD, chunks: str = 'i_chunks="2" o_chunks="2" s_chunks="2"'
+) -> str:
+    return (
+        f'{head}\n  <gpu id="0" {chunks}>\n{gpu0}\n  </gpu>\n'
+        f'  <gpu id="1" {chunks}>\n{gpu1}\n  </gpu>\n</algo>\n'
+    )
+
+
+def step(
+    s: int,
+    typ: str,
+    sb: str = "i",
+    so: int = 0,
+    db: str = "i",
+    do: int = 0,
+    cnt: int = 1,
+    depid: int = -1,
+    deps: int = -1,
+) -> str:
+    return (
+        f'      <step s="{s}" type="{typ}" srcbuf="{sb}" srcoff="{so}" dstbuf="{db}" dstoff="{do}" '
+        f'cnt="{cnt}" depid="{depid}" deps="{deps}" hasdep="0"/>'
+    )
+
+
+def tb(i: int, send: int, recv: int, *steps: str, chan: int = 0) -> str:
+    return f'    <tb id="{i}" send="{send}" recv="{recv}" chan="{chan}">\n' + "\n".join(steps) + "\n    </tb>"
+
+
+def edges(t: Trace, rank: int = 0) -> set[tuple[int, int]]:
+    d = t.deps.filter(pc.equal(t.deps["rank"], rank))
+    return set(zip(d["src"].to_pylist(), d["dst"].to_pylist(), strict=True))
+
+
+def rank_ops(t: Trace, rank: int = 0) -> list[dict]:
+    return t.ops.filter(pc.equal(t.ops["rank"], rank)).to_pylist()
+
+
+def msccl_fixtures() -> list[Path]:
+    base = SHARED / "msccl"
+    return sorted(base.glob("*.xml")) if base.exists() else []
+
+
+# ---------------------------------------------------------------- an independent reference model
+
+
+_NODES = {
+    "s": "S",
+    "r": "R",
+    "rcs": "RS",
+    "rrs": "RCS",
+    "rrc": "RC",
+    "rrcs": "RCS",
+    "cpy": "C",
+    "re": "C",
+    "nop": "",
+    "d": "",
+    "st": "",
+}
+
+
+def reference_edges(path: Path) -> dict[int, set[tuple[int, int]]]:
+    """Dependencies by the rules of docs/algorithms.md, computed step by step with dicts."""
+    root = ET.parse(path).getroot()
+    return {int(gpu.get("id")): _reference_gpu(gpu) for gpu in root.iter("gpu")}
+
+
+def _reference_gpu(gpu: ET.Element) -> set[tuple[int, int]]:
+    nodes: dict[tuple[int, int], list[int]] = {}
+    order: dict[int, list[int]] = {}
+    waits: dict[tuple[int, int], tuple[int, int]] = {}
+    nid = 0
+    for t in gpu.iter("tb"):
+        tid = int(t.get("id"))
+        order[tid] = []
+        for s in t.iter("step"):
+            k = (tid, int(s.get("s")))
+            order[tid].append(k[1])
+            nodes[k] = list(range(nid, nid + len(_NODES[s.get("type")])))
+            nid += len(nodes[k])
+            waits[k] = (int(s.get("depid")), int(s.get("deps")))
+
+    def before(k: tuple[int, int]) -> list[int]:
+        """What must finish before step k may start: its waits, those of the nops before it, and the
+        last node of the previous step that has nodes."""
+        tid, sidx = k
+        seq = order[tid]
+        j = seq.index(sidx)
+        need: list[int] = []
+        while True:
+            depid, deps = waits[(tid, seq[j])]
+            if depid >= 0:
+                need += done((depid, deps))
+            j -= 1
+            if j < 0:
+                return need
+            if nodes[(tid, seq[j])]:
+                return [*need, nodes[(tid, seq[j])][-1]]
+
+    def done(k: tuple[int, int]) -> list[int]:
+        return [nodes[k][-1]] if nodes[k] else before(k)
+
+    out: set[tuple[int, int]] = set()
+    for k, ns in nodes.items():
+        if ns:
+            out.update(pairwise(ns))
+            out.update((p, ns[0]) for p in before(k) if p != ns[0])
+    return out
+
+
+# ---------------------------------------------------------------- fixtures
+
+
+@pytest.mark.parametrize("path", msccl_fixtures(), ids=lambda p: p.name)
+def test_fixture_counts_and_exact_dependencies(path: Path) -> None:
+    t = read_msccl_xml(path)
+    assert (t.num_ops, t.num_deps, t.num_ranks) == COUNTS[path.name]
+    assert t.kind == "algorithm" and t.num_missing == 0
+    ref = reference_edges(path)
+    for r in t.ranks:
+        assert edges(t, r) == ref[r], f"rank {r}"
+
+
+def test_custom_allreduce_matches_upstream_converted_et() -> None:
+    base = fixture_path(*CUSTOM)
+    ours = read_msccl_xml(base / "custom_allreduce.xml")
+    upstream = read_et(base / "custom_allreduce")
+    cols = ["rank", "id", "type", "comm_src", "comm_dst", "comm_tag"]
+    assert ours.ops.select(cols).equals(upstream.ops.select(cols))  # same sends, recvs, reductions, peers
+    key = [("rank", "ascending"), ("dst", "ascending"), ("src", "ascending")]
+    assert (
+        ours.deps.select(["rank", "src", "dst"])
+        .sort_by(key)
+        .equals(upstream.deps.select(["rank", "src", "dst"]).sort_by(key))
+    )
+    assert ours.num_ops == 280 and ours.num_deps == 272
+    assert ours.params["collective"] == "allreduce" and ours.params["ngpus"] == 8
+    assert ours.params["nchunksperloop"] == 8 and ours.params["inplace"] is True
+    assert ours.params["outofplace"] is False  # absent attribute: the opposite of inplace
+    assert ours.params["proto"] == "LL128" and ours.name == "custom_allreduce"
+
+
+def test_read_trace_dispatches_xml() -> None:
+    t = read_trace(fixture_path(*CUSTOM, "custom_allreduce.xml"))
+    assert t.kind == "algorithm" and t.num_ops == 280
+
+
+def test_fast_and_general_parsers_agree() -> None:
+    """Reordered attributes, comments and a declaration take the other parser; same trace."""
+    path = fixture_path("msccl", "allreduce-allpairs-8n-ll-32tb-op.xml")
+    text = path.read_text()
+    canonical = parse_msccl_xml(text)
+    reordered = re.sub(r'<step s="(\d+)" type="(\w+)"', r'<step type="\2" s="\1"', text)
+    assert reordered != text
+    declared = '<?xml version="1.0"?>\n<!-- a comment with <tags> & "quotes" -->\n' + text
+    for variant in (reordered, declared):
+        other = parse_msccl_xml(variant)
+        assert other.ops.equals(canonical.ops)
+        assert other.deps.equals(canonical.deps)
+        assert dict(other.params) == dict(canonical.params)
+
+
+def test_op_elements_give_the_same_dag() -> None:
+    """The newer <op step type buf off cnt> form (no nchunksperloop) reads like <step>."""
+    text = fixture_path(*CUSTOM, "custom_allreduce.xml").read_text()
+
+    def to_op(m: re.Match[str]) -> str:
+        s, typ, sb, so, db, do, cnt, depid, deps, hasdep = m.groups()
+        buf, off = (sb, so) if typ in ("s", "rcs", "rrs", "rrcs") else (db, do)
+        extra = f' depid="{depid}" deps="{deps}"' if depid != "-1" else ""
+        return f'<op step="{s}" type="{typ}" buf="{buf}" off="{off}" cnt="{cnt}"{extra} hasdep="{hasdep}"/>'
+
+    op_text = re.sub(
+        r'<step s="(\d+)" type="(\w+)" srcbuf="(\w)" srcoff="(-?\d+)" dstbuf="(\w)" dstoff="(-?\d+)" '
+        r'cnt="(\d+)" depid="(-?\d+)" deps="(-?\d+)" hasdep="(\d)"/>',
+        to_op,
+        text,
+    ).replace(' nchunksperloop="8"', "")
+    assert "<op " in op_text and "<step" not in op_text
+    a, b = parse_msccl_xml(text), parse_msccl_xml(op_text)
+    cols = [
+        "rank",
+        "id",
+        "name",
+        "type",
+        "comm_src",
+        "comm_dst",
+        "comm_tag",
+        "msg_chunk_cnt",
+        "chunk_offset",
+        "total_chunk_cnt",
+        "tb_id",
+        "local_time_step",
+    ]
+    assert a.ops.select(cols).equals(b.ops.select(cols))
+    assert a.deps.equals(b.deps)
+    assert b.params["nchunksperloop"] == 8  # derived from the buffers
+
+
+# ---------------------------------------------------------------- hand-checkable semantics
+
+
+ALL_TYPES = doc(
+    "\n".join(
+        [
+            tb(
+                0,
+                1,
+                1,
+                step(0, "s", "i", 0, "o", 1),  # srcoff != dstoff
+                step(1, "rcs", "i", 1, "o", 1),
+                step(2, "rrs", "i", 0, "o", 0),
+                step(3, "rrcs", "i", 1, "o", 1),
+                step(4, "rrc", "i", 0, "o", 0),
+                step(5, "r", "i", 1, "s", 0),
+            ),
+            # tb 1: a copy after tb0 step 2; a nop carrying tb0 step 4; a reduce that waits for tb0 step 1
+            tb(
+                1,
+                -1,
+                -1,
+                step(0, "cpy", "i", 0, "s", 1, depid=0, deps=2),
+                step(1, "nop", "i", -1, "o", -1, cnt=0, depid=0, deps=4),
+                step(2, "re", "s", 1, "o", 0, depid=0, deps=1),
+                chan=3,
+            ),
+            # tb 2: d and st are dependency-only; a dependency on a nop waits for what the nop waits for
+            tb(
+                2,
+                -1,
+                -1,
+                step(0, "d", "i", -1, "o", -1, cnt=0),
+                step(1, "st", "i", -1, "o", -1, cnt=0),
+                step(2, "cpy", "o", 0, "s", 0, depid=1, deps=1),
+            ),
+        ]
+    )
+)
+
+
+def test_every_step_type_becomes_its_node_sequence() -> None:
+    t = parse_msccl_xml(ALL_TYPES)
+    ops = rank_ops(t, 0)
+    assert [
+        (o["id"], o["type"][5:9] if o["type"].startswith("COMM") else o["name"].split("_")[0]) for o in ops
+    ] == [
+        (0, "SEND"),
+        (1, "RECV"),
+        (2, "SEND"),  # rcs
+        (3, "RECV"),
+        (4, "reduce"),
+        (5, "SEND"),  # rrs
+        (6, "RECV"),
+        (7, "reduce"),
+        (8, "SEND"),  # rrcs
+        (9, "RECV"),
+        (10, "reduce"),  # rrc
+        (11, "RECV"),  # r
+        (12, "copy"),  # cpy (tb 1)
+        (13, "reduce"),  # re (tb 1; the nop made no node)
+        (14, "copy"),  # cpy (tb 2; d and st made no node)
+    ]
+    assert [o["name"] for o in ops][:3] == ["send_tb0_s0", "recv_tb0_s1", "send_tb0_s1"]
+    assert ops[13]["name"] == "reduce_tb1_s2" and ops[13]["local_time_step"] == 2 and ops[13]["tb_id"] == 1
+    assert edges(t, 0) == {
+        (0, 1),
+        (1, 2),
+        (2, 3),
+        (3, 4),
+        (4, 5),
+        (5, 6),
+        (6, 7),
+        (7, 8),
+        (8, 9),
+        (9, 10),
+        (10, 11),  # tb 0
+        (5, 12),  # cpy waits for tb0 step 2 (rrs, last node 5)
+        (12, 13),
+        (10, 13),
+        (2, 13),  # re: program order, the nop's wait (tb0 step 4), its own (tb0 step 1)
+        (12, 14),
+        (10, 14),  # cpy in tb 2 waits for the nop tb1 step 1: what that nop waits for
+    }
+    # peers, tags and chunk columns
+    send0, recv1 = ops[0], ops[1]
+    assert (send0["comm_dst"], send0["comm_src"], send0["comm_tag"]) == (1, None, 0)
+    assert (recv1["comm_src"], recv1["comm_dst"], recv1["comm_tag"]) == (1, None, 0)
+    assert ops[12]["comm_tag"] is None and ops[12]["comm_src"] is None
+    assert (
+        send0["chunk_offset"],
+        send0["msg_chunk_idx"],
+        send0["msg_chunk_cnt"],
+        send0["total_chunk_cnt"],
+    ) == (0, 0, 1, 2)
+    assert (
+        ops[11]["chunk_offset"] == 0 and ops[11]["msg_chunk_idx"] == 1
+    )  # recv: lands at dstoff, came from srcoff
+    assert decode_attrs(ops[0]["attrs"]) == {
+        "msccl_type": "s",
+        "srcbuf": "i",
+        "srcoff": 0,
+        "dstbuf": "o",
+        "dstoff": 1,
+    }
+    assert decode_attrs(ops[12]["attrs"])["chan"] == 3  # peerless threadblocks keep their channel
+    assert t.params["gpu_chunks"] == {"i": [2, 2], "o": [2, 2], "s": [2, 2]}
+
+
+def test_many_chunks_per_step_and_channels() -> None:
+    head = HEAD.replace('nchunksperloop="2"', 'nchunksperloop="8"').replace('nchannels="1"', 'nchannels="2"')
+    text = doc(
+        tb(0, 1, -1, step(0, "s", "i", 0, "i", 4, cnt=4), chan=0)
+        + "\n"
+        + tb(1, 1, -1, step(0, "s", "i", 4, "i", 0, cnt=4), chan=1),
+        tb(0, -1, 0, step(0, "r", "i", 0, "i", 4, cnt=4), chan=0)
+        + "\n"
+        + tb(1, -1, 0, step(0, "r", "i", 4, "i", 0, cnt=4), chan=1),
+        head=head,
+        chunks='i_chunks="8" o_chunks="0" s_chunks="0"',
+    )
+    t = parse_msccl_xml(text)
+    ops = t.ops.to_pylist()
+    assert [(o["rank"], o["comm_tag"], o["msg_chunk_cnt"], o["chunk_offset"]) for o in ops] == [
+        (0, 0, 4, 0),
+        (0, 1, 4, 4),
+        (1, 0, 4, 4),
+        (1, 1, 4, 0),
+    ]
+    assert t.num_deps == 0 and t.params["nchannels"] == 2
+
+
+def test_gpus_out_of_order_are_grouped_by_rank() -> None:
+    text = doc(tb(0, -1, 0, step(0, "r")), tb(0, 1, -1, step(0, "s")))  # gpu 1's steps written first
+    swapped = (
+        text.replace('<gpu id="0"', '<gpu id="X"')
+        .replace('<gpu id="1"', '<gpu id="0"')
+        .replace('<gpu id="X"', '<gpu id="1"')
+    )
+    assert swapped.index('<gpu id="1"') < swapped.index('<gpu id="0"')
+    t = parse_msccl_xml(swapped)
+    assert t.ops["rank"].to_pylist() == [0, 1]
+    assert t.ops["type"].to_pylist() == ["COMM_SEND_NODE", "COMM_RECV_NODE"]  # gpu 0 sends, gpu 1 receives
+    assert t.ops["comm_dst"].to_pylist() == [1, None] and t.ops["comm_src"].to_pylist() == [None, 0]
+
+
+# ---------------------------------------------------------------- errors
+
+
+BOMB = """<?xml version="1.0"?>
+<!DOCTYPE lolz [
+ <!ENTITY lol "lol">
+ <!ENTITY lol2 "&lol;&lol;&lol;&lol;&lol;&lol;&lol;&lol;&lol;&lol;">
+ <!ENTITY lol3 "&lol2;&lol2;&lol2;&lol2;&lol2;&lol2;&lol2;&lol2;&lol2;&lol2;">
+ <!ENTITY lol4 "&lol3;&lol3;&lol3;&lol3;&lol3;&lol3;&lol3;&lol3;&lol3;&lol3;">
+ <!ENTITY lol5 "&lol4;&lol4;&lol4;&lol4;&lol4;&lol4;&lol4;&lol4;&lol4;&lol4;">
+ <!ENTITY lol6 "&lol5;&lol5;&lol5;&lol5;&lol5;&lol5;&lol5;&lol5;&lol5;&lol5;">
+ <!ENTITY lol7 "&lol6;&lol6;&lol6;&lol6;&lol6;&lol6;&lol6;&lol6;&lol6;&lol6;">
+ <!ENTITY lol8 "&lol7;&lol7;&lol7;&lol7;&lol7;&lol7;&lol7;&lol7;&lol7;&lol7;">
+ <!ENTITY lol9 "&lol8;&lol8;&lol8;&lol8;&lol8;&lol8;&lol8;&lol8;&lol8;&lol8;">
+]>
+<algo name="&lol9;" ngpus="1" coll="allreduce"></algo>
+"""
+
+
+def test_xml_bomb_is_refused_before_parsing() -> None:
+    start = time.perf_counter()
+    with pytest.raises(TraceFormatError, match=r"bomb\.xml:2: DOCTYPE declarations are not allowed"):
+        parse_msccl_xml(BOMB, source="bomb.xml")
+    assert time.perf_counter() - start < 1.0
+
+
+def test_utf16_doctype_is_refused_by_the_parser() -> None:
+    data = BOMB.replace('<?xml version="1.0"?>', '<?xml version="1.0" encoding="UTF-16"?>').encode("utf-16")
+    with pytest.raises(TraceFormatError, match="DOCTYPE/ENTITY declarations are not allowed"):
+        parse_msccl_xml(data, source="bomb16.xml")
+
+
+def test_truncated_file_names_file_and_line(tmp_path: Path) -> None:
+    text = fixture_path(*CUSTOM, "custom_allreduce.xml").read_text()
+    cut = tmp_path / "cut.xml"
+    cut.write_text(text[: len(text) // 2])
+    with pytest.raises(TraceFormatError, match=r"cut\.xml:\d+: not well-formed XML .*truncated file\?"):
+        read_msccl_xml(cut)
+
+
+def test_missing_and_empty_files(tmp_path: Path) -> None:
+    with pytest.raises(TraceFormatError, match=r"nope\.xml: cannot read"):
+        read_msccl_xml(tmp_path / "nope.xml")
+    empty = tmp_path / "empty.xml"
+    empty.write_text("  \n")
+    with pytest.raises(TraceFormatError, match=r"empty\.xml:1: empty file"):
+        read_msccl_xml(empty)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (
+            doc(tb(0, 1, 1, step(0, "s"), step(1, "xyz"))),
+            r"x\.xml:\d+: gpu 0 tb 0 step 1: unknown step type 'xyz'",
+        ),
+        (
+            doc(tb(0, 1, 1, step(0, "s"), step(1, "r", depid=5, deps=0))),
+            r"x\.xml:\d+: gpu 0 tb 0 step 1: depid=5 deps=0 points nowhere",
+        ),
+        (
+            doc(
+                tb(0, 1, -1, step(0, "s", depid=1, deps=0))
+                + "\n"
+                + tb(1, -1, 1, step(0, "r", depid=0, deps=0))
+            ),
+            r"dependency cycle on gpu 0: tb \d step 0 → tb \d step 0",
+        ),
+        (doc(tb(0, 1, 1, step(0, "s"), step(1, "r", depid=0, deps=1))), r"dependency cycle on gpu 0"),
+        (
+            doc(tb(0, 1, 1, step(0, "s").replace(' cnt="1"', ""))),
+            r"x\.xml:\d+: gpu 0 tb 0 step 0: missing attribute 'cnt'",
+        ),
+        (
+            doc(tb(0, 1, 1, step(0, "s").replace('cnt="1"', 'cnt="one"'))),
+            r"attribute cnt='one' is not an integer",
+        ),
+        (doc(tb(0, 1, 1, step(0, "s", sb="q"))), r"srcbuf='q' is not a buffer"),
+        (
+            doc(tb(0, -1, 1, step(0, "s"))),
+            r"gpu 0 tb 0 step 0: type 's' sends, but its threadblock has send=-1",
+        ),
+        (doc(tb(0, 1, -1, step(0, "rrc"))), r"type 'rrc' receives, but its threadblock has recv=-1"),
+        (
+            doc(tb(0, 1, -1, step(0, "s", so=1, cnt=2))),
+            r"srcbuf i\[1:3\] is outside the 2 chunks gpu 0 declares",
+        ),
+        (doc(tb(0, 1, -1, step(0, "s"), step(0, "s"))), r"gpu 0 tb 0 step 0: step index 0 appears twice"),
+        (
+            doc(tb(0, 1, -1, step(0, "s")) + "\n" + tb(0, 1, -1, step(0, "s"))),
+            r"threadblock id 0 appears twice",
+        ),
+        (doc(tb(0, 5, -1, step(0, "s"))), r"gpu 0 tb 0: send peer 5 must be -1 or another gpu in 0\.\.1"),
+        (doc(tb(0, 0, -1, step(0, "s"))), r"send peer 0 must be -1 or another gpu"),
+        (doc(tb(0, 1, -1, step(0, "s", cnt=0))), r"cnt must be at least 1"),
+        (doc(tb(0, 1, -1, step(0, "s")).replace(' chan="0"', "")), r"gpu 0 <tb>: missing attribute 'chan'"),
+        (doc("").replace('coll="allreduce"', 'coll="allsum"'), r"unknown collective coll='allsum'"),
+        (doc("").replace(' coll="allreduce"', ""), r"<algo> has no 'coll' attribute"),
+        (doc("").replace('<gpu id="1"', '<gpu id="7"'), r"gpu id 7 is outside 0\.\.1"),
+        (doc("").replace('<gpu id="1"', '<gpu id="0"'), r"gpu id 0 appears twice"),
+        (HEAD + "</algo>", r"<algo> has no <gpu> elements"),
+        ("<algorithm/>", r"x\.xml:1: root element must be <algo>, found <algorithm>"),
+        (
+            "<algo ngpus='2' coll='allreduce'><gpu id='0'></gpu></algo>",
+            r"<gpu>: missing attribute 'i_chunks'",
+        ),
+        ("just text", r"x\.xml:1: not well-formed XML"),
+    ],
+    ids=lambda v: v[:0] if isinstance(v, str) and "<" in v else None,
+)
+def test_broken_inputs_are_named_precisely(text: str, message: str) -> None:
+    with pytest.raises(TraceFormatError, match=message):
+        parse_msccl_xml(text, source="x.xml")
+
+
+def test_error_line_numbers_are_exact() -> None:
+    text = doc(tb(0, 1, 1, step(0, "s"), step(1, "r"), step(2, "zz")))
+    line = text.splitlines().index(next(ln for ln in text.splitlines() if 'type="zz"' in ln)) + 1
+    with pytest.raises(TraceFormatError, match=rf"^x\.xml:{line}: gpu 0 tb 0 step 2"):
+        parse_msccl_xml(text, source="x.xml")
+    bad = doc(tb(0, 1, 1, step(0, "s"), step(1, "r", depid=3, deps=3)))
+    line = bad.splitlines().index(next(ln for ln in bad.splitlines() if 'depid="3"' in ln)) + 1
+    with pytest.raises(TraceFormatError, match=rf"^x\.xml:{line}: gpu 0 tb 0 step 1: depid=3"):
+        parse_msccl_xml(bad, source="x.xml")
+
+
+def ring_allreduce_xml(n: int) -> str:
+    """The shape of ASTRA-sim's custom_allreduce.xml (s, rrc, r steps) for n ranks."""
+    lines = [
+        f'<algo name="ring" proto="Simple" nchannels="1" nchunksperloop="{n}" ngpus="{n}" coll="allreduce" '
+        'inplace="1" outofplace="0" minBytes="0" maxBytes="0">'
+    ]
+    for r in range(n):
+        lines.append(f'  <gpu id="{r}" i_chunks="{n}" o_chunks="0" s_chunks="0">')
+        lines.append(f'    <tb id="0" send="{(r + 1) % n}" recv="{(r - 1) % n}" chan="0">')
+        seq, c = [("s", r)], r
+        for _ in range(n - 1):
+            c = (c - 1) % n
+            seq += [("rrc", c), ("s", c)]
+        for k in range(n - 1):
+            c = (c - 1) % n
+            seq += [("r", c)] + ([("s", c)] if k < n - 2 else [])
+        lines += [step(i, typ, "i", c, "i", c) for i, (typ, c) in enumerate(seq)]
+        lines += ["    </tb>", "  </gpu>"]
+    return "\n".join([*lines, "</algo>"]) + "\n"
+
+
+def test_ring_generator_reproduces_the_custom_allreduce_fixture() -> None:
+    text = fixture_path(*CUSTOM, "custom_allreduce.xml").read_text()
+    body = [ln.strip() for ln in text.splitlines() if "<step" in ln]
+    assert [ln.strip() for ln in ring_allreduce_xml(8).splitlines() if "<step" in ln] == body
+
+
+def test_large_ring_reads_linearly() -> None:
+    """128-rank ring all-reduce (the bench input): 65,024 steps into 81,280 nodes (no timing here)."""
+    t = parse_msccl_xml(ring_allreduce_xml(128))
+    assert t.num_ops == 128 * (4 * 127 + 127)  # 508 steps per rank, 127 of them rrc (two nodes)
+    assert t.num_deps == t.num_ops - 128  # one chain per rank
