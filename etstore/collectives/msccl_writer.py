@@ -96,55 +96,65 @@ def _steps(trace: Trace) -> tuple[list[_Step], np.ndarray]:
             f"rank {row['rank']} node {row['id']} ({row['name']!r}, {row['type']}) is neither a "
             "send, a receive, nor a reduce/copy COMP node",
         )
-    rank = ops["rank"].to_numpy().astype(np.int64)
-    cdst = pc.fill_null(ops["comm_dst"], -1).to_numpy().astype(np.int64)
-    csrc = pc.fill_null(ops["comm_src"], -1).to_numpy().astype(np.int64)
-    tag = pc.fill_null(ops["comm_tag"], 0).to_numpy().astype(np.int64)
+    rank = ops["rank"].to_numpy().astype(np.int64).tolist()
+    cdst = pc.fill_null(ops["comm_dst"], -1).to_numpy().astype(np.int64).tolist()
+    csrc = pc.fill_null(ops["comm_src"], -1).to_numpy().astype(np.int64).tolist()
+    tag = pc.fill_null(ops["comm_tag"], 0).to_numpy().astype(np.int64).tolist()
+    kinds_l, stype_l, cnt_l = kind.tolist(), sem.stype.tolist(), sem.cnt.tolist()
+    sb_l, so_l, db_l, do_l = (
+        sem.srcbuf.tolist(),
+        sem.srcoff.tolist(),
+        sem.dstbuf.tolist(),
+        sem.dstoff.tolist(),
+    )
+    chan_l = sem.chan.tolist()
     order = np.lexsort((np.arange(len(kind)), sem.group))
     groups = sem.group[order]
-    starts = np.flatnonzero(np.concatenate([[True], groups[1:] != groups[:-1]])) if len(groups) else []
-    ends = [*list(starts[1:]), len(groups)] if len(groups) else []
+    starts = (
+        np.flatnonzero(np.concatenate([[True], groups[1:] != groups[:-1]])).tolist() if len(groups) else []
+    )
+    ends = [*starts[1:], len(groups)] if len(groups) else []
+    order_l = order.tolist()
+    if len(groups):
+        lengths = np.diff(np.asarray([*starts, len(groups)]))
+        cnt_sorted = sem.cnt[order]
+        odd = np.flatnonzero(cnt_sorted != np.repeat(cnt_sorted[starts], lengths))
+        if len(odd):
+            r0 = order_l[int(odd[0])]
+            raise _fail(trace, f"rank {rank[r0]}: the nodes of one step move different chunk counts")
     steps: list[_Step] = []
-    step_of = np.full(len(kind), -1, dtype=np.int64)
-    for a, b in zip(list(starts), ends, strict=True):
-        rows = order[a:b].tolist()
-        t = STEP_TYPES[int(sem.stype[rows[0]])]
-        kinds = [int(kind[r]) for r in rows]
+    step_of = np.empty(len(kind), dtype=np.int64)
+    if len(groups):
+        step_of[order] = np.cumsum(np.concatenate([[True], groups[1:] != groups[:-1]])) - 1
+    for a, b in zip(starts, ends, strict=True):
+        rows = order_l[a:b]
+        r0 = rows[0]
+        t = STEP_TYPES[stype_l[r0]]
+        kinds = [kinds_l[r] for r in rows]
         # the node that reads the local source and the one that writes the destination
-        src_row = rows[kinds.index(REDUCE)] if REDUCE in kinds else rows[0]
-        dst_row = rows[kinds.index(REDUCE)] if REDUCE in kinds else rows[-1] if t != "s" else rows[0]
-        if t in ("r", "rcs"):
-            src_row = dst_row = rows[0]
-        cnts = {int(sem.cnt[r]) for r in rows}
-        if len(cnts) != 1:
-            raise _fail(
-                trace, f"rank {rank[rows[0]]}: nodes of one step move different chunk counts {sorted(cnts)}"
-            )
+        src_row = dst_row = r0
+        if REDUCE in kinds:
+            src_row = dst_row = rows[kinds.index(REDUCE)]
+        elif t not in ("s", "r", "rcs"):
+            dst_row = rows[-1]
+        c = cnt_l[r0]
         st = _Step(
-            int(rank[rows[0]]),
-            rows,
-            TYPE_CODE[t],
-            int(sem.srcbuf[src_row]),
-            int(sem.srcoff[src_row]),
-            int(sem.dstbuf[dst_row]),
-            int(sem.dstoff[dst_row]),
-            cnts.pop(),
+            rank[r0], rows, TYPE_CODE[t], sb_l[src_row], so_l[src_row], db_l[dst_row], do_l[dst_row], c
         )
         tags = set()
         for r, k in zip(rows, kinds, strict=True):
             if k == SEND:
-                st.send = int(cdst[r])
-                tags.add(int(tag[r]))
+                st.send = cdst[r]
+                tags.add(tag[r])
             elif k == RECV:
-                st.recv = int(csrc[r])
-                tags.add(int(tag[r]))
+                st.recv = csrc[r]
+                tags.add(tag[r])
         if len(tags) > 1:
             raise _fail(
                 trace, f"rank {st.rank}: one step receives and sends on different tags {sorted(tags)}"
             )
         st.tag = tags.pop() if tags else -1
-        st.chan = int(sem.chan[rows[0]])
-        step_of[rows] = len(steps)
+        st.chan = chan_l[r0]
         steps.append(st)
     return steps, step_of
 
@@ -228,18 +238,16 @@ def _assign_threadblocks(trace: Trace, steps: list[_Step], pos: list[float]) -> 
     ops = trace.ops
     explicit = ops["tb_id"].null_count == 0 and ops["local_time_step"].null_count == 0
     if explicit:
-        tb = ops["tb_id"].to_numpy().astype(np.int64)
-        lts = ops["local_time_step"].to_numpy().astype(np.int64)
-        by_rank: dict[int, list[int]] = {}
+        tb = ops["tb_id"].to_numpy().astype(np.int64).tolist()
+        lts = ops["local_time_step"].to_numpy().astype(np.int64).tolist()
+        by_rank: dict[int, set[int]] = {}
         for st in steps:
-            st.tb = int(tb[st.rows[0]])
+            st.tb = tb[st.rows[0]]
             st.order = float(lts[st.rows[0]])
-            by_rank.setdefault(st.rank, []).append(st.tb)
-        for r, tbs in by_rank.items():  # contiguous ids, keeping their order
-            remap = {t: i for i, t in enumerate(sorted(set(tbs)))}
-            for st in steps:
-                if st.rank == r:
-                    st.tb = remap[st.tb]
+            by_rank.setdefault(st.rank, set()).add(st.tb)
+        remap = {r: {t: i for i, t in enumerate(sorted(tbs))} for r, tbs in by_rank.items()}
+        for st in steps:  # contiguous ids, keeping their order
+            st.tb = remap[st.rank][st.tb]
         return
     # union steps that share a send connection or a receive connection
     parent = list(range(len(steps)))

@@ -137,6 +137,8 @@ def _tag_attrs(buf: bytes, start: int, end: int) -> dict[str, str]:
 
 
 _LENS = np.array([len(x) for x in _STEP_ATTRS], dtype=np.int64)
+# distance from the previous closing quote (for the first: from '<') to each opening quote
+_GAPS = np.concatenate([[len("<step ") + 2], _LENS[1:] + 3])
 # the 8 bytes before each opening quote end with ' name=' (names are at most 6 long)
 _NAME_MASKS = np.array([((1 << (8 * (n + 2))) - 1) << (8 * (6 - n)) for n in _LENS.tolist()], dtype=np.uint64)
 _NAME_CODES = np.array(
@@ -249,45 +251,41 @@ def _fast(data: bytes) -> _Parsed:
     parsed.step_at = lt[steps]
     if (nq[steps] != 2 * len(_STEP_ATTRS)).any():
         raise _Fallback
-    quotes = q[qa[steps][:, None] + np.arange(2 * len(_STEP_ATTRS))]
-    opens, closes = quotes[:, 0::2], quotes[:, 1::2]
-    # layout: '<step' ' ' name="value" (' ' name="value")* ' '? '/>'
-    if (opens[:, 0] - lt[steps] != 8).any() or (opens[:, 1:] - closes[:, :-1] != _LENS[1:] + 3).any():
+    # the quotes of all steps, one row per quote index (a compress and a transpose, not 20 gathers)
+    quotes = np.ascontiguousarray(q[np.repeat(is_step, nq)].reshape(n, 2 * len(_STEP_ATTRS)).T)
+    start_tag = lt[steps]
+    cols: dict[str, np.ndarray] = {}
+    prev_close = start_tag
+    for m, attr in enumerate(_STEP_ATTRS):  # one attribute at a time: short vectors that stay in cache
+        o = quotes[2 * m]
+        c = quotes[2 * m + 1]
+        # layout: '<step' ' ' name="value" (' ' name="value")* ' '? '/>'
+        if not ((o - prev_close == _GAPS[m]).all() and ((W[o - 8] & _NAME_MASKS[m]) == _NAME_CODES[m]).all()):
+            raise _Fallback
+        prev_close = c
+        if attr == "hasdep":  # derived from the dependencies, like the expat path we ignore its value
+            continue
+        vs = o + 1
+        vl = c - vs
+        if attr == "type":  # 1..4 characters, a known name
+            if ((vl < 1) | (vl > 4)).any():
+                raise _Fallback
+            code = W[vs] & _LEN_MASK[vl]
+            pos = np.minimum(np.searchsorted(_TYPE_KEYS, code), len(_TYPE_KEYS) - 1)
+            if not (_TYPE_KEYS[pos] == code).all():
+                raise _Fallback
+            cols[attr] = _TYPE_LUT[pos]
+        elif attr in ("srcbuf", "dstbuf"):  # one of i, o, s
+            b = np.where(vl == 1, _BUFCODE[a[vs]], -1)
+            if (b < 0).any():
+                raise _Fallback
+            cols[attr] = b
+        else:
+            cols[attr] = _parse_ints(a, W, vs, vl)
+    tail = gt[steps] - prev_close
+    if not ((tail == 2) | ((tail == 3) & _WS[a[prev_close + 1]])).all():
         raise _Fallback
-    if not ((W[opens - 8] & _NAME_MASKS) == _NAME_CODES).all():
-        raise _Fallback
-    tail = gt[steps] - closes[:, -1]
-    if not ((tail == 2) | ((tail == 3) & _WS[a[closes[:, -1] + 1]])).all():
-        raise _Fallback
-    vstart = opens + 1
-    vlen = closes - vstart
-    # step type: 1..4 characters, a known name
-    tl = vlen[:, 1]
-    if ((tl < 1) | (tl > 4)).any():
-        raise _Fallback
-    tcode = W[vstart[:, 1]] & _LEN_MASK[tl]
-    pos = np.minimum(np.searchsorted(_TYPE_KEYS, tcode), len(_TYPE_KEYS) - 1)
-    if not (_TYPE_KEYS[pos] == tcode).all():
-        raise _Fallback
-    typ = _TYPE_LUT[pos]
-    # buffers: one of i, o, s
-    sb = np.where(vlen[:, 2] == 1, _BUFCODE[a[vstart[:, 2]]], -1)
-    db = np.where(vlen[:, 4] == 1, _BUFCODE[a[vstart[:, 4]]], -1)
-    if (sb < 0).any() or (db < 0).any():
-        raise _Fallback
-    val = _parse_ints(a, W, vstart[:, _INT_COLS], vlen[:, _INT_COLS])
-    cols = dict(zip(("s", "srcoff", "dstoff", "cnt", "depid", "deps", "hasdep"), val.T, strict=True))
-    parsed.steps = {
-        "s": cols["s"],
-        "type": typ,
-        "srcbuf": sb,
-        "srcoff": cols["srcoff"],
-        "dstbuf": db,
-        "dstoff": cols["dstoff"],
-        "cnt": cols["cnt"],
-        "depid": cols["depid"],
-        "deps": cols["deps"],
-    }
+    parsed.steps = cols
     return parsed
 
 
