@@ -15,7 +15,7 @@ of ``docs/algorithms.md``, whoever produced it: the MSCCL-IR reader
 from __future__ import annotations
 
 from etstore.collectives.check import CheckReport, check_algorithm, ensure_valid
-from etstore.collectives.et_writer import message_sizes, write_algorithm_et
+from etstore.collectives.et_writer import message_sizes, parse_size, write_algorithm_et
 from etstore.collectives.generators import GENERATORS, GeneratorInfo, generate
 from etstore.collectives.msccl_writer import to_msccl_xml, write_msccl_xml
 
@@ -27,6 +27,7 @@ __all__ = [
     "ensure_valid",
     "generate",
     "message_sizes",
+    "parse_size",
     "to_msccl_xml",
     "write_algorithm_et",
     "write_msccl_xml",

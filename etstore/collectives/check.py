@@ -776,6 +776,10 @@ def ensure_valid(trace: Trace) -> CheckReport:
     UnsatisfiableError
         The algorithm fails the check; the message names the trace and lists the
         first problems (rank, node, buffer slot).
+
+    Notes
+    -----
+    Same cost as :func:`check_algorithm`.
     """
     report = check_algorithm(trace)
     if not report.ok:

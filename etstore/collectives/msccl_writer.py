@@ -327,7 +327,7 @@ def _threadblocks(trace: Trace, steps: list[_Step]) -> dict[tuple[int, int], dic
 def to_msccl_xml(
     trace: Trace, *, name: str | None = None, proto: str | None = None, check_limits: bool = True
 ) -> str:
-    """The MSCCL-IR XML text of an algorithm trace; see :func:`write_msccl_xml`."""
+    """The MSCCL-IR XML text of an algorithm trace; options, errors and cost as :func:`write_msccl_xml`."""
     params = trace.params
     steps, step_of = _steps(trace)
     src, dst = _edges(trace, step_of)

@@ -8,7 +8,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from etstore.collectives import generate, message_sizes, write_algorithm_et
+from etstore.collectives import generate, message_sizes, parse_size, write_algorithm_et
 from etstore.errors import UnsatisfiableError
 from etstore.ingest._frames import varint
 from etstore.ingest.et import read_et
@@ -144,3 +144,23 @@ def test_sends_need_chunk_columns() -> None:
     )
     with pytest.raises(UnsatisfiableError, match=r"rank 0 node 0 is a send/receive without msg_chunk_cnt"):
         message_sizes(bare, 1 << 20)
+
+
+def test_parse_size() -> None:
+    assert parse_size("1MiB") == parse_size("1MB") == parse_size("1 m") == 1 << 20
+    assert parse_size("1.5GiB") == 3 << 29 and parse_size("4096") == 4096 and parse_size(7) == 7
+    assert parse_size(".5KiB") == 512
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("1.3B", r"size '1\.3B' is not a whole number of bytes"),
+        ("abc", r"not a size: 'abc' \(expected e\.g\. 1MiB"),
+        ("1 XB", r"not a size: '1 XB'"),
+        (-5, r"size must not be negative, got -5"),
+    ],
+)
+def test_parse_size_rejects(text: str | int, message: str) -> None:
+    with pytest.raises(UnsatisfiableError, match=message):
+        parse_size(text)
