@@ -1,7 +1,8 @@
 """Chakra ``.et`` files ⇄ columnar :class:`~etstore.model.Trace`.
 
-Decoding uses the native codec (``etstore.ingest._etcodec``) when it is built and
-falls back to the protobuf runtime otherwise; both produce identical columns.
+Decoding and encoding use the native codec (``etstore.ingest._etcodec`` through
+``_native``) when it is built and fall back to the protobuf runtime otherwise; both
+produce identical columns and files that re-read to the identical trace.
 """
 
 from __future__ import annotations
@@ -38,9 +39,10 @@ __all__ = ["decode_rank", "encode_rank", "read_et", "split_missing", "write_et"]
 log = logging.getLogger(__name__)
 
 try:  # the native codec is optional; the pure-Python path is the reference
-    from etstore.ingest import _etcodec  # type: ignore[attr-defined]
+    from etstore.ingest import _native
 except ImportError:  # pragma: no cover - depends on the build
-    _etcodec = None
+    _native = None  # type: ignore[assignment]
+_etcodec = None if _native is None else _native._etcodec
 
 Progress = Callable[[int], None]
 
@@ -66,6 +68,7 @@ def _decode_py(data: bytes, rank: int, path: Path) -> tuple[pa.Table, pa.Table, 
     pos += meta_len
 
     cols: dict[str, list[Any]] = {f.name: [] for f in OPS_SCHEMA}
+    seen: dict[bytes, tuple[str, Any, str] | None] = {}
     d_src: list[int] = []
     d_dst: list[int] = []
     d_kind: list[str] = []
@@ -80,13 +83,14 @@ def _decode_py(data: bytes, rank: int, path: Path) -> tuple[pa.Table, pa.Table, 
                 f"{path}: byte {start}: node frame {frame} claims {length} bytes but only "
                 f"{n - pos} remain (truncated file?)"
             )
+        raw = data[pos : pos + length]
         try:
-            node = Node.FromString(data[pos : pos + length])
+            node = Node.FromString(raw)
         except DecodeError as exc:
             raise TraceFormatError(f"{path}: byte {start}: frame {frame} is not a Chakra Node") from exc
         pos += length
         frame += 1
-        _node_to_columns(node, cols)
+        _node_to_columns(node, raw, cols, seen)
         nid = node.id
         for i, d in enumerate(node.data_deps):
             d_src.append(d)
@@ -108,7 +112,15 @@ def _decode_py(data: bytes, rank: int, path: Path) -> tuple[pa.Table, pa.Table, 
     return ops, deps, meta_bytes
 
 
-def _node_to_columns(node: Any, cols: dict[str, list[Any]]) -> None:
+def _node_to_columns(
+    node: Any, raw: bytes, cols: dict[str, list[Any]], seen: dict[bytes, tuple[str, Any, str] | None]
+) -> None:
+    """Append one parsed node; ``raw`` is its frame, whose extra records are kept verbatim.
+
+    ``attrs`` gets the node's inputs (8), outputs (9) and unpromoted attr (10) records
+    byte-for-byte, in that field order (stable), which is the order export writes.
+    ``seen`` caches, per attribute record, what promoting it gives (records repeat a lot).
+    """
     cols["id"].append(node.id)
     cols["name"].append(node.name)
     cols["type"].append(node_type_name(node.type))
@@ -116,32 +128,150 @@ def _node_to_columns(node: Any, cols: dict[str, list[Any]]) -> None:
     cols["start_time_micros"].append(node.start_time_micros)
     promoted: dict[str, Any] = {}
     tokens: list[str] = []
-    extra = Node()
-    if node.HasField("inputs"):
-        extra.inputs.CopyFrom(node.inputs)
-    if node.HasField("outputs"):
-        extra.outputs.CopyFrom(node.outputs)
-    for a in node.attr:
-        member = a.WhichOneof("value")
-        name = a.name
-        if (
-            name in ATTR_COLUMNS
-            and name not in promoted
-            and member is not None
-            and not a.doc_string
-            and promotable(name, member, getattr(a, member))
-        ):
-            value = getattr(a, member)
-            promoted[name] = COLLECTIVE_COMM_TYPES[value] if name == "comm_type" else value
-            tokens.append(f"{name}:{member_number(member)}")
-        else:
-            extra.attr.append(a)
-            tokens.append("*")
+    kept: list[tuple[int, bytes]] = []
+    if node.attr or node.HasField("inputs") or node.HasField("outputs"):
+        attrs = iter(node.attr)
+        for field, begin, end in _extra_records(raw):
+            record = raw[begin:end]
+            if field != 10:
+                kept.append((field, record))
+                continue
+            a = next(attrs)
+            if record in seen:
+                hit = seen[record]
+            elif a.name in ATTR_COLUMNS:
+                hit = seen[record] = _promotion(a)
+            else:
+                hit = None
+            if hit is not None and hit[0] not in promoted:
+                promoted[hit[0]] = hit[1]
+                tokens.append(hit[2])
+            else:
+                kept.append((field, record))
+                tokens.append("*")
     for column in ATTR_COLUMNS:
         cols[column].append(promoted.get(column))
-    blob = extra.SerializeToString()
+    kept.sort(key=lambda record: record[0])  # stable: inputs, outputs, attrs, as export writes them
+    blob = b"".join(record for _, record in kept)
     cols["attrs"].append(blob if blob else None)
     cols["attr_order"].append(",".join(tokens))
+
+
+def _promotion(a: Any) -> tuple[str, Any, str] | None:
+    """``(column, value, attr_order token)`` if attribute ``a`` becomes a column, else None.
+
+    It must be named after a column, set a oneof member that fits the column
+    (:func:`etstore.model.promotable`), have no doc string, and be rebuilt exactly
+    by export.
+    """
+    member = a.WhichOneof("value")
+    if member is None or a.doc_string:
+        return None
+    value = getattr(a, member)
+    if not promotable(a.name, member, value) or not _rebuilds_exactly(a, member):
+        return None
+    if a.name == "comm_type":
+        value = COLLECTIVE_COMM_TYPES[value]
+    return a.name, value, f"{a.name}:{member_number(member)}"
+
+
+def _rebuilds_exactly(a: Any, member: str) -> bool:
+    """Whether export's fresh ``AttributeProto(name, member=value)`` equals ``a``.
+
+    Once name, member and value match, only unknown fields (or known ones in a
+    foreign wire type) can differ, and they show in ``ByteSize``; such an attribute
+    stays in ``attrs`` so nothing is lost. The canonical size is computed, not built.
+    """
+    name = a.name.encode()
+    value = getattr(a, member)
+    kind = member[:-4]
+    if kind == "bool":
+        body = 1
+    elif kind == "string":
+        text = value.encode()
+        body = _varint_size(len(text)) + len(text)
+    elif kind in ("fixed32", "sfixed32"):
+        body = 4
+    elif kind in ("fixed64", "sfixed64"):
+        body = 8
+    elif kind == "sint32":
+        body = _varint_size(((value << 1) ^ (value >> 31)) & 0xFFFFFFFF)
+    elif kind == "sint64":
+        body = _varint_size(((value << 1) ^ (value >> 63)) & 0xFFFFFFFFFFFFFFFF)
+    else:  # int32 / int64 / uint32 / uint64: negatives take ten bytes
+        body = _varint_size(value & 0xFFFFFFFFFFFFFFFF)
+    size = (1 + _varint_size(len(name)) + len(name) if name else 0) + (1 if member_number(member) < 16 else 2)
+    return a.ByteSize() == size + body
+
+
+def _varint_size(value: int) -> int:
+    return max(1, (value.bit_length() + 6) // 7)
+
+
+def _extra_records(raw: bytes) -> list[tuple[int, int, int]]:
+    """``(field, start, end)`` of a Node frame's top-level inputs/outputs/attr records.
+
+    Runs on frames protobuf has already parsed, so the wire format is known to be
+    well-formed. Keeping these records byte-for-byte (instead of re-serializing the
+    parsed messages) is lossless by construction and what the native codec does.
+    """
+    out = []
+    pos, n = 0, len(raw)
+    while pos < n:
+        start = pos
+        tag = raw[pos]
+        if tag < 0x80:
+            pos += 1
+        else:
+            tag, pos = _uvarint(raw, pos)
+        wire = tag & 7
+        if wire == 2:
+            size = raw[pos]
+            if size < 0x80:
+                pos += 1
+            else:
+                size, pos = _uvarint(raw, pos)
+            pos += size
+            if 8 <= tag >> 3 <= 10:
+                out.append((tag >> 3, start, pos))
+        elif wire == 0:
+            while raw[pos] >= 0x80:
+                pos += 1
+            pos += 1
+        else:
+            pos = _skip_value(raw, pos, wire)
+    return out
+
+
+def _uvarint(buf: bytes, pos: int) -> tuple[int, int]:
+    result = 0
+    shift = 0
+    while True:
+        b = buf[pos]
+        pos += 1
+        result |= (b & 0x7F) << shift
+        if b < 0x80:
+            return result, pos
+        shift += 7
+
+
+def _skip_value(buf: bytes, pos: int, wire: int) -> int:
+    """Position after a field value of wire type ``wire`` (groups included)."""
+    if wire == 0:
+        return _uvarint(buf, pos)[1]
+    if wire == 1:
+        return pos + 8
+    if wire == 5:
+        return pos + 4
+    if wire == 2:
+        size, pos = _uvarint(buf, pos)
+        return pos + size
+    # wire == 3: a group, already checked to be balanced by the protobuf parse
+    while True:
+        tag, pos = _uvarint(buf, pos)
+        if tag & 7 == 4:
+            return pos
+        pos = _skip_value(buf, pos, tag & 7)
 
 
 def decode_rank(data: bytes, rank: int, path: Path) -> tuple[pa.Table, pa.Table, bytes | None]:
@@ -149,8 +279,8 @@ def decode_rank(data: bytes, rank: int, path: Path) -> tuple[pa.Table, pa.Table,
 
     Raises :class:`TraceFormatError` naming the file and byte offset of a bad frame.
     """
-    if _etcodec is not None:
-        return _etcodec.decode(data, rank, str(path))
+    if _native is not None:
+        return _native.decode_rank(data, rank, path)
     return _decode_py(data, rank, path)
 
 
@@ -333,8 +463,13 @@ def _deps_by_node(deps: pa.Table) -> dict[tuple[int, str], list[int]]:
 
 def encode_rank(ops: pa.Table, deps: pa.Table, metadata: bytes | None) -> bytes:
     """One rank's ``.et`` bytes (uncompressed) from its ops and all its deps (incl. missing)."""
-    if _etcodec is not None and hasattr(_etcodec, "encode"):
-        return _etcodec.encode(ops, deps, metadata or b"")
+    if _native is not None:
+        return _native.encode_rank(ops, deps, metadata)
+    return _encode_py(ops, deps, metadata)
+
+
+def _encode_py(ops: pa.Table, deps: pa.Table, metadata: bytes | None) -> bytes:
+    """Reference encoder: one protobuf message per node."""
     out = bytearray()
     meta = metadata or b""
     out += write_varint(len(meta)) + meta
