@@ -32,9 +32,9 @@ import pyarrow as pa
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from etstore.collectives.generators import generate
 from etstore.model import Trace, deps_table, ops_table
 from etstore.sim import SimConfig, collective_workload, simulate, sweep
-from etstore.sim._templates import ring_algorithm
 from etstore.sim.topology import Topology
 
 PY = f"{platform.python_implementation()} {platform.python_version()}"
@@ -51,7 +51,7 @@ def emit(metric: str, value: float, unit: str, n: int, **extra: object) -> None:
 
 def expanded_allreduce(n: int = 64, size: int = 64 << 20) -> Trace:
     """The ring all-reduce as plain send/recv/compute nodes: 5(n-1) nodes per rank (20,160 at n=64)."""
-    alg = ring_algorithm("allreduce", n)
+    alg = generate("ring", coll="allreduce", ranks=n)
     col = alg.ops.schema.get_field_index("comm_size")
     ops = alg.ops.set_column(col, "comm_size", pa.array(np.full(alg.num_ops, size // n), pa.int64()))
     return alg.replace(ops=ops, kind="expanded", name=f"ring-allreduce-{n}-expanded")

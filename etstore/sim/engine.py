@@ -30,7 +30,7 @@ import heapq
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,6 +38,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from etstore.collectives.generators import generate
 from etstore.errors import EtstoreError
 from etstore.model import Trace
 from etstore.sim import _templates as tpl
@@ -312,14 +313,6 @@ class _Plan:
         return {k: np.concatenate(v) if v else np.zeros(0) for k, v in self.parts.items()}
 
 
-def _resolve_generator() -> Callable[..., Trace] | None:
-    try:
-        from etstore.collectives.generators import generate  # type: ignore[import-not-found]
-    except ImportError:
-        return None
-    return generate  # type: ignore[no-any-return]
-
-
 class _Algorithms:
     """Chooses and caches the template for each (collective, size, group)."""
 
@@ -338,7 +331,6 @@ class _Algorithms:
         self.num_npus = num_npus
         self.cache: dict[tuple[Any, ...], tpl.Template | None] = {}
         self.labels: dict[str, str] = {}
-        self._generate = _resolve_generator()
 
     def spec_for(self, coll: str) -> AlgorithmSpec:
         if coll in self.explicit:
@@ -408,20 +400,12 @@ class _Algorithms:
         if cache_key in self.cache:
             return self.cache[cache_key]  # type: ignore[return-value]
         short = COLLECTIVES[coll]
-        if self._generate is not None:
-            try:
-                trace = self._generate(name, coll=short, ranks=n, chunks=self.config.algorithm_chunks)
-            except EtstoreError as exc:
-                raise SimulationError(
-                    f"cannot generate algorithm {name!r} for {coll} on {n} ranks: {exc}"
-                ) from exc
-        elif name == "ring":
-            trace = tpl.ring_algorithm(short, n, self.config.algorithm_chunks)
-        else:
+        try:
+            trace = generate(name, coll=short, ranks=n, chunks=self.config.algorithm_chunks)
+        except EtstoreError as exc:
             raise SimulationError(
-                f"algorithm {name!r} needs etstore.collectives.generators, which is not available; "
-                "use 'native', 'ring' or pass a stored algorithm trace"
-            )
+                f"cannot generate algorithm {name!r} for {coll} on {n} ranks: {exc}"
+            ) from exc
         self.cache[cache_key] = trace  # type: ignore[assignment]
         return trace
 

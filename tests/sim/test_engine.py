@@ -10,6 +10,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
+from etstore.collectives.generators import generate
 from etstore.ingest.et import read_et
 from etstore.model import Trace, deps_table, ops_table
 from etstore.sim import (
@@ -23,7 +24,6 @@ from etstore.sim import (
     simulate,
     sweep,
 )
-from etstore.sim._templates import ring_algorithm
 from etstore.sim.topology import Topology
 
 FIX = Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "astra-sim"
@@ -258,7 +258,7 @@ def test_ring_algorithm_as_an_expanded_workload() -> None:
     # As a workload, the algorithm's zero-duration reduce COMP nodes take 1 ns each
     # (ASTRA-sim's rule), while inside a collective they cost a local reduction.
     n, size = 8, 8 << 20
-    alg = ring_algorithm("allreduce", n)
+    alg = generate("ring", coll="allreduce", ranks=n)
     ops = alg.ops.set_column(
         alg.ops.schema.get_field_index("comm_size"), "comm_size", [[size // n] * alg.num_ops]
     )
@@ -419,7 +419,7 @@ def test_sweep_accepts_an_algorithm_factory() -> None:
 
     def factory(topo: Topology, coll: str) -> Trace:
         calls.append((topo.num_npus, coll))
-        return ring_algorithm("allreduce", topo.num_npus)
+        return generate("ring", coll="allreduce", ranks=topo.num_npus)
 
     t = sweep([1 << 20, 1 << 21], {"mine": factory}, [Topology.ring(4)])
     assert calls == [(4, "ALL_REDUCE")]
@@ -521,7 +521,7 @@ def test_algorithm_with_the_wrong_rank_count() -> None:
         simulate(
             collective_workload("allreduce", 8, 1 << 20),
             Topology.ring(8),
-            algorithms={"allreduce": ring_algorithm("allreduce", 4)},
+            algorithms={"allreduce": generate("ring", coll="allreduce", ranks=4)},
         )
 
 
@@ -531,7 +531,7 @@ def test_unknown_collective_name_in_algorithms() -> None:
 
 
 def test_algorithm_without_sizes() -> None:
-    alg = ring_algorithm("allreduce", 2)
+    alg = generate("ring", coll="allreduce", ranks=2)
     ops = alg.ops.set_column(
         alg.ops.schema.get_field_index("total_chunk_cnt"),
         "total_chunk_cnt",
