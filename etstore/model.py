@@ -279,6 +279,25 @@ def _positions_within(rank: np.ndarray, dst: np.ndarray, kinds: pa.Array) -> np.
     return pos
 
 
+def op_rows(ops: pa.Table, rank: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """Row in ``ops`` of each ``(rank[i], ids[i])``; every pair must exist.
+
+    O((V + E) log V): one lexsort of the ops, then a binary search per distinct rank.
+    """
+    rank = np.asarray(rank, dtype=np.int64)
+    op_rank = ops["rank"].to_numpy().astype(np.int64)
+    op_id = ops["id"].to_numpy()
+    order = np.lexsort((op_id, op_rank))
+    sorted_rank, sorted_id = op_rank[order], op_id[order]
+    out = np.empty(len(ids), dtype=np.int64)
+    for r in np.unique(rank):
+        sel = rank == r
+        a = np.searchsorted(sorted_rank, r, side="left")
+        b = np.searchsorted(sorted_rank, r, side="right")
+        out[sel] = order[a + np.searchsorted(sorted_id[a:b], ids[sel])]
+    return out
+
+
 def member_number(member: str) -> int:
     """Field number of an AttributeProto oneof member (``"int64_val"`` → 9)."""
     return _MEMBER_NUMBER[member]

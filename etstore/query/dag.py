@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from etstore.model import Trace
+from etstore.model import Trace, op_rows
 
 __all__ = ["break_cycles", "cycle_members", "generations", "longest_path", "trace_edges"]
 
@@ -61,40 +61,13 @@ def generations(n: int, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
     return gen
 
 
-def trace_edges(trace: Trace, *, messages: bool = False) -> tuple[np.ndarray, np.ndarray]:
-    """Dependency edges of ``trace`` as row indices ``(src, dst)``.
-
-    With ``messages=True`` also one edge from each COMM_SEND to the COMM_RECV it
-    matches (see :func:`etstore.store.graph.message_edges`).
-    """
-    ops = trace.ops
-    n = ops.num_rows
-    rank = ops["rank"].to_numpy().astype(np.int64)
-    ids = ops["id"].to_numpy()
-    order = np.lexsort((ids, rank))
-    key_rank, key_id = rank[order], ids[order]
-
-    def rows(r: np.ndarray, i: np.ndarray) -> np.ndarray:
-        out = np.empty(len(i), dtype=np.int64)
-        lo = np.searchsorted(key_rank, r, side="left")
-        for value in np.unique(r):
-            sel = r == value
-            a = lo[sel][0]
-            b = np.searchsorted(key_rank, value, side="right")
-            out[sel] = order[a + np.searchsorted(key_id[a:b], i[sel])]
-        return out
-
+def trace_edges(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
+    """Dependency edges of ``trace`` as row indices ``(src, dst)`` into ``trace.ops``."""
     d = trace.deps
-    d_rank = d["rank"].to_numpy().astype(np.int64)
-    src = rows(d_rank, d["src"].to_numpy()) if n and d.num_rows else np.zeros(0, np.int64)
-    dst = rows(d_rank, d["dst"].to_numpy()) if n and d.num_rows else np.zeros(0, np.int64)
-    if messages:
-        from etstore.store.graph import message_edges
-
-        msgs, _, _ = message_edges(trace, 0)
-        src = np.concatenate([src, msgs["from"].to_numpy()])
-        dst = np.concatenate([dst, msgs["to"].to_numpy()])
-    return src, dst
+    if trace.num_ops == 0 or d.num_rows == 0:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    rank = d["rank"].to_numpy()
+    return op_rows(trace.ops, rank, d["src"].to_numpy()), op_rows(trace.ops, rank, d["dst"].to_numpy())
 
 
 def cycle_members(trace: Trace) -> np.ndarray:

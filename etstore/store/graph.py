@@ -14,7 +14,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from etstore.errors import StoreError
-from etstore.model import ATTR_COLUMNS, Trace
+from etstore.model import ATTR_COLUMNS, Trace, op_rows
 
 __all__ = ["GRAPH_OP_COLUMNS", "UID_SHIFT", "dep_edges", "message_edges", "op_nodes", "uid_base"]
 
@@ -55,24 +55,6 @@ def op_nodes(trace: Trace, trace_name: str, base: int) -> pa.Table:
     return pa.table(cols)
 
 
-def _uids_for(trace: Trace, base: int, rank: np.ndarray, ids: np.ndarray) -> np.ndarray:
-    """uid of each (rank, id); every pair must exist in ``trace.ops``."""
-    op_rank = trace.ops["rank"].to_numpy().astype(np.int64)
-    op_id = trace.ops["id"].to_numpy()
-    order = np.lexsort((op_id, op_rank))
-    sr, si = op_rank[order], op_id[order]
-    # binary search on (rank, id): first by rank block, then id within it
-    lo = np.searchsorted(sr, rank.astype(np.int64), side="left")
-    hi = np.searchsorted(sr, rank.astype(np.int64), side="right")
-    pos = np.empty(len(ids), dtype=np.int64)
-    # ids sorted within each rank block: search each distinct rank once
-    for r in np.unique(rank):
-        sel = rank == r
-        a, b = lo[sel][0], hi[sel][0]
-        pos[sel] = a + np.searchsorted(si[a:b], ids[sel])
-    return base + order[pos].astype(np.int64)
-
-
 def dep_edges(trace: Trace, base: int) -> pa.Table:
     """``DEP`` edge rows ``from``, ``to`` (uids), ``kind``."""
     deps = trace.deps
@@ -85,8 +67,8 @@ def dep_edges(trace: Trace, base: int) -> pa.Table:
             }
         )
     rank = deps["rank"].to_numpy()
-    src = _uids_for(trace, base, rank, deps["src"].to_numpy())
-    dst = _uids_for(trace, base, rank, deps["dst"].to_numpy())
+    src = base + op_rows(trace.ops, rank, deps["src"].to_numpy())
+    dst = base + op_rows(trace.ops, rank, deps["dst"].to_numpy())
     return pa.table({"from": src, "to": dst, "kind": deps["kind"]})
 
 
