@@ -1,0 +1,52 @@
+"""Helpers shared by the command modules: store opening, parameters, progress, formats."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from typing import Any
+
+from rich.console import Console
+
+from etstore._render import FORMATS
+from etstore.errors import EtstoreError
+from etstore.store import Store, open_store
+
+__all__ = ["add_format", "open_from_args", "params", "progress"]
+
+
+def add_format(sp: argparse.ArgumentParser) -> None:
+    """The ``--format table|csv|json`` option every listing command takes."""
+    sp.add_argument("--format", choices=FORMATS, default="table", help="output format (default: table)")
+
+
+def _parse_param(text: str) -> tuple[str, Any]:
+    if "=" not in text:
+        raise EtstoreError(f"--param {text!r}: expected NAME=VALUE")
+    key, raw = text.split("=", 1)
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError:
+        value = raw
+    return key.strip(), value
+
+
+def params(args: argparse.Namespace) -> dict[str, Any]:
+    """``--param NAME=VALUE`` options as a dict; VALUE is JSON when it parses."""
+    return dict(_parse_param(p) for p in args.param or [])
+
+
+def open_from_args(args: argparse.Namespace, *, read_only: bool = False) -> Store:
+    return open_store(args.store, read_only=read_only)
+
+
+def progress(console: Console) -> Any:
+    """A rich progress bar on a terminal, nothing when piped."""
+    if not console.is_terminal or os.environ.get("CI"):
+        return None
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    return Progress(
+        TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(), console=console, transient=True
+    )

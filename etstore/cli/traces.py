@@ -1,0 +1,166 @@
+"""Trace management commands: ingest, ls, show, rm, export, demo."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+from rich.console import Console
+
+from etstore._render import render
+from etstore.cli._common import add_format, open_from_args, progress
+from etstore.errors import EtstoreError
+
+
+def _ingest(args: argparse.Namespace, console: Console) -> int:
+    from etstore.ingest import read_trace
+
+    rows = []
+    with open_from_args(args) as store:
+        bar = progress(console)
+        for spec in args.paths:
+            if bar:
+                with bar:
+                    task = bar.add_task(f"ingest {spec}", total=3)
+                    trace = read_trace(spec, name=args.name)
+                    bar.advance(task)
+                    report = store.ingest(
+                        trace, name=args.name, progress=lambda _s, _d, _t, task=task: bar.advance(task)
+                    )
+            else:
+                trace = read_trace(spec, name=args.name)
+                report = store.ingest(trace, name=args.name)
+            info = report.trace
+            rows.append(
+                {
+                    "trace": info.name,
+                    "kind": info.kind,
+                    "status": "new" if report.created else "already stored",
+                    "ranks": info.ranks,
+                    "ops": info.ops,
+                    "deps": info.deps,
+                    "missing": info.missing,
+                    "messages": info.messages,
+                    "cycles": report.cycles,
+                    "unmatched": report.unmatched_sends + report.unmatched_recvs,
+                    "seconds": round(report.seconds, 3),
+                }
+            )
+    render(pa.Table.from_pylist(rows), args.format, console=console)
+    return 0
+
+
+def _ls(args: argparse.Namespace, console: Console) -> int:
+    with open_from_args(args, read_only=True) as store:
+        rows = [t.as_row() for t in store.traces()]
+    cols = ["name", "kind", "ranks", "ops", "deps", "missing", "messages", "parent", "created"]
+    if args.format == "json":
+        render(pa.Table.from_pylist(rows), "json", console=console)
+    else:
+        table = (
+            pa.Table.from_pylist([{c: r[c] for c in cols} for r in rows])
+            if rows
+            else pa.table({c: pa.array([], pa.string()) for c in cols})
+        )
+        render(table, args.format, console=console)
+    return 0
+
+
+def _show(args: argparse.Namespace, console: Console) -> int:
+    from etstore.query.summary import summarize
+
+    with open_from_args(args, read_only=True) as store:
+        info = store.info(args.trace)
+        s = summarize(store, args.trace)
+    if args.format == "json":
+        doc: dict[str, Any] = {
+            "trace": info.as_row(),
+            "by_type_rank": s.by_type_rank.to_pylist(),
+            "collectives": s.collectives.to_pylist(),
+            "missing": s.missing.to_pylist(),
+        }
+        sys.stdout.write(json.dumps(doc, indent=1, default=str) + "\n")
+        return 0
+    console.print(
+        f"[bold]{info.name}[/] ({info.kind}) {info.ranks} ranks, {info.ops:,} ops, "
+        f"{info.deps:,} deps, {info.missing:,} missing deps, {info.messages:,} messages"
+    )
+    render(s.by_type_rank, args.format, title="ops per rank and type", console=console)
+    if s.collectives.num_rows:
+        render(s.collectives, args.format, title="collectives", console=console)
+    if s.missing.num_rows:
+        render(s.missing, args.format, title="dependencies on absent nodes", console=console)
+    return 0
+
+
+def _rm(args: argparse.Namespace, console: Console) -> int:
+    with open_from_args(args) as store:
+        for name in args.traces:
+            store.remove(name)
+            console.print(f"removed {name}")
+    return 0
+
+
+def _export(args: argparse.Namespace, console: Console) -> int:
+    from etstore.ingest import write_chakra_json, write_et
+
+    with open_from_args(args, read_only=True) as store:
+        trace = store.load(args.trace)
+    if args.format == "json":
+        paths = write_chakra_json(trace, args.out)
+    elif args.format == "et":
+        paths = write_et(trace, args.out, gzip_output=args.gzip)
+    else:
+        raise EtstoreError(f"export: unknown format {args.format!r}")
+    for p in paths:
+        console.print(str(p), highlight=False)
+    return 0
+
+
+def _demo(args: argparse.Namespace, console: Console) -> int:
+    from etstore.demo import run_demo
+
+    run_demo(store_location=args.store, console=console, out_dir=Path(args.out))
+    return 0
+
+
+def register(sub: Any) -> None:
+    sp = sub.add_parser("ingest", help="read traces or algorithms into the store")
+    sp.add_argument(
+        "paths", nargs="+", help=".et/.json file, directory, glob or <dir>/<prefix>; .xml for MSCCL-IR"
+    )
+    sp.add_argument("--name", help="trace name (default: the file prefix)")
+    add_format(sp)
+    sp.set_defaults(handler=_ingest)
+
+    sp = sub.add_parser("ls", help="list stored traces")
+    add_format(sp)
+    sp.set_defaults(handler=_ls)
+
+    sp = sub.add_parser("show", help="counts per type and rank, collectives by type and size")
+    sp.add_argument("trace")
+    add_format(sp)
+    sp.set_defaults(handler=_show)
+
+    sp = sub.add_parser("rm", help="remove traces")
+    sp.add_argument("traces", nargs="+")
+    sp.set_defaults(handler=_rm)
+
+    sp = sub.add_parser("export", help="write a stored trace back to files")
+    sp.add_argument("trace")
+    sp.add_argument("--out", required=True, help="output prefix: writes <PREFIX>.<rank>.et (or .json)")
+    sp.add_argument("--format", choices=("et", "json"), default="et")
+    sp.add_argument(
+        "--gzip", action="store_true", help="gzip the .et files (ASTRA-sim reads only plain files)"
+    )
+    sp.set_defaults(handler=_export)
+
+    sp = sub.add_parser("demo", help="run the end-to-end demo on shipped examples")
+    sp.add_argument(
+        "--out", default="etstore-demo", help="directory for exported files (default: etstore-demo)"
+    )
+    sp.set_defaults(handler=_demo)
