@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol, runtime_checkable
 
+import pyarrow as pa
+
 from etstore.model import Trace
 from etstore.store.result import Result
 
@@ -70,8 +72,21 @@ class Store(Protocol):
 
     location: str
 
-    def ingest(self, trace: Trace, *, progress: ProgressFn | None = None) -> IngestReport:
-        """Store a trace atomically; the same content twice returns the existing trace."""
+    def ingest(
+        self,
+        trace: Trace,
+        *,
+        name: str | None = None,
+        parent: str | None = None,
+        lineage: pa.Table | None = None,
+        progress: ProgressFn | None = None,
+    ) -> IngestReport:
+        """Store a trace atomically; the same content twice returns the existing trace.
+
+        ``parent`` names the stored trace it derives from; ``lineage`` (``rank``,
+        ``id``, ``parent_id``) links parent ops to the ops replacing them
+        (``BECOMES`` edges, ``lineage`` table).
+        """
         ...
 
     def traces(self) -> list[TraceInfo]:

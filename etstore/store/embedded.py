@@ -4,7 +4,8 @@ Layout of the directory::
 
     catalog.sqlite     traces and runs (SQLModel); the commit point of every ingest
     warehouse.duckdb   ops, deps, missing_deps, messages, meta, traces (+ sim metrics)
-    graph/             Ladybug database: (:Op)-[:DEP]->(:Op), (:Op)-[:MSG]->(:Op)
+    graph/             Ladybug database: (:Op)-[:DEP]->(:Op), (:Op)-[:MSG]->(:Op),
+                       (:Op)-[:BECOMES]->(:Op) from a parent trace's op to its replacements
 
 DuckDB is the lossless source (export reads it); Ladybug holds the graph
 projection for Cypher. An ingest writes catalog(loading) → DuckDB (one
@@ -30,7 +31,14 @@ from etstore.errors import QueryError, StoreError, UnknownTraceError
 from etstore.model import DEPS_SCHEMA, META_SCHEMA, OPS_SCHEMA, Trace, content_hash
 from etstore.store.base import IngestReport, ProgressFn, TraceInfo
 from etstore.store.catalog import Catalog, TraceRecord
-from etstore.store.graph import GRAPH_OP_COLUMNS, dep_edges, message_edges, op_nodes, uid_base
+from etstore.store.graph import (
+    GRAPH_OP_COLUMNS,
+    dep_edges,
+    lineage_edges,
+    message_edges,
+    op_nodes,
+    uid_base,
+)
 from etstore.store.result import Result
 
 __all__ = ["EmbeddedStore"]
@@ -71,11 +79,13 @@ _WAREHOUSE_DDL = [
     "CREATE TABLE IF NOT EXISTS meta (trace VARCHAR NOT NULL, rank INTEGER, metadata BLOB)",
     "CREATE TABLE IF NOT EXISTS messages (trace VARCHAR NOT NULL, send_uid BIGINT, recv_uid BIGINT, "
     "tag INTEGER, comm_size BIGINT)",
+    "CREATE TABLE IF NOT EXISTS lineage (trace VARCHAR NOT NULL, rank INTEGER, id UBIGINT, "
+    "parent_trace VARCHAR, parent_id UBIGINT, parent_uid BIGINT, uid BIGINT)",
     "CREATE TABLE IF NOT EXISTS traces (name VARCHAR PRIMARY KEY, kind VARCHAR, ranks INTEGER, "
     "ops BIGINT, deps BIGINT, missing BIGINT, messages BIGINT, parent VARCHAR, source VARCHAR, "
     "params VARCHAR, content_hash VARCHAR)",
 ]
-_TRACE_TABLES = ("ops", "deps", "missing_deps", "meta", "messages")
+_TRACE_TABLES = ("ops", "deps", "missing_deps", "meta", "messages", "lineage")
 
 
 def _graph_ddl() -> list[str]:
@@ -87,6 +97,7 @@ def _graph_ddl() -> list[str]:
         f"CREATE NODE TABLE IF NOT EXISTS Op({_columns_sql(op_schema, _GRAPH_TYPES)}, PRIMARY KEY(uid))",
         "CREATE REL TABLE IF NOT EXISTS DEP(FROM Op TO Op, kind STRING)",
         "CREATE REL TABLE IF NOT EXISTS MSG(FROM Op TO Op, tag INT32, comm_size INT64)",
+        "CREATE REL TABLE IF NOT EXISTS BECOMES(FROM Op TO Op)",
     ]
 
 
@@ -202,17 +213,27 @@ class EmbeddedStore:
         *,
         name: str | None = None,
         parent: str | None = None,
+        lineage: pa.Table | None = None,
         progress: ProgressFn | None = None,
     ) -> IngestReport:
         """Store ``trace`` atomically; identical content returns the existing trace.
 
+        ``parent`` names the stored trace this one was derived from; ``lineage``
+        (columns ``rank``, ``id``, ``parent_id``) says which parent op each op
+        replaces and becomes ``BECOMES`` edges and the ``lineage`` table.
+
         Raises
         ------
         StoreError
-            The store is read-only, or ``name`` is taken by different content.
+            The store is read-only, ``name`` is taken by different content, the
+            parent is unknown, or the lineage names absent ops.
         """
         if self.read_only:
             raise StoreError(f"{self.location} is open read-only")
+        if lineage is not None and parent is None:
+            raise StoreError(f"trace {name or trace.name!r}: lineage given without a parent trace")
+        if parent is not None:
+            self._record(parent)
         started = time.perf_counter()
         digest = content_hash(trace)
         existing = self.catalog.by_hash(digest, trace.kind)
@@ -245,10 +266,21 @@ class EmbeddedStore:
                 "messages": msgs.num_rows,
                 "ranks": trace.num_ranks,
             }
-            self._write_warehouse(trace, final, base, deps, msgs, counts, parent, digest)
+            links = None
+            if lineage is not None and lineage.num_rows:
+                assert parent is not None
+                parent_ops = self.duck.sql(
+                    "SELECT rank, id, uid FROM ops WHERE trace = $t", params={"t": parent}
+                ).to_arrow_table()
+                links = lineage_edges(lineage, nodes, parent_ops, what=f"trace {final!r}")
+                links = links.append_column("trace", pa.array([final] * links.num_rows, pa.string()))
+                links = links.append_column("parent_trace", pa.array([parent] * links.num_rows, pa.string()))
+                for col in ("rank", "id", "parent_id"):
+                    links = links.append_column(col, lineage[col])
+            self._write_warehouse(trace, final, base, deps, msgs, counts, parent, digest, links)
             if progress:
                 progress("warehouse", 1, 2)
-            self._write_graph(nodes, deps, msgs)
+            self._write_graph(nodes, deps, msgs, links)
             if progress:
                 progress("graph", 2, 2)
             cycles = len(cycle_members(trace))
@@ -275,6 +307,7 @@ class EmbeddedStore:
         counts: Mapping[str, int],
         parent: str | None,
         digest: str,
+        links: pa.Table | None = None,
     ) -> None:
         con = self.duck
         n = trace.num_ops
@@ -294,7 +327,16 @@ class EmbeddedStore:
                     msgs.rename_columns(["send_uid", "recv_uid", "tag", "comm_size"]),
                     "send_uid, recv_uid, tag, comm_size",
                 ),
+                (
+                    "lineage",
+                    links.rename_columns(["parent_uid", "uid", *links.column_names[2:]])
+                    if links is not None
+                    else None,
+                    "rank, id, parent_trace, parent_id, parent_uid, uid",
+                ),
             ):
+                if table is None:
+                    continue
                 con.register("_incoming", table)
                 try:
                     con.execute(
@@ -321,13 +363,18 @@ class EmbeddedStore:
             con.rollback()
             raise
 
-    def _write_graph(self, nodes: pa.Table, deps: pa.Table, msgs: pa.Table) -> None:
+    def _write_graph(
+        self, nodes: pa.Table, deps: pa.Table, msgs: pa.Table, links: pa.Table | None = None
+    ) -> None:
         g = self.graph
         g.execute("COPY Op FROM nodes")
         if deps.num_rows:
             g.execute("COPY DEP FROM deps")
         if msgs.num_rows:
             g.execute("COPY MSG FROM msgs")
+        if links is not None and links.num_rows:
+            becomes = links.select(["from", "to"])  # noqa: F841 - read by COPY
+            g.execute("COPY BECOMES FROM becomes")
 
     def _purge(self, seq: int, name: str) -> None:
         """Remove every trace of ``seq``/``name`` from both engines, then the catalog row."""

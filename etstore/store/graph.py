@@ -1,8 +1,10 @@
 """The graph shape of a trace, as Arrow tables any backend can bulk-load.
 
 Nodes are ops keyed by a store-wide ``uid`` (``trace_seq << 40 | row``). Edges:
-``DEP`` (``src → dst`` within a rank, kind ``data``/``ctrl``) and ``MSG``
-(a ``COMM_SEND`` to the ``COMM_RECV`` it matches, across ranks). Matching follows
+``DEP`` (``src → dst`` within a rank, kind ``data``/``ctrl``), ``MSG``
+(a ``COMM_SEND`` to the ``COMM_RECV`` it matches, across ranks) and ``BECOMES``
+(an op of a parent trace to the ops of a derived trace that replace it, e.g. a
+collective to its expansion). Matching follows
 ASTRA-sim: sends from rank s to rank d with tag t pair with receives on d from s
 with tag t, the n-th send with the n-th receive, in issue (file) order.
 """
@@ -16,9 +18,19 @@ import pyarrow.compute as pc
 from etstore.errors import StoreError
 from etstore.model import ATTR_COLUMNS, Trace, op_rows
 
-__all__ = ["GRAPH_OP_COLUMNS", "UID_SHIFT", "dep_edges", "message_edges", "op_nodes", "uid_base"]
+__all__ = [
+    "GRAPH_OP_COLUMNS",
+    "LINEAGE_SCHEMA",
+    "UID_SHIFT",
+    "dep_edges",
+    "lineage_edges",
+    "message_edges",
+    "op_nodes",
+    "uid_base",
+]
 
 UID_SHIFT = 40
+LINEAGE_SCHEMA = pa.schema([("rank", pa.int32()), ("id", pa.uint64()), ("parent_id", pa.uint64())])
 GRAPH_OP_COLUMNS: tuple[str, ...] = (
     "uid",
     "trace",
@@ -151,3 +163,38 @@ def message_edges(trace: Trace, base: int) -> tuple[pa.Table, int, int]:
         }
     )
     return edges, int(is_send.sum()) - joined.num_rows, int(is_recv.sum()) - joined.num_rows
+
+
+def lineage_edges(lineage: pa.Table, child: pa.Table, parent: pa.Table, *, what: str) -> pa.Table:
+    """``BECOMES`` edge rows (``from`` parent uid, ``to`` child uid) for a lineage table.
+
+    ``lineage`` has :data:`LINEAGE_SCHEMA`: op ``(rank, id)`` of the derived trace
+    comes from op ``(rank, parent_id)`` of its parent. ``child`` and ``parent`` map
+    ``rank``, ``id`` → ``uid`` for the two traces. Pairs naming an absent op raise
+    :class:`StoreError`, so a bad lineage never half-lands.
+
+    Notes
+    -----
+    O(L + V) expected: two hash joins.
+    """
+    try:
+        lineage = lineage.select(LINEAGE_SCHEMA.names).cast(LINEAGE_SCHEMA)
+    except (KeyError, pa.ArrowInvalid) as exc:
+        raise StoreError(f"{what}: lineage needs columns rank, id, parent_id ({exc})") from exc
+    keyed = lineage.append_column("row", pa.array(np.arange(lineage.num_rows, dtype=np.int64)))
+    kid = child.select(["rank", "id", "uid"]).rename_columns(["rank", "id", "to"])
+    par = parent.select(["rank", "id", "uid"]).rename_columns(["rank", "parent_id", "from"])
+    joined = keyed.join(kid, ["rank", "id"], join_type="inner").join(
+        par, ["rank", "parent_id"], join_type="inner"
+    )
+    if joined.num_rows != lineage.num_rows:
+        found = np.zeros(lineage.num_rows, dtype=bool)
+        found[joined["row"].to_numpy()] = True
+        bad = int(np.flatnonzero(~found)[0])
+        r, i, p = (lineage[c][bad].as_py() for c in ("rank", "id", "parent_id"))
+        raise StoreError(
+            f"{what}: lineage row {bad} links rank {r} op {i} to parent op {p}, "
+            f"but one of them does not exist ({lineage.num_rows - joined.num_rows} such rows)"
+        )
+    joined = joined.sort_by("row")
+    return pa.table({"from": joined["from"].cast(pa.int64()), "to": joined["to"].cast(pa.int64())})
