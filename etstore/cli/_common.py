@@ -11,9 +11,10 @@ from rich.console import Console
 
 from etstore._render import FORMATS
 from etstore.errors import EtstoreError
+from etstore.model import Trace
 from etstore.store import Store, open_store
 
-__all__ = ["add_format", "open_from_args", "params", "progress"]
+__all__ = ["add_format", "open_from_args", "params", "print_json", "progress", "trace_from"]
 
 
 def add_format(sp: argparse.ArgumentParser) -> None:
@@ -50,3 +51,23 @@ def progress(console: Console) -> Any:
     return Progress(
         TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(), console=console, transient=True
     )
+
+
+def trace_from(store: Store, spec: str) -> Trace:
+    """A stored trace by name, or, when ``spec`` names an existing file or directory, read it."""
+    from pathlib import Path
+
+    if spec in {t.name for t in store.traces()}:
+        return store.load(spec)
+    if Path(spec).exists() or "/" in spec or any(ch in spec for ch in "*?["):
+        from etstore.ingest import read_trace
+
+        return read_trace(spec)
+    return store.load(spec)  # raises UnknownTraceError naming what is stored
+
+
+def print_json(doc: Any) -> None:
+    """Stable, indented JSON on stdout (for ``--format json``)."""
+    import sys
+
+    sys.stdout.write(json.dumps(doc, indent=1, default=str) + "\n")

@@ -110,12 +110,25 @@ def _export(args: argparse.Namespace, console: Console) -> int:
 
     with open_from_args(args, read_only=True) as store:
         trace = store.load(args.trace)
+    if args.coll_size is not None and args.format != "et":
+        raise EtstoreError("export: --coll-size applies to --format et only")
     if args.format == "json":
         paths = write_chakra_json(trace, args.out)
-    elif args.format == "et":
-        paths = write_et(trace, args.out, gzip_output=args.gzip)
+    elif args.format == "msccl-xml":
+        from etstore.collectives.msccl_writer import write_msccl_xml
+
+        out = args.out if args.out.endswith(".xml") else f"{args.out}.xml"
+        paths = [write_msccl_xml(trace, out, proto=args.proto)]
+    elif args.coll_size is not None:
+        from etstore.collectives.et_writer import parse_size, write_algorithm_et
+
+        if trace.kind != "algorithm":
+            raise EtstoreError(
+                f"export: --coll-size needs an algorithm trace; {trace.name!r} is a {trace.kind}"
+            )
+        paths = write_algorithm_et(trace, args.out, coll_size=parse_size(args.coll_size))
     else:
-        raise EtstoreError(f"export: unknown format {args.format!r}")
+        paths = write_et(trace, args.out, gzip_output=args.gzip)
     for p in paths:
         console.print(str(p), highlight=False)
     return 0
@@ -152,8 +165,22 @@ def register(sub: Any) -> None:
 
     sp = sub.add_parser("export", help="write a stored trace back to files")
     sp.add_argument("trace")
-    sp.add_argument("--out", required=True, help="output prefix: writes <PREFIX>.<rank>.et (or .json)")
-    sp.add_argument("--format", choices=("et", "json"), default="et")
+    sp.add_argument(
+        "--out", required=True, help="output prefix: writes <PREFIX>.<rank>.et (.json), or <PREFIX>.xml"
+    )
+    sp.add_argument(
+        "--format",
+        choices=("et", "json", "msccl-xml"),
+        default="et",
+        help="et: Chakra per rank (default); json: Chakra JSON; msccl-xml: MSCCL-IR for MSCCL/RCCL",
+    )
+    sp.add_argument(
+        "--coll-size",
+        metavar="SIZE",
+        help="algorithm traces: write comm_size for a collective of SIZE (e.g. 1MiB), as ASTRA-sim's "
+        "custom collectives read it",
+    )
+    sp.add_argument("--proto", choices=("Simple", "LL", "LL128"), help="msccl-xml: protocol attribute")
     sp.add_argument(
         "--gzip", action="store_true", help="gzip the .et files (ASTRA-sim reads only plain files)"
     )

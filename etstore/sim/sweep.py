@@ -21,7 +21,7 @@ from etstore.sim.config import SimConfig, collective_name
 from etstore.sim.engine import SimulationError, busbw_factor, simulate
 from etstore.sim.topology import GIB, Topology
 
-__all__ = ["SWEEP_SCHEMA", "collective_workload", "sweep"]
+__all__ = ["SWEEP_SCHEMA", "collective_workload", "parse_sizes", "sweep"]
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +64,51 @@ def collective_workload(collective: str, num_npus: int, size_bytes: int, *, name
         }
     )
     return Trace(ops=ops, name=name or f"{coll.lower()}-{num_npus}x{size_bytes}", kind="workload")
+
+
+def parse_sizes(text: str) -> list[int]:
+    """Sizes from ``"1KiB,64KiB,1MiB"`` or a geometric range ``"1KiB..1GiB"`` (×2 steps) /
+    ``"1KiB..1GiB:4"`` (×4 steps); items may be mixed.
+
+    Raises
+    ------
+    UnsatisfiableError
+        An item is not a size, or a range is empty or has a factor below 2.
+
+    Examples
+    --------
+    >>> parse_sizes("1KiB..8KiB")
+    [1024, 2048, 4096, 8192]
+    >>> parse_sizes("1MiB, 1KiB..16KiB:4")
+    [1024, 4096, 16384, 1048576]
+    """
+    from etstore.collectives.et_writer import parse_size
+    from etstore.errors import UnsatisfiableError
+
+    out: set[int] = set()
+    for item in (part.strip() for part in text.split(",")):
+        if not item:
+            continue
+        if ".." not in item:
+            out.add(parse_size(item))
+            continue
+        lo_text, hi_text = item.split("..", 1)
+        factor = 2
+        if ":" in hi_text:
+            hi_text, f_text = hi_text.split(":", 1)
+            if not f_text.strip().isdigit() or int(f_text) < 2:
+                raise UnsatisfiableError(f"size range {item!r}: the step factor must be an integer >= 2")
+            factor = int(f_text)
+        lo, hi = parse_size(lo_text), parse_size(hi_text)
+        if lo <= 0 or hi < lo:
+            raise UnsatisfiableError(f"size range {item!r}: expected 0 < start <= end")
+        size = lo
+        while size <= hi:
+            out.add(size)
+            size *= factor
+    if not out:
+        raise UnsatisfiableError(f"no sizes in {text!r}")
+    return sorted(out)
 
 
 def _topology(spec: Topology | str) -> Topology:

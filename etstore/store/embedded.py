@@ -139,8 +139,11 @@ class EmbeddedStore:
                     f"{self.path}: cannot open the DuckDB warehouse: {_first_line(exc)}"
                 ) from exc
             if not self._read_only_engines:
+                from etstore.sim.metrics import create_schema
+
                 for ddl in _WAREHOUSE_DDL:
                     con.execute(ddl)
+                create_schema(con)  # metrics tables exist from the start, for dashboards
             self._duck = con
         return self._duck
 

@@ -1,0 +1,113 @@
+"""Topology commands: describe a topology, synthesize an algorithm for it."""
+
+from __future__ import annotations
+
+import argparse
+import re
+from typing import Any
+
+import pyarrow as pa
+from rich.console import Console
+
+from etstore._render import render
+from etstore.cli._common import add_format, open_from_args, print_json
+
+
+def add_topology_options(sp: argparse.ArgumentParser, *, required: bool = True) -> None:
+    """``--topo SPEC`` plus default link ``--bw`` / ``--lat`` (specs may override per dimension)."""
+    sp.add_argument(
+        "--topo",
+        required=required,
+        metavar="SPEC",
+        help="topology spec (ring:16, mesh2d:8x8, torus3d:4x4x4,bw=50,lat=500, ...) or a YAML/JSON file",
+    )
+    sp.add_argument("--bw", type=float, default=None, help="link bandwidth GB/s (GB = 2^30) where unset")
+    sp.add_argument("--lat", type=float, default=None, help="link latency ns where unset")
+
+
+def topology_from(args: argparse.Namespace, spec: str | None = None) -> Any:
+    from etstore.sim.topology import DEFAULT_BANDWIDTH_GB_PER_S, DEFAULT_LATENCY_NS, parse_topology
+
+    return parse_topology(
+        spec or args.topo,
+        bandwidth_gb_per_s=DEFAULT_BANDWIDTH_GB_PER_S if args.bw is None else args.bw,
+        latency_ns=DEFAULT_LATENCY_NS if args.lat is None else args.lat,
+    )
+
+
+def _topo_show(args: argparse.Namespace, console: Console) -> int:
+    topo = topology_from(args, args.spec)
+    doc = topo.describe()
+    if args.format == "json":
+        print_json(doc)
+        return 0
+    rows = [{"property": k, "value": "" if v is None else str(v)} for k, v in doc.items()]
+    render(pa.Table.from_pylist(rows), args.format, title=f"topology {topo.name}", console=console)
+    return 0
+
+
+def _synth(args: argparse.Namespace, console: Console) -> int:
+    from etstore.collectives.et_writer import parse_size
+    from etstore.collectives.synth import synthesize
+
+    topo = topology_from(args)
+    res = synthesize(
+        topo,
+        coll=args.coll,
+        chunks_per_npu=args.chunks,
+        trials=args.trials,
+        seed=args.seed,
+        buffer_bytes=parse_size(args.size),
+        root=args.root,
+    )
+    doc = res.to_dict()
+    if not args.no_store:
+        label = re.sub(r"[^A-Za-z0-9.]+", "-", topo.name).strip("-")
+        name = args.name or f"synth-{res.collective}-{label}-{args.chunks}c-s{args.seed}"
+        with open_from_args(args) as store:
+            report = store.ingest(res.trace, name=name)
+        doc = {"trace": report.trace.name, "status": "new" if report.created else "already stored", **doc}
+    if args.format == "json":
+        print_json(doc)
+        return 0
+    if args.format == "csv":
+        render(pa.Table.from_pylist([{k: str(v) for k, v in doc.items()}]), "csv", console=console)
+        return 0
+    where = f" → stored as [bold]{doc['trace']}[/]" if "trace" in doc else ""
+    console.print(
+        f"{res.collective} on {topo.name} ({res.num_npus} NPUs, {res.chunks_per_npu} chunk(s)/NPU, "
+        f"{res.buffer_bytes:,} B){where}\n"
+        f"  collective time {res.time_ns / 1e3:,.2f} µs, lower bound {res.lower_bound_ns / 1e3:,.2f} µs, "
+        f"ratio {res.ratio:.4f}\n"
+        f"  {len(res.schedule):,} transfers, {res.trace.num_ops:,} ops; best of {res.trials} trial(s) "
+        f"(seed {res.seed}), synthesized in {res.synthesis_s:.3f} s",
+        highlight=False,
+        soft_wrap=True,
+    )
+    return 0
+
+
+def register(sub: Any) -> None:
+    sp = sub.add_parser("topo", help="network topologies")
+    topo = sp.add_subparsers(dest="topo_command", required=True, metavar="ACTION")
+    show = topo.add_parser("show", help="NPUs, links, diameter and bisection bandwidth of a topology")
+    show.add_argument("spec", help="topology spec (mesh2d:8x8, torus3d:4x4x4, ...) or a YAML/JSON file")
+    show.add_argument("--bw", type=float, default=None, help="link bandwidth GB/s (GB = 2^30) where unset")
+    show.add_argument("--lat", type=float, default=None, help="link latency ns where unset")
+    add_format(show)
+    show.set_defaults(handler=_topo_show)
+
+    sp = sub.add_parser("synth", help="synthesize a topology-aware collective algorithm and store it")
+    add_topology_options(sp)
+    sp.add_argument(
+        "--coll", required=True, help="allgather, reducescatter, allreduce, broadcast, reduce, alltoall"
+    )
+    sp.add_argument("--chunks", type=int, default=1, help="chunks per NPU (default 1)")
+    sp.add_argument("--trials", type=int, default=8, help="seeded greedy runs; the best is kept (default 8)")
+    sp.add_argument("--seed", type=int, default=0, help="base seed (same seed, same algorithm)")
+    sp.add_argument("--size", default="1GiB", help="collective size for the reported time (default 1GiB)")
+    sp.add_argument("--root", type=int, default=0, help="root NPU of broadcast and reduce")
+    sp.add_argument("--name", help="trace name (default: synth-<coll>-<topology>-<k>c-s<seed>)")
+    sp.add_argument("--no-store", action="store_true", help="only report; do not store the algorithm")
+    add_format(sp)
+    sp.set_defaults(handler=_synth)
