@@ -1,0 +1,488 @@
+"""Find overlap, chunk and reorder opportunities in a stored trace, with estimated gains.
+
+Three finders (``docs/overlap.md`` has the worked 2-rank example):
+
+``overlap`` (coarse)
+    Per collective ``C``: the compute ops on its rank that do not need ``C``'s data
+    (neither ancestor nor descendant of ``C`` in the rank's *data*-dependency DAG)
+    but wait for it through ctrl (issue-order) edges. Gain: ``min(C's simulated time,
+    their total simulated duration)`` — the time they could hide under ``C``.
+``chunk``
+    On an expanded trace: a compute op consuming one expanded collective's output,
+    whose chunks arrive at different times. Split into pieces (one per group of
+    chunk slots, at most ``max_pieces``, each ≥ 1 µs) it could start when the first
+    chunk lands. Gain: simulated end − end of the pipelined pieces.
+``reorder``
+    Per send or collective ``S``: the compute ops ahead of it in issue order (ctrl
+    edges) whose data it does not need. Gain: how much earlier ``S`` could issue —
+    its simulated ready time − the latest end among the predecessors it keeps.
+
+Candidates come from Cypher on the graph (the edge shapes above; lineage
+``BECOMES`` edges for chunks); independence is bitset reachability per rank
+(:mod:`etstore.query.rewrite`, the same code the rewrites use, so what is found is
+what gets applied); timings and gains come from SQL over the simulated op timings.
+:func:`explain` lists every query. Results land in DuckDB table ``opportunities``
+(:data:`OPPORTUNITIES_DDL`), replacing the trace's earlier rows.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import pyarrow as pa
+
+from etstore.errors import EtstoreError, StoreError, UnknownTraceError
+from etstore.model import Trace
+from etstore.query.rewrite import (
+    chunk_consumers,
+    group_slots,
+    overlap_rank,
+    piece_count,
+    rank_graphs,
+    reorder_rank,
+    split_durations,
+)
+
+__all__ = [
+    "CHUNK_CONSUMERS_CYPHER",
+    "EXPANSIONS_SQL",
+    "OPPORTUNITIES_DDL",
+    "OPPORTUNITIES_SCHEMA",
+    "OPPORTUNITY_KINDS",
+    "OVERLAP_GAIN_SQL",
+    "OVERLAP_SEEDS_CYPHER",
+    "REORDER_GAIN_SQL",
+    "REORDER_SEEDS_CYPHER",
+    "TIMINGS_SQL",
+    "default_topology",
+    "explain",
+    "find_opportunities",
+    "opportunity_timings",
+]
+
+log = logging.getLogger(__name__)
+
+OPPORTUNITY_KINDS = ("overlap", "chunk", "reorder")
+
+OPPORTUNITIES_DDL = (
+    "CREATE TABLE IF NOT EXISTS opportunities (trace VARCHAR, kind VARCHAR, rank INTEGER, "
+    "op_id UBIGINT, other_id UBIGINT, gain_ns DOUBLE, detail VARCHAR)"
+)
+OPPORTUNITIES_SCHEMA = pa.schema(
+    [
+        ("trace", pa.string()),
+        ("kind", pa.string()),
+        ("rank", pa.int32()),
+        ("op_id", pa.uint64()),
+        ("other_id", pa.uint64()),
+        ("gain_ns", pa.float64()),
+        ("detail", pa.string()),
+    ]
+)
+
+# --- Cypher: candidate shapes on the graph
+OVERLAP_SEEDS_CYPHER = """\
+MATCH (c:Op)-[d:DEP]->(x:Op)
+WHERE c.trace = $trace AND c.type = 'COMM_COLL_NODE' AND x.type = 'COMP_NODE' AND d.kind = 'ctrl'
+RETURN DISTINCT c.rank AS rank"""
+
+REORDER_SEEDS_CYPHER = """\
+MATCH (x:Op)-[d:DEP]->(s:Op)
+WHERE s.trace = $trace AND s.type IN ['COMM_SEND_NODE', 'COMM_COLL_NODE'] AND x.type = 'COMP_NODE'
+  AND d.kind = 'ctrl'
+RETURN DISTINCT s.rank AS rank"""
+
+CHUNK_CONSUMERS_CYPHER = """\
+MATCH (c:Op)-[:BECOMES]->(e:Op)-[:DEP]->(x:Op)
+WHERE e.trace = $trace AND c.type = 'COMM_COLL_NODE' AND x.type = 'COMP_NODE'
+  AND NOT EXISTS { MATCH (c)-[:BECOMES]->(x) }
+RETURN DISTINCT e.rank AS rank, c.id AS coll_id, x.id AS consumer_id"""
+
+# --- SQL: lineage, timings and gains
+EXPANSIONS_SQL = """\
+SELECT l.rank, l.id, l.parent_id AS coll_id, l.parent_trace
+FROM lineage l
+JOIN ops p ON p.trace = l.parent_trace AND p.rank = l.rank AND p.id = l.parent_id
+WHERE l.trace = $trace AND p.type = 'COMM_COLL_NODE'"""
+
+TIMINGS_SQL = """\
+SELECT rank, id, ready_ns, start_ns, end_ns FROM op_timings
+WHERE run_id = $run AND trace = $trace"""
+
+# _etstore_pairs(rank, coll_id, compute_id, compute_row): compute freed from a collective
+OVERLAP_GAIN_SQL = """\
+SELECT p.rank, p.coll_id AS op_id, arg_min(p.compute_id, p.compute_row) AS other_id,
+       least(any_value(tc.end_ns - tc.start_ns), sum(tx.end_ns - tx.start_ns)) AS gain_ns,
+       any_value(tc.end_ns - tc.start_ns) AS collective_ns,
+       sum(tx.end_ns - tx.start_ns) AS compute_ns,
+       list(p.compute_id ORDER BY p.compute_row) AS compute_ids
+FROM _etstore_pairs p
+JOIN _etstore_timings tc ON tc.rank = p.rank AND tc.id = p.coll_id
+JOIN _etstore_timings tx ON tx.rank = p.rank AND tx.id = p.compute_id
+GROUP BY p.rank, p.coll_id
+ORDER BY p.rank, p.coll_id"""
+
+# _etstore_pairs(rank, comm_id, compute_id, compute_row): compute a send/collective passes;
+# _etstore_preds(rank, comm_id, pred_id): its predecessors after the reorder
+REORDER_GAIN_SQL = """\
+WITH kept AS (
+  SELECT k.rank, k.comm_id, max(tp.end_ns) AS ready_ns
+  FROM _etstore_preds k JOIN _etstore_timings tp ON tp.rank = k.rank AND tp.id = k.pred_id
+  GROUP BY k.rank, k.comm_id)
+SELECT p.rank, p.comm_id AS op_id, arg_max(p.compute_id, p.compute_row) AS other_id,
+       greatest(any_value(ts.ready_ns) - coalesce(any_value(kept.ready_ns), 0), 0) AS gain_ns,
+       any_value(ts.ready_ns) AS issued_ns, coalesce(any_value(kept.ready_ns), 0) AS ready_ns,
+       list(p.compute_id ORDER BY p.compute_row) AS compute_ids
+FROM _etstore_pairs p
+JOIN _etstore_timings ts ON ts.rank = p.rank AND ts.id = p.comm_id
+LEFT JOIN kept ON kept.rank = p.rank AND kept.comm_id = p.comm_id
+GROUP BY p.rank, p.comm_id
+ORDER BY p.rank, p.comm_id"""
+
+_RECORD_SQL = (
+    "INSERT INTO opportunities SELECT trace, kind, rank, op_id, other_id, gain_ns, detail FROM _etstore_found"
+)
+
+
+def explain() -> list[tuple[str, str, str]]:
+    """Every query the finders run: ``(finder, engine, text)``."""
+    return [
+        ("overlap", "cypher", OVERLAP_SEEDS_CYPHER),
+        ("overlap", "sql", OVERLAP_GAIN_SQL),
+        ("chunk", "sql", EXPANSIONS_SQL),
+        ("chunk", "cypher", CHUNK_CONSUMERS_CYPHER),
+        ("reorder", "cypher", REORDER_SEEDS_CYPHER),
+        ("reorder", "sql", REORDER_GAIN_SQL),
+        ("timings", "sql", TIMINGS_SQL),
+        ("record", "sql", OPPORTUNITIES_DDL),
+        ("record", "sql", "DELETE FROM opportunities WHERE trace = $trace; " + _RECORD_SQL),
+    ]
+
+
+def default_topology(trace: Trace) -> str:
+    """The topology spec used when none is given: a ring over the trace's ranks (≥ 2),
+    50 GB/s and 500 ns links (ASTRA-sim's regression-case network)."""
+    ranks = trace.ranks
+    return f"ring:{max(2, (max(ranks) + 1) if ranks else 2)}"
+
+
+def opportunity_timings(
+    store: Any,
+    trace: Trace,
+    *,
+    topo: Any = None,
+    config: Any = None,
+    run_id: int | None = None,
+) -> pa.Table:
+    """Per-op ``rank, id, ready_ns, start_ns, end_ns`` of ``trace``: from run ``run_id``
+    in DuckDB (:data:`TIMINGS_SQL`), else from a fresh simulation on ``topo`` (a
+    :class:`~etstore.sim.topology.Topology` or spec; default :func:`default_topology`).
+
+    Raises
+    ------
+    UnknownTraceError
+        ``run_id`` has no timings of this trace.
+    TopologyError, SimulationError
+        A bad topology, or a trace that cannot be replayed.
+    """
+    if run_id is not None:
+        t = store.sql(TIMINGS_SQL, {"run": int(run_id), "trace": trace.name}).to_arrow()
+        if t.num_rows == 0:
+            raise UnknownTraceError(f"run {run_id} has no op timings of trace {trace.name!r}")
+        return t
+    from etstore.sim import simulate
+    from etstore.sim.topology import Topology, parse_topology
+
+    topology = topo if isinstance(topo, Topology) else parse_topology(topo or default_topology(trace))
+    res = simulate(trace, topology, config=config)
+    return res.ops.select(["rank", "id", "ready_ns", "start_ns", "end_ns"])
+
+
+@contextmanager
+def _registered(con: Any, **tables: pa.Table) -> Iterator[None]:
+    for name, table in tables.items():
+        con.register(name, table)
+    try:
+        yield
+    finally:
+        for name in tables:
+            con.unregister(name)
+
+
+def _ranks(store: Any, query: str, trace: str) -> set[int]:
+    return {int(r) for r in store.cypher(query, {"trace": trace}).to_arrow()["rank"].to_pylist()}
+
+
+def _overlap_rows(store: Any, trace: Trace, timings: pa.Table) -> list[dict[str, Any]]:
+    ranks = _ranks(store, OVERLAP_SEEDS_CYPHER, trace.name)
+    pairs: dict[str, list[int]] = {"rank": [], "coll_id": [], "compute_id": [], "compute_row": []}
+    for g in rank_graphs(trace):
+        if g.rank not in ranks:
+            continue
+        for c, v in overlap_rank(g).freed:
+            for k, val in zip(pairs, (g.rank, int(g.ids[c]), int(g.ids[v]), v), strict=True):
+                pairs[k].append(val)
+    if not pairs["rank"]:
+        return []
+    table = pa.table(
+        {
+            "rank": pa.array(pairs["rank"], pa.int32()),
+            "coll_id": pa.array(pairs["coll_id"], pa.uint64()),
+            "compute_id": pa.array(pairs["compute_id"], pa.uint64()),
+            "compute_row": pa.array(pairs["compute_row"], pa.int64()),
+        }
+    )
+    with _registered(store.duck, _etstore_pairs=table, _etstore_timings=timings):
+        rows = store.sql(OVERLAP_GAIN_SQL).to_pylist()
+    return [
+        {
+            "kind": "overlap",
+            "rank": r["rank"],
+            "op_id": r["op_id"],
+            "other_id": r["other_id"],
+            "gain_ns": float(r["gain_ns"]),
+            "detail": {
+                "collective_ns": r["collective_ns"],
+                "compute_ns": r["compute_ns"],
+                "compute_ids": r["compute_ids"],
+            },
+        }
+        for r in rows
+        if r["gain_ns"] > 0
+    ]
+
+
+def _reorder_rows(store: Any, trace: Trace, timings: pa.Table) -> list[dict[str, Any]]:
+    ranks = _ranks(store, REORDER_SEEDS_CYPHER, trace.name)
+    pairs: dict[str, list[int]] = {"rank": [], "comm_id": [], "compute_id": [], "compute_row": []}
+    preds: dict[str, list[int]] = {"rank": [], "comm_id": [], "pred_id": []}
+    for g in rank_graphs(trace):
+        if g.rank not in ranks:
+            continue
+        applied = reorder_rank(g)
+        comms = sorted({s for s, _ in applied.freed})
+        for s, v in applied.freed:
+            for k, val in zip(pairs, (g.rank, int(g.ids[s]), int(g.ids[v]), v), strict=True):
+                pairs[k].append(val)
+        into = g.preds()
+        for s in comms:
+            for p in into[s]:
+                for k, val in zip(preds, (g.rank, int(g.ids[s]), int(g.ids[p])), strict=True):
+                    preds[k].append(val)
+    if not pairs["rank"]:
+        return []
+    pair_table = pa.table(
+        {
+            "rank": pa.array(pairs["rank"], pa.int32()),
+            "comm_id": pa.array(pairs["comm_id"], pa.uint64()),
+            "compute_id": pa.array(pairs["compute_id"], pa.uint64()),
+            "compute_row": pa.array(pairs["compute_row"], pa.int64()),
+        }
+    )
+    pred_table = pa.table(
+        {
+            "rank": pa.array(preds["rank"], pa.int32()),
+            "comm_id": pa.array(preds["comm_id"], pa.uint64()),
+            "pred_id": pa.array(preds["pred_id"], pa.uint64()),
+        }
+    )
+    with _registered(
+        store.duck, _etstore_pairs=pair_table, _etstore_preds=pred_table, _etstore_timings=timings
+    ):
+        rows = store.sql(REORDER_GAIN_SQL).to_pylist()
+    return [
+        {
+            "kind": "reorder",
+            "rank": r["rank"],
+            "op_id": r["op_id"],
+            "other_id": r["other_id"],
+            "gain_ns": float(r["gain_ns"]),
+            "detail": {
+                "issued_ns": r["issued_ns"],
+                "ready_ns": r["ready_ns"],
+                "compute_ids": r["compute_ids"],
+            },
+        }
+        for r in rows
+        if r["gain_ns"] > 0
+    ]
+
+
+def _chunk_rows(
+    store: Any, trace: Trace, timings: pa.Table, *, max_pieces: int, unit_ns: float
+) -> list[dict[str, Any]]:
+    expansions = store.sql(EXPANSIONS_SQL, {"trace": trace.name}).to_arrow()
+    if expansions.num_rows == 0:
+        return []
+    parent = expansions["parent_trace"][0].as_py()
+    cands = store.cypher(CHUNK_CONSUMERS_CYPHER, {"trace": trace.name}).to_arrow()
+    wanted = set(zip(cands["rank"].to_pylist(), cands["consumer_id"].to_pylist(), strict=True))
+    ends = {
+        (r, i): (rd, s, e)
+        for r, i, rd, s, e in zip(
+            *(timings[c].to_pylist() for c in ("rank", "id", "ready_ns", "start_ns", "end_ns")), strict=True
+        )
+    }
+    graphs = rank_graphs(trace)
+    by_rank = {g.rank: g for g in graphs}
+    durations = trace.ops["duration_micros"].to_numpy()
+    out = []
+    for cc in chunk_consumers(trace, graphs, expansions):
+        g = by_rank[cc.rank]
+        cid = int(g.ids[cc.consumer])
+        if (cc.rank, cid) not in wanted:
+            continue
+        end_of = {k: ends[(cc.rank, int(g.ids[k]))][2] for k in range(g.n)}
+        arrival = {s: max(end_of[w] for w in ws) for s, ws in cc.writers.items()}
+        slots = sorted(arrival, key=lambda s: (arrival[s], s))
+        d_us = int(durations[g.first + cc.consumer])
+        k = piece_count(len(slots), d_us, max_pieces)
+        if k < 2:
+            continue
+        groups = group_slots(slots, k)
+        durs = split_durations(d_us, k)
+        inside = set(cc.expansion_preds)
+        outside = [u for u in g.preds()[cc.consumer] if u not in inside]
+        e = max((end_of[u] for u in outside), default=0.0)
+        starts = []
+        for j, grp in enumerate(groups):
+            start = max(e, max(arrival[s] for s in grp))
+            if j == k - 1:
+                start = max(start, max(end_of[u] for u in inside))
+            starts.append(start)
+            e = start + durs[j] * unit_ns
+        _, orig_start, orig_end = ends[(cc.rank, cid)]
+        gain = orig_end - e
+        if gain <= 0:
+            continue
+        out.append(
+            {
+                "kind": "chunk",
+                "rank": cc.rank,
+                "op_id": cc.coll_id,
+                "other_id": cid,
+                "gain_ns": float(gain),
+                "detail": {
+                    "parent_trace": parent,
+                    "chunks": [[s, arrival[s]] for s in slots],
+                    "pieces": groups,
+                    "start_ns": orig_start,
+                    "end_ns": orig_end,
+                    "chunked_start_ns": starts[0],
+                    "chunked_end_ns": e,
+                    "start_gain_ns": orig_start - starts[0],
+                },
+            }
+        )
+    return out
+
+
+def find_opportunities(
+    store: Any,
+    trace: str,
+    *,
+    topo: Any = None,
+    config: Any = None,
+    run_id: int | None = None,
+    kinds: Sequence[str] = OPPORTUNITY_KINDS,
+    max_pieces: int = 8,
+    record: bool = True,
+) -> pa.Table:
+    """Overlap, chunk and reorder opportunities of a stored trace, with estimated gains.
+
+    Parameters
+    ----------
+    store
+        An open store (embedded: Cypher on Ladybug, SQL on DuckDB).
+    trace
+        Name of the stored trace.
+    topo
+        Topology (object, spec or file) to simulate on; default
+        :func:`default_topology`. Ignored with ``run_id``.
+    config
+        :class:`~etstore.sim.SimConfig` for the simulation (default ASTRA-sim's).
+    run_id
+        Take timings from this recorded run of ``trace`` instead of simulating.
+    kinds
+        Which finders to run (``overlap``, ``chunk``, ``reorder``).
+    max_pieces
+        Chunk finder: at most this many pieces per consumer.
+    record
+        Replace the trace's rows in DuckDB table ``opportunities``.
+
+    Returns
+    -------
+    pa.Table
+        :data:`OPPORTUNITIES_SCHEMA`: ``trace``, ``kind``, ``rank``, ``op_id`` (the
+        collective, or the send/collective for reorder), ``other_id`` (overlap: the
+        first freed compute op; chunk: the consumer; reorder: the compute op right
+        ahead), ``gain_ns`` (> 0), ``detail`` (JSON: timings in ns and op ids).
+        Ordered by kind, rank, op_id.
+
+    Raises
+    ------
+    UnknownTraceError
+        No such trace (or run).
+    EtstoreError
+        An unknown kind; a dependency cycle; simulation or topology errors.
+
+    Notes
+    -----
+    Per rank O((V + E) · K / w) for K sends and collectives (bitset reachability in
+    topological order, w = machine word), plus one simulation O(events log V).
+    """
+    bad = [k for k in kinds if k not in OPPORTUNITY_KINDS]
+    if bad:
+        raise EtstoreError(f"unknown opportunity kind {bad[0]!r}; expected {', '.join(OPPORTUNITY_KINDS)}")
+    tr = store.load(trace)
+    timings = opportunity_timings(store, tr, topo=topo, config=config, run_id=run_id)
+    unit_ns = float(getattr(config, "duration_unit_ns", 1000.0))
+    rows: list[dict[str, Any]] = []
+    if "overlap" in kinds:
+        rows += _overlap_rows(store, tr, timings)
+    if "chunk" in kinds:
+        rows += _chunk_rows(store, tr, timings, max_pieces=max_pieces, unit_ns=unit_ns)
+    if "reorder" in kinds:
+        rows += _reorder_rows(store, tr, timings)
+    order = {k: i for i, k in enumerate(OPPORTUNITY_KINDS)}
+    rows.sort(key=lambda r: (order[r["kind"]], r["rank"], r["op_id"], r["other_id"]))
+    table = pa.table(
+        {
+            "trace": pa.array([trace] * len(rows), pa.string()),
+            "kind": pa.array([r["kind"] for r in rows], pa.string()),
+            "rank": pa.array([r["rank"] for r in rows], pa.int32()),
+            "op_id": pa.array([r["op_id"] for r in rows], pa.uint64()),
+            "other_id": pa.array([r["other_id"] for r in rows], pa.uint64()),
+            "gain_ns": pa.array([r["gain_ns"] for r in rows], pa.float64()),
+            "detail": pa.array([json.dumps(r["detail"], sort_keys=True) for r in rows], pa.string()),
+        },
+        schema=OPPORTUNITIES_SCHEMA,
+    )
+    if record:
+        _record(store, trace, table)
+    log.debug("found %d opportunities in %s", table.num_rows, trace)
+    return table
+
+
+def _record(store: Any, trace: str, table: pa.Table) -> None:
+    """Replace ``trace``'s rows of ``opportunities`` in one transaction."""
+    import duckdb
+
+    con = store.duck
+    try:
+        con.execute(OPPORTUNITIES_DDL)
+        con.execute("BEGIN TRANSACTION")
+        try:
+            con.execute("DELETE FROM opportunities WHERE trace = $trace", {"trace": trace})
+            with _registered(con, _etstore_found=table):
+                con.execute(_RECORD_SQL)
+            con.execute("COMMIT")
+        except BaseException:
+            con.execute("ROLLBACK")
+            raise
+    except duckdb.Error as exc:
+        raise StoreError(f"cannot record opportunities of {trace!r}: {exc}") from exc
