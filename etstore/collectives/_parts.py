@@ -1,0 +1,281 @@
+"""An algorithm trace cut into per-rank parts, ready to be stamped into a workload.
+
+:func:`prepare` turns an ``algorithm`` :class:`~etstore.model.Trace` into one flat
+"pool" of ops, rank-major, with everything expansion needs as numpy arrays: each
+op's local index on its rank, peer (algorithm rank), channel tag, chunk columns
+for sizing, the in-rank edges as local indices, and the entry ops (no in-rank
+predecessor) and exit ops (no in-rank successor) of every rank. Several prepared
+algorithms are concatenated by :func:`concat` so one vectorised pass can expand
+collectives that use different algorithms.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from etstore.errors import EtstoreError
+from etstore.model import OPS_SCHEMA, Trace, op_rows
+
+__all__ = ["Parts", "concat", "prepare"]
+
+# op columns copied verbatim from the algorithm into the expansion
+COPIED = (
+    "name",
+    "type",
+    "start_time_micros",
+    "is_cpu_op",
+    "msg_chunk_cnt",
+    "msg_chunk_idx",
+    "total_chunk_cnt",
+    "chunk_offset",
+    "tb_id",
+    "local_time_step",
+    "attrs",
+    "attr_order",
+)
+_ALLOWED_TYPES = frozenset(
+    {"COMM_SEND_NODE", "COMM_RECV_NODE", "COMP_NODE", "MEM_LOAD_NODE", "MEM_STORE_NODE"}
+)
+
+
+def _starts(counts: np.ndarray) -> np.ndarray:
+    out = np.zeros(len(counts) + 1, dtype=np.int64)
+    np.cumsum(counts, out=out[1:])
+    return out
+
+
+@dataclass(frozen=True, eq=False)
+class Parts:
+    """Prepared algorithm(s): a pool of ops (rank-major) and per-part slices into it.
+
+    A *part* is one algorithm rank of one algorithm; ``part_base[a]`` is the first
+    part of algorithm ``a``, so part ``part_base[a] + p`` is rank ``p`` of it.
+    Pool arrays are aligned with ``columns`` rows; ``local`` is an op's index on
+    its rank. Edges, entries and exits are pools of their own, sliced per part.
+    """
+
+    labels: list[str]
+    ranks: np.ndarray  # (algorithms,) group size each algorithm serves
+    part_base: np.ndarray  # (algorithms + 1,)
+    op_start: np.ndarray  # (parts + 1,)
+    local: np.ndarray
+    peer: np.ndarray  # algorithm rank of the peer, -1 if none
+    tag: np.ndarray  # channel tag, 0 for non-messages
+    is_send: np.ndarray
+    is_recv: np.ndarray
+    is_comp: np.ndarray
+    chunked: np.ndarray  # size from chunk columns
+    cnt: np.ndarray
+    total: np.ndarray
+    first: np.ndarray
+    fixed_size: np.ndarray  # comm_size of unchunked messages
+    duration: np.ndarray  # uint64 µs
+    max_chunks: np.ndarray  # (algorithms,) largest total_chunk_cnt of a message
+    tag_span: int  # 1 + largest tag of any algorithm
+    edge_start: np.ndarray  # (parts + 1,)
+    esrc: np.ndarray  # local index
+    edst: np.ndarray
+    ekind: pa.Array  # string
+    epos: np.ndarray
+    entry_start: np.ndarray  # (parts + 1,)
+    entry: np.ndarray  # local index
+    exit_start: np.ndarray
+    exit: np.ndarray
+    columns: dict[str, pa.Array]  # COPIED columns of the pool
+
+
+def _int(ops: pa.Table, name: str, fill: int) -> tuple[np.ndarray, np.ndarray]:
+    col = ops[name]
+    valid = pc.is_valid(col).to_numpy(zero_copy_only=False)
+    return pc.fill_null(col, fill).to_numpy(zero_copy_only=False).astype(np.int64), valid
+
+
+def prepare(trace: Trace, label: str) -> Parts:
+    """Cut one algorithm trace into parts (see :class:`Parts`).
+
+    The algorithm's ranks are ``0 .. ngpus-1`` (``params["ngpus"]``, else one more
+    than the largest rank); every rank must have ops, every peer must be one of
+    them, and every message must be sizable (chunk columns or ``comm_size``).
+
+    Raises
+    ------
+    EtstoreError
+        The trace breaks one of the rules above, holds collective nodes, or has
+        dependencies on absent nodes; the message names the rank and node.
+
+    Notes
+    -----
+    O(V log V + E log V) over the algorithm (one lexsort, a binary search per edge).
+    """
+    ops = trace.ops
+    nops = ops.num_rows
+    where = f"algorithm {label!r}"
+    if nops == 0:
+        raise EtstoreError(f"{where} has no ops")
+    rank = ops["rank"].to_numpy().astype(np.int64)
+    n = int(trace.params.get("ngpus") or 0) or int(rank.max()) + 1
+    if rank.min() < 0 or rank.max() >= n:
+        raise EtstoreError(f"{where}: ranks {int(rank.min())}..{int(rank.max())} exceed its {n} gpus")
+    order = np.argsort(rank, kind="stable")
+    if (order != np.arange(nops)).any():
+        ops = ops.take(pa.array(order))
+        rank = rank[order]
+    counts = np.bincount(rank, minlength=n)
+    if (counts == 0).any():
+        p = int(np.flatnonzero(counts == 0)[0])
+        raise EtstoreError(
+            f"{where} has no ops on rank {p} of {n}; every member of a group needs its part of the collective"
+        )
+    op_start = _starts(counts)
+    local = np.arange(nops, dtype=np.int64) - op_start[rank]
+    types = ops["type"].to_numpy(zero_copy_only=False)
+    bad = ~np.isin(types, list(_ALLOWED_TYPES))
+    if bad.any():
+        i = int(np.argmax(bad))
+        raise EtstoreError(
+            f"{where}: rank {int(rank[i])} node {ops['id'][i].as_py()} is a {types[i]}; an algorithm "
+            "expands into sends, receives and compute only"
+        )
+    is_send = types == "COMM_SEND_NODE"
+    is_recv = types == "COMM_RECV_NODE"
+    is_comp = types == "COMP_NODE"
+    comm = is_send | is_recv
+    dst, has_dst = _int(ops, "comm_dst", -1)
+    src, has_src = _int(ops, "comm_src", -1)
+    peer = np.where(is_send, dst, np.where(is_recv, src, -1))
+    bad = comm & ((is_send & ~has_dst) | (is_recv & ~has_src) | (peer < 0) | (peer >= n) | (peer == rank))
+    if bad.any():
+        i = int(np.argmax(bad))
+        raise EtstoreError(
+            f"{where}: rank {int(rank[i])} node {ops['id'][i].as_py()} ({types[i]}) names peer "
+            f"{int(peer[i])}, not another of its {n} ranks"
+        )
+    tag, _ = _int(ops, "comm_tag", 0)
+    tag = np.where(comm, tag, 0)
+    if (tag < 0).any():
+        i = int(np.argmax(tag < 0))
+        raise EtstoreError(
+            f"{where}: rank {int(rank[i])} node {ops['id'][i].as_py()} has a negative comm_tag"
+        )
+    cnt, has_cnt = _int(ops, "msg_chunk_cnt", 1)
+    total, has_total = _int(ops, "total_chunk_cnt", 1)
+    first, _ = _int(ops, "msg_chunk_idx", 0)
+    fixed, has_fixed = _int(ops, "comm_size", 0)
+    chunked = has_total & (total > 0)
+    cnt = np.where(has_cnt, cnt, 1)
+    bad = comm & ~chunked & ~has_fixed
+    if bad.any():
+        i = int(np.argmax(bad))
+        raise EtstoreError(
+            f"{where}: rank {int(rank[i])} node {ops['id'][i].as_py()} has neither chunk columns "
+            "(total_chunk_cnt) nor comm_size, so its message size is unknown"
+        )
+    if trace.num_missing:
+        raise EtstoreError(f"{where} has {trace.num_missing} dependencies on absent nodes; fix it first")
+    deps = trace.deps
+    if deps.num_rows:
+        drank = deps["rank"].to_numpy().astype(np.int64)
+        srow = op_rows(ops, drank, deps["src"].to_numpy())
+        drow = op_rows(ops, drank, deps["dst"].to_numpy())
+        eorder = np.lexsort((drow, srow, drank))
+        srow, drow, drank = srow[eorder], drow[eorder], drank[eorder]
+        ekind = deps["kind"].take(pa.array(eorder)).combine_chunks()
+        epos = deps["pos"].to_numpy().astype(np.int32)[eorder]
+    else:
+        srow = drow = drank = np.zeros(0, dtype=np.int64)
+        ekind = pa.array([], pa.string())
+        epos = np.zeros(0, dtype=np.int32)
+    has_in = np.zeros(nops, dtype=bool)
+    has_in[drow] = True
+    has_out = np.zeros(nops, dtype=bool)
+    has_out[srow] = True
+    entry_rows = np.flatnonzero(~has_in)
+    exit_rows = np.flatnonzero(~has_out)
+    ms = np.where(comm & chunked, total, 0)
+    return Parts(
+        labels=[label],
+        ranks=np.array([n], dtype=np.int64),
+        part_base=np.array([0, n], dtype=np.int64),
+        op_start=op_start,
+        local=local,
+        peer=peer,
+        tag=tag,
+        is_send=is_send,
+        is_recv=is_recv,
+        is_comp=is_comp,
+        chunked=chunked,
+        cnt=cnt,
+        total=np.maximum(total, 1),
+        first=first,
+        fixed_size=fixed,
+        duration=ops["duration_micros"].to_numpy().astype(np.uint64),
+        max_chunks=np.array([int(ms.max()) if len(ms) else 0], dtype=np.int64),
+        tag_span=int(tag.max()) + 1 if len(tag) else 1,
+        edge_start=_starts(np.bincount(drank, minlength=n)),
+        esrc=local[srow],
+        edst=local[drow],
+        ekind=ekind,
+        epos=epos,
+        entry_start=_starts(np.bincount(rank[entry_rows], minlength=n)),
+        entry=local[entry_rows],
+        exit_start=_starts(np.bincount(rank[exit_rows], minlength=n)),
+        exit=local[exit_rows],
+        columns={c: ops[c].combine_chunks() for c in COPIED},
+    )
+
+
+def _cat_starts(starts: Sequence[np.ndarray]) -> np.ndarray:
+    """Concatenate ``(k+1,)`` offset arrays into one, shifting each by the previous total."""
+    out = [np.zeros(1, dtype=np.int64)]
+    base = 0
+    for s in starts:
+        out.append(s[1:] + base)
+        base += int(s[-1])
+    return np.concatenate(out)
+
+
+def concat(parts: Sequence[Parts]) -> Parts:
+    """One :class:`Parts` holding several prepared algorithms, in order (O(total size))."""
+    if len(parts) == 1:
+        return parts[0]
+
+    def cat(name: str) -> np.ndarray:
+        return np.concatenate([getattr(p, name) for p in parts])
+
+    return Parts(
+        labels=[label for p in parts for label in p.labels],
+        ranks=cat("ranks"),
+        part_base=_cat_starts([p.part_base for p in parts]),
+        op_start=_cat_starts([p.op_start for p in parts]),
+        local=cat("local"),
+        peer=cat("peer"),
+        tag=cat("tag"),
+        is_send=cat("is_send"),
+        is_recv=cat("is_recv"),
+        is_comp=cat("is_comp"),
+        chunked=cat("chunked"),
+        cnt=cat("cnt"),
+        total=cat("total"),
+        first=cat("first"),
+        fixed_size=cat("fixed_size"),
+        duration=cat("duration"),
+        max_chunks=cat("max_chunks"),
+        tag_span=max(p.tag_span for p in parts),
+        edge_start=_cat_starts([p.edge_start for p in parts]),
+        esrc=cat("esrc"),
+        edst=cat("edst"),
+        ekind=pa.concat_arrays([p.ekind for p in parts]),
+        epos=cat("epos"),
+        entry_start=_cat_starts([p.entry_start for p in parts]),
+        entry=cat("entry"),
+        exit_start=_cat_starts([p.exit_start for p in parts]),
+        exit=cat("exit"),
+        columns={
+            c: pa.concat_arrays([p.columns[c].cast(OPS_SCHEMA.field(c).type) for p in parts]) for c in COPIED
+        },
+    )
