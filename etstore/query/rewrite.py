@@ -26,6 +26,7 @@ order on each rank, so collective instances still match across ranks.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -46,6 +47,7 @@ __all__ = [
     "check_rewrite",
     "chunk_consumers",
     "rewrite",
+    "rewrite_stored",
     "split_durations",
 ]
 
@@ -460,6 +462,18 @@ def rewrite(
     O((V + E) · K / w) per rank for K sends and collectives (bitset reachability);
     ``chunk-split`` O(V + E).
     """
+    return _rewrite(trace, kind, expansions, chunk_order, max_pieces, name)[0]
+
+
+def _rewrite(
+    trace: Trace,
+    kind: str,
+    expansions: pa.Table | None,
+    chunk_order: Mapping[tuple[int, int], Sequence[int]] | None,
+    max_pieces: int,
+    name: str | None,
+) -> tuple[Trace, pa.Table]:
+    """:func:`rewrite` plus the lineage (``rank``, ``id``, ``parent_id``) of every new op."""
     if kind not in REWRITE_KINDS:
         raise RewriteError(f"unknown rewrite {kind!r}; expected one of {', '.join(REWRITE_KINDS)}")
     graphs = rank_graphs(trace)
@@ -467,6 +481,7 @@ def rewrite(
     row_key = np.arange(n, dtype=np.float64)
     new_ops = trace.ops
     changes = 0
+    parent_ids = trace.ops["id"]
     if kind in ("overlap", "reorder"):
         for g in graphs:
             applied = overlap_rank(g) if kind == "overlap" else reorder_rank(g)
@@ -478,7 +493,10 @@ def rewrite(
             raise RewriteError(
                 f"chunk-split of {trace.name!r} needs the expansion lineage (an expanded trace)"
             )
-        new_ops, row_key, changes = _chunk_split(trace, graphs, expansions, chunk_order or {}, max_pieces)
+        new_ops, row_key, changes, piece_parent = _chunk_split(
+            trace, graphs, expansions, chunk_order or {}, max_pieces
+        )
+        parent_ids = pa.concat_arrays([trace.ops["id"].combine_chunks(), pa.array(piece_parent, pa.uint64())])
     order = np.argsort(row_key, kind="stable")
     out = _assemble(trace, graphs, new_ops, order)
     params: dict[str, Any] = {
@@ -492,7 +510,10 @@ def rewrite(
         params["max_pieces"] = max_pieces
     out = out.replace(name=name or f"{trace.name}-{kind}", kind="rewritten", params=params)
     check_rewrite(trace, out)
-    return out
+    lineage = pa.table(
+        {"rank": out.ops["rank"], "id": out.ops["id"], "parent_id": parent_ids.take(pa.array(order))}
+    )
+    return out, lineage
 
 
 def _chunk_split(
@@ -501,17 +522,19 @@ def _chunk_split(
     expansions: pa.Table,
     chunk_order: Mapping[tuple[int, int], Sequence[int]],
     max_pieces: int,
-) -> tuple[pa.Table, np.ndarray, int]:
-    """Split each chunk consumer; returns (ops with pieces appended, row sort key, consumers split)."""
+) -> tuple[pa.Table, np.ndarray, int, list[int]]:
+    """Split each chunk consumer: (ops with pieces appended, row sort key, consumers split,
+    id of the op each appended piece comes from)."""
     ops = trace.ops
     n = ops.num_rows
-    dur = ops["duration_micros"].to_numpy()
+    dur = ops["duration_micros"].to_numpy().copy()
     names = ops["name"].to_pylist()
     keys = list(np.arange(n, dtype=np.float64))
     extra_rows: list[int] = []
     extra_ids: list[int] = []
     extra_names: list[str] = []
     extra_dur: list[int] = []
+    extra_parent: list[int] = []
     # rows of the table being built: n originals, then the new pieces
     done = 0
     by_rank = {g.rank: g for g in graphs}
@@ -536,6 +559,7 @@ def _chunk_split(
             extra_ids.append(next_id)
             extra_names.append(f"{names[row]}.chunk{j}")
             extra_dur.append(durs[j])
+            extra_parent.append(cid)
             keys.append(row - 1 + (j + 1) / k)
             piece_local.append(local)
             next_id += 1
@@ -573,7 +597,7 @@ def _chunk_split(
     all_ops = all_ops.set_column(
         all_ops.schema.get_field_index("duration_micros"), "duration_micros", pa.array(all_dur, pa.uint64())
     )
-    return all_ops, np.asarray(keys), done
+    return all_ops, np.asarray(keys), done, extra_parent
 
 
 # ---------------------------------------------------------------- check
@@ -632,3 +656,65 @@ def check_rewrite(original: Trace, rewritten: Trace) -> None:
                     f"rewritten trace {rewritten.name!r}, rank {r}: op {t} no longer waits for op {s} "
                     "whose data it needs"
                 )
+
+
+def rewrite_stored(
+    store: Any,
+    trace: str,
+    kind: str,
+    *,
+    name: str | None = None,
+    topo: Any = None,
+    config: Any = None,
+    run_id: int | None = None,
+    max_pieces: int = 8,
+) -> Any:
+    """Rewrite a stored trace and store the result with ``parent = trace``.
+
+    ``chunk-split`` reads the expansion lineage and orders each consumer's chunks by
+    simulated arrival (:func:`~etstore.query.overlap.find_opportunities` with
+    ``topo``/``config``/``run_id``). Every op of the result is linked to the op it
+    comes from (``BECOMES`` edges; pieces to the op they split).
+
+    Returns
+    -------
+    IngestReport
+        Of the stored result (``report.trace.name``); ``created`` is false when the
+        same rewritten content was already stored.
+
+    Raises
+    ------
+    UnknownTraceError
+        No such trace.
+    RewriteError
+        As :func:`rewrite`, or ``chunk-split`` of a trace without expansion lineage.
+    """
+    from etstore.query.overlap import EXPANSIONS_SQL, find_opportunities
+
+    if kind not in REWRITE_KINDS:
+        raise RewriteError(f"unknown rewrite {kind!r}; expected one of {', '.join(REWRITE_KINDS)}")
+    original = store.load(trace)
+    expansions = None
+    order: dict[tuple[int, int], list[int]] = {}
+    if kind == "chunk-split":
+        expansions = store.sql(EXPANSIONS_SQL, {"trace": trace}).to_arrow()
+        if expansions.num_rows == 0:
+            raise RewriteError(
+                f"chunk-split needs an expanded trace; {trace!r} has no ops expanded from a collective"
+            )
+        found = find_opportunities(
+            store,
+            trace,
+            topo=topo,
+            config=config,
+            run_id=run_id,
+            kinds=("chunk",),
+            max_pieces=max_pieces,
+            record=False,
+        )
+        for r, other, detail in zip(
+            found["rank"].to_pylist(), found["other_id"].to_pylist(), found["detail"].to_pylist(), strict=True
+        ):
+            order[(int(r), int(other))] = [int(s) for s, _ in json.loads(detail)["chunks"]]
+    out, lineage = _rewrite(original, kind, expansions, order, max_pieces, name)
+    return store.ingest(out, name=name, parent=trace, lineage=lineage)

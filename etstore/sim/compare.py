@@ -1,0 +1,192 @@
+"""Simulate two stored traces on one topology and record their per-rank differences.
+
+Typical use: a trace against its rewrite (``etstore rewrite``), both on the same
+network and configuration. Both runs land in the metrics tables through
+:func:`~etstore.sim.metrics.record_run`; the differences land in ``comparisons``:
+
+``comparisons`` (one row per rank, plus a total row with ``rank`` NULL)
+    ``comparison_id``, ``trace_a``, ``trace_b``, ``run_a``, ``run_b`` (ids in
+    ``runs``), ``topology``, ``congestion``, ``rank``; ``total_a_ns``, ``total_b_ns``
+    (the rank's finish time; total row: the makespan), ``diff_ns`` (= b − a, negative
+    when B is faster), ``speedup`` (= a / b), ``exposed_comm_a_ns``,
+    ``exposed_comm_b_ns``, ``idle_a_ns``, ``idle_b_ns``, ``overlap_a_ns``,
+    ``overlap_b_ns`` (from ``rank_breakdown``; total row: sums over ranks),
+    ``created_at`` (UTC). A rank present in only one trace has NULLs on the other side.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+
+from etstore.errors import StoreError
+from etstore.sim.config import SimConfig
+from etstore.sim.engine import simulate
+from etstore.sim.metrics import TABLES, record_run
+from etstore.sim.topology import Topology, parse_topology
+
+__all__ = ["COMPARISONS_DDL", "Comparison", "compare"]
+
+log = logging.getLogger(__name__)
+
+COMPARISONS_DDL = """CREATE TABLE IF NOT EXISTS comparisons (
+    comparison_id BIGINT NOT NULL, trace_a VARCHAR, trace_b VARCHAR, run_a BIGINT, run_b BIGINT,
+    topology VARCHAR, congestion VARCHAR, rank INTEGER, total_a_ns DOUBLE, total_b_ns DOUBLE,
+    diff_ns DOUBLE, speedup DOUBLE, exposed_comm_a_ns DOUBLE, exposed_comm_b_ns DOUBLE,
+    idle_a_ns DOUBLE, idle_b_ns DOUBLE, overlap_a_ns DOUBLE, overlap_b_ns DOUBLE,
+    created_at TIMESTAMP DEFAULT (now()::TIMESTAMP))"""
+
+_INSERT_SQL = """\
+INSERT INTO comparisons (comparison_id, trace_a, trace_b, run_a, run_b, topology, congestion, rank,
+    total_a_ns, total_b_ns, diff_ns, speedup, exposed_comm_a_ns, exposed_comm_b_ns, idle_a_ns, idle_b_ns,
+    overlap_a_ns, overlap_b_ns)
+WITH a AS (SELECT * FROM rank_breakdown WHERE run_id = $ra),
+     b AS (SELECT * FROM rank_breakdown WHERE run_id = $rb),
+     per_rank AS (
+       SELECT rank, a.total_ns AS ta, b.total_ns AS tb, a.exposed_comm_ns AS ea, b.exposed_comm_ns AS eb,
+              a.idle_ns AS ia, b.idle_ns AS ib, a.overlap_ns AS oa, b.overlap_ns AS ob
+       FROM a FULL OUTER JOIN b USING (rank)),
+     total AS (
+       SELECT NULL::INTEGER AS rank,
+              (SELECT total_ns FROM runs WHERE run_id = $ra) AS ta,
+              (SELECT total_ns FROM runs WHERE run_id = $rb) AS tb,
+              sum(ea) AS ea, sum(eb) AS eb, sum(ia) AS ia, sum(ib) AS ib, sum(oa) AS oa, sum(ob) AS ob
+       FROM per_rank)
+SELECT $cid, $ta, $tb, $ra, $rb, $topo, $cong, rank, ta, tb, tb - ta, ta / nullif(tb, 0),
+       ea, eb, ia, ib, oa, ob
+FROM (SELECT * FROM per_rank UNION ALL SELECT * FROM total)"""
+
+_SELECT_SQL = """\
+SELECT rank, total_a_ns, total_b_ns, diff_ns, speedup, exposed_comm_a_ns, exposed_comm_b_ns,
+       idle_a_ns, idle_b_ns, overlap_a_ns, overlap_b_ns
+FROM comparisons WHERE comparison_id = $cid ORDER BY rank NULLS LAST"""
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """What :func:`compare` recorded.
+
+    ``table`` has the ``comparisons`` columns from ``rank`` on (per rank ascending,
+    the total row last with ``rank`` NULL); ``total_a_ns``/``total_b_ns`` are the
+    makespans.
+    """
+
+    comparison_id: int
+    trace_a: str
+    trace_b: str
+    run_a: int
+    run_b: int
+    topology: str
+    total_a_ns: float
+    total_b_ns: float
+    table: pa.Table
+
+    @property
+    def diff_ns(self) -> float:
+        """Makespan of B minus makespan of A (negative: B is faster)."""
+        return self.total_b_ns - self.total_a_ns
+
+
+def compare(
+    store: Any,
+    a: str,
+    b: str,
+    topo: Topology | str | None = None,
+    *,
+    config: SimConfig | None = None,
+    congestion: str | None = None,
+) -> Comparison:
+    """Simulate stored traces ``a`` and ``b`` on ``topo`` and record the differences.
+
+    Parameters
+    ----------
+    store
+        An open, writable store (its DuckDB holds runs and ``comparisons``).
+    a, b
+        Names of stored traces (``b`` is usually a rewrite of ``a``).
+    topo
+        Topology or spec/file; default a ring over the ranks
+        (:func:`~etstore.query.overlap.default_topology` of ``a``).
+    config
+        Simulation parameters (default :class:`SimConfig`).
+    congestion
+        ``"aware"`` or ``"unaware"``: overrides ``config.congestion``.
+
+    Returns
+    -------
+    Comparison
+        Ids of both runs and of the comparison, makespans, and the per-rank table.
+
+    Raises
+    ------
+    UnknownTraceError
+        ``a`` or ``b`` is not stored.
+    TopologyError, SimulationError, ConfigError
+        Bad topology, a trace that cannot be replayed, a bad congestion model. Both
+        simulations run before anything is written.
+    StoreError
+        DuckDB refuses the writes; runs recorded by this call are removed again.
+
+    Notes
+    -----
+    Two simulations, O(events log V) each, then O(ranks) rows.
+    """
+    from etstore.query.overlap import default_topology
+    from etstore.sim.config import ConfigError
+
+    trace_a, trace_b = store.load(a), store.load(b)
+    cfg = config or SimConfig()
+    if congestion is not None:
+        if congestion not in ("aware", "unaware"):
+            raise ConfigError(f"congestion {congestion!r}: expected 'aware' or 'unaware'")
+        cfg = cfg.replace(congestion=congestion)
+    topology = topo if isinstance(topo, Topology) else parse_topology(topo or default_topology(trace_a))
+    res_a = simulate(trace_a, topology, config=cfg)
+    res_b = simulate(trace_b, topology, config=cfg)
+    con = store.duck
+    ra = record_run(con, res_a, trace_name=a, params={"compare": [a, b]})
+    try:
+        rb = record_run(con, res_b, trace_name=b, params={"compare": [a, b]})
+    except BaseException:
+        _drop_runs(con, [ra])
+        raise
+    import duckdb
+
+    try:
+        con.execute(COMPARISONS_DDL)
+        cid = int(con.execute("SELECT coalesce(max(comparison_id), 0) + 1 FROM comparisons").fetchall()[0][0])
+        con.execute(
+            _INSERT_SQL,
+            {
+                "cid": cid,
+                "ta": a,
+                "tb": b,
+                "ra": ra,
+                "rb": rb,
+                "topo": topology.name,
+                "cong": cfg.congestion,
+            },
+        )
+        table = con.sql(_SELECT_SQL, params={"cid": cid}).to_arrow_table()
+    except duckdb.Error as exc:
+        _drop_runs(con, [ra, rb])
+        raise StoreError(f"cannot record the comparison of {a!r} and {b!r}: {exc}") from exc
+    except BaseException:
+        _drop_runs(con, [ra, rb])
+        raise
+    log.debug("compared %s (run %d) and %s (run %d): comparison %d", a, ra, b, rb, cid)
+    return Comparison(cid, a, b, ra, rb, topology.name, res_a.total_ns, res_b.total_ns, table)
+
+
+def _drop_runs(con: Any, run_ids: list[int]) -> None:
+    """Remove runs (and their rows in every metrics table) written by a failed compare."""
+    for table in TABLES:
+        if table == "sweep_points":
+            continue
+        try:
+            con.execute(f"DELETE FROM {table} WHERE run_id IN (SELECT unnest($ids))", {"ids": run_ids})
+        except Exception:  # best-effort cleanup while another error propagates
+            log.warning("could not remove run(s) %s from %s", run_ids, table)
