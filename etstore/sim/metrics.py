@@ -33,6 +33,21 @@ bandwidth GB/s with GB = 2^30):
     ``algorithm``, ``congestion``, ``size_bytes``, ``time_ns``, ``algbw_gb_per_s``,
     ``busbw_gb_per_s``, ``events``, ``wall_s``, ``params`` (JSON).
 
+Views (re-created by :func:`create_schema`; stable names and columns for dashboards):
+
+``v_collective_busbw``
+    ``collectives`` joined with the run's ``topology``, ``num_npus`` and
+    ``congestion``, plus ``time_us`` and ``size_mib``: one row per collective instance.
+``v_rank_exposed_comm``
+    ``rank_breakdown`` plus ``exposed_share`` (exposed / total), ``idle_share`` and
+    ``hidden_share`` (overlap / comm, the part of communication hidden under compute).
+``v_link_utilization``
+    ``link_util`` joined with the run's ``topology`` and ``total_ns``, plus ``mib``
+    and ``gib_per_s`` (bytes moved per simulated second, GB = 2^30).
+``v_sweep_busbw``
+    ``sweep_points`` with ``size_mib`` and ``time_us``: one row per curve point.
+
+``docs/metrics.md`` documents keys, units and example SQL for dashboard tools.
 The schema version is kept in ``etstore_sim_schema``; columns are only ever added.
 
 Examples
@@ -55,7 +70,7 @@ import pyarrow as pa
 from etstore.errors import StoreError
 from etstore.sim.engine import SimResult
 
-__all__ = ["SCHEMA_VERSION", "TABLES", "create_schema", "record_run", "record_sweep"]
+__all__ = ["SCHEMA_VERSION", "TABLES", "VIEWS", "create_schema", "record_run", "record_sweep"]
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +101,31 @@ TABLES: dict[str, str] = {
         events BIGINT, wall_s DOUBLE, params VARCHAR)""",
 }
 
+# Views answer the common dashboard questions; their columns, like the tables', are only ever added.
+VIEWS: dict[str, str] = {
+    "v_collective_busbw": """CREATE OR REPLACE VIEW v_collective_busbw AS
+        SELECT c.run_id, c.trace, r.topology, r.num_npus, r.congestion, c.coll_seq, c.pg_name,
+            c.comm_type, c.algorithm, c.group_size, c.size_bytes, c.size_bytes / 2^20 AS size_mib,
+            c.start_ns, c.end_ns, c.time_ns, c.time_ns / 1e3 AS time_us, c.algbw_gb_per_s,
+            c.busbw_gb_per_s, c.busbw_factor
+        FROM collectives c JOIN runs r USING (run_id)""",
+    "v_rank_exposed_comm": """CREATE OR REPLACE VIEW v_rank_exposed_comm AS
+        SELECT run_id, trace, rank, total_ns, compute_ns, comm_ns, exposed_comm_ns, overlap_ns, idle_ns,
+            CASE WHEN total_ns > 0 THEN exposed_comm_ns / total_ns END AS exposed_share,
+            CASE WHEN total_ns > 0 THEN idle_ns / total_ns END AS idle_share,
+            CASE WHEN comm_ns > 0 THEN overlap_ns / comm_ns END AS hidden_share
+        FROM rank_breakdown""",
+    "v_link_utilization": """CREATE OR REPLACE VIEW v_link_utilization AS
+        SELECT l.run_id, r.trace, r.topology, l.link, l.src, l.dst, l.latency_ns, l.bandwidth_gb_per_s,
+            l.bytes, l.bytes / 2^20 AS mib, l.messages, l.busy_ns, l.utilization, r.total_ns,
+            CASE WHEN r.total_ns > 0 THEN l.bytes / 2^30 / (r.total_ns / 1e9) END AS gib_per_s
+        FROM link_util l JOIN runs r USING (run_id)""",
+    "v_sweep_busbw": """CREATE OR REPLACE VIEW v_sweep_busbw AS
+        SELECT sweep_id, topology, num_npus, collective, algorithm, congestion, size_bytes,
+            size_bytes / 2^20 AS size_mib, time_ns, time_ns / 1e3 AS time_us, algbw_gb_per_s, busbw_gb_per_s
+        FROM sweep_points""",
+}
+
 
 def _duck_error() -> type[Exception]:
     import duckdb
@@ -94,7 +134,10 @@ def _duck_error() -> type[Exception]:
 
 
 def create_schema(con: Any) -> None:
-    """Create the metrics tables on a DuckDB connection if they do not exist (idempotent).
+    """Create the metrics tables (if absent) and (re)create the views on a DuckDB connection.
+
+    Idempotent; views are replaced so a database written by an older etstore gains
+    the views (and their newer columns) the first time this version writes to it.
 
     Raises
     ------
@@ -113,6 +156,8 @@ def create_schema(con: Any) -> None:
                 "upgrade etstore"
             )
         for ddl in TABLES.values():
+            con.execute(ddl)
+        for ddl in VIEWS.values():
             con.execute(ddl)
         if have is None:
             con.execute("INSERT INTO etstore_sim_schema VALUES ($v)", {"v": SCHEMA_VERSION})

@@ -1,0 +1,41 @@
+"""The ``report`` command: simulation runs (and sweeps) as one self-contained HTML file."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from rich.console import Console
+
+from etstore.cli._common import open_from_args
+from etstore.errors import EtstoreError
+
+
+def _report(args: argparse.Namespace, console: Console) -> int:
+    from etstore.report import latest_run, write_report
+
+    if not args.runs and not args.latest:
+        raise EtstoreError("report: name at least one run id, or pass --latest")
+    with open_from_args(args, read_only=True) as store:
+        con = store.duck
+        runs = list(args.runs)
+        if args.latest:
+            runs.append(latest_run(con))
+        path = write_report(con, runs, args.out, sweep_ids=args.sweep or (), title=args.title)
+    console.print(str(path.resolve()), highlight=False, soft_wrap=True)
+    return 0
+
+
+def register(sub: Any) -> None:
+    sp = sub.add_parser(
+        "report",
+        help="write an HTML report (timelines, breakdowns, bandwidth, links) of simulation runs",
+        description="Write one self-contained HTML file (opens offline) from the simulation metrics in the "
+        "store's DuckDB. Two or more runs are shown side by side with their differences against the first.",
+    )
+    sp.add_argument("runs", nargs="*", type=int, metavar="RUN", help="run ids (see the runs table)")
+    sp.add_argument("--out", default="report.html", help="output file (default: report.html)")
+    sp.add_argument("--sweep", type=int, action="append", metavar="ID", help="add a sweep's bandwidth curves")
+    sp.add_argument("--latest", action="store_true", help="add the most recent run")
+    sp.add_argument("--title", help="page title")
+    sp.set_defaults(handler=_report)

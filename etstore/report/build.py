@@ -1,0 +1,490 @@
+"""One self-contained HTML report from the metrics in DuckDB (plotly.js inlined once, opens offline)."""
+
+from __future__ import annotations
+
+import html
+import logging
+import os
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import plotly.graph_objects as go
+import plotly.io as pio
+from plotly.offline import get_plotlyjs
+
+from etstore import __version__
+from etstore.report._data import ReportError, RunInfo, has_table, query, run_infos
+from etstore.report.critical import schedule_critical_path
+from etstore.report.figures import (
+    breakdown_figure,
+    collective_busbw_figure,
+    compare_figure,
+    link_heatmap_figure,
+    sweep_busbw_figure,
+    timeline_figure,
+)
+
+__all__ = ["OPPORTUNITY_ROWS", "ReportError", "latest_run", "opportunities", "write_report"]
+
+log = logging.getLogger(__name__)
+
+# opportunities listed in the report (the largest gains first); the total counts them all
+OPPORTUNITY_ROWS = 200
+
+_CSS = """
+body{font-family:system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:0 auto;max-width:1800px;
+padding:0 24px 48px;color:#222}
+h1{font-size:1.5em;margin:20px 0 4px}h2{font-size:1.2em;margin:32px 0 8px;border-bottom:1px solid #ddd}
+.sub{color:#666;margin:0 0 12px}.row{display:grid;gap:16px}.cols1{grid-template-columns:1fr}
+.cols2{grid-template-columns:1fr 1fr}.fig{min-width:0}
+table{border-collapse:collapse;font-size:.9em;margin:8px 0}
+th,td{padding:3px 10px;border-bottom:1px solid #eee;text-align:right}
+th{background:#f6f6f6}td.l,th.l{text-align:left}.note{color:#666;font-style:italic}
+.better{color:#1a7f37}.worse{color:#c62828}
+"""
+
+
+def _fmt_ns(ns: float | None) -> str:
+    """Time for people: ns, µs or ms."""
+    if ns is None:
+        return "–"
+    a = abs(ns)
+    if a < 1e3:
+        return f"{ns:,.0f} ns"
+    if a < 1e6:
+        return f"{ns / 1e3:,.2f} µs"
+    return f"{ns / 1e6:,.3f} ms"
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[Any]], *, left: int = 1) -> str:
+    """An HTML table; the first ``left`` columns are text (left-aligned), all cells escaped."""
+    th = "".join(
+        f'<th class="{"l" if i < left else ""}">{html.escape(str(h))}</th>' for i, h in enumerate(header)
+    )
+    body = []
+    for row in rows:
+        tds = []
+        for i, v in enumerate(row):
+            cls = "l" if i < left else ""
+            text = v if isinstance(v, _Raw) else html.escape("–" if v is None else str(v))
+            tds.append(f'<td class="{cls}">{text}</td>')
+        body.append("<tr>" + "".join(tds) + "</tr>")
+    return f"<table><thead><tr>{th}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+
+
+class _Raw(str):
+    """Already-escaped HTML for a table cell."""
+
+
+class _Page:
+    """Collects sections and figures; every figure becomes a div plus one ``Plotly.newPlot`` call."""
+
+    def __init__(self) -> None:
+        self.parts: list[str] = []
+        self.figures = 0
+
+    def add(self, text: str) -> None:
+        self.parts.append(text)
+
+    def figure(self, fig: go.Figure) -> str:
+        self.figures += 1
+        return pio.to_html(
+            fig,
+            full_html=False,
+            include_plotlyjs=False,
+            div_id=f"etstore-fig-{self.figures}",
+            config={"displaylogo": False, "scrollZoom": True, "responsive": True},
+            default_width="100%",
+            default_height=f"{int(fig.layout.height or 450)}px",
+        )
+
+    def figures_row(self, figs: Sequence[go.Figure]) -> None:
+        cols = "cols2" if len(figs) == 2 else "cols1"
+        self.add(
+            f'<div class="row {cols}">'
+            + "".join(f'<div class="fig">{self.figure(f)}</div>' for f in figs)
+            + "</div>"
+        )
+
+
+def latest_run(con: Any) -> int:
+    """The largest run id (the most recent run).
+
+    Raises
+    ------
+    ReportError
+        No run is recorded.
+    """
+    if not has_table(con, "runs"):
+        raise ReportError("no runs are recorded: simulate a trace and record it first")
+    v = query(con, "SELECT max(run_id) AS r FROM runs")["r"][0].as_py()
+    if v is None:
+        raise ReportError("no runs are recorded: simulate a trace and record it first")
+    return int(v)
+
+
+def opportunities(con: Any, trace: str, *, limit: int = OPPORTUNITY_ROWS) -> tuple[Any, Any] | None:
+    """The trace's recorded overlap/chunk/reorder opportunities: (top rows, totals per kind), or None.
+
+    Rows (largest ``gain_ns`` first): ``kind``, ``rank``, ``op_id``, ``op`` (name, when
+    the trace is stored), ``other_id``, ``other``, ``gain_ns``, ``detail``. Totals:
+    ``kind``, ``n``, ``gain_ns``. None when the ``opportunities`` table is absent or
+    holds nothing for the trace.
+    """
+    if not has_table(con, "opportunities"):
+        return None
+    totals = query(
+        con,
+        "SELECT kind, count(*) AS n, sum(gain_ns) AS gain_ns FROM opportunities WHERE trace = $t "
+        "GROUP BY kind ORDER BY gain_ns DESC",
+        {"t": trace},
+    )
+    if totals.num_rows == 0:
+        return None
+    if has_table(con, "ops"):
+        sql = """SELECT p.kind, p.rank, p.op_id, a.name AS op, p.other_id, b.name AS other, p.gain_ns,
+                p.detail
+            FROM opportunities p
+            LEFT JOIN ops a ON a.trace = p.trace AND a.rank = p.rank AND a.id = p.op_id
+            LEFT JOIN ops b ON b.trace = p.trace AND b.rank = p.rank AND b.id = p.other_id
+            WHERE p.trace = $t ORDER BY p.gain_ns DESC NULLS LAST, p.rank, p.op_id LIMIT $n"""
+    else:
+        sql = """SELECT kind, rank, op_id, NULL AS op, other_id, NULL AS other, gain_ns, detail
+            FROM opportunities
+            WHERE trace = $t ORDER BY gain_ns DESC NULLS LAST, rank, op_id LIMIT $n"""
+    return query(con, sql, {"t": trace, "n": int(limit)}), totals
+
+
+def _summary(page: _Page, runs: Sequence[RunInfo], con: Any) -> None:
+    stats = query(
+        con,
+        """SELECT run_id, avg(exposed_comm_ns) AS exposed, max(exposed_comm_ns) AS max_exposed,
+            avg(idle_ns) AS idle,
+            avg(compute_ns) AS compute, avg(overlap_ns) AS overlap FROM rank_breakdown
+        WHERE list_contains($ids, run_id) GROUP BY run_id""",
+        {"ids": [r.run_id for r in runs]},
+    ).to_pylist()
+    by = {s["run_id"]: s for s in stats}
+    rows = []
+    for r in runs:
+        s = by.get(r.run_id, {})
+        rows.append(
+            [
+                r.run_id,
+                r.trace,
+                r.topology,
+                r.congestion,
+                r.scheduling_policy,
+                r.num_npus,
+                f"{r.num_ops:,}",
+                f"{r.events:,}",
+                _fmt_ns(r.total_ns),
+                _fmt_ns(s.get("compute")),
+                _fmt_ns(s.get("exposed")),
+                _fmt_ns(s.get("idle")),
+            ]
+        )
+    page.add(
+        _table(
+            [
+                "run",
+                "trace",
+                "topology",
+                "congestion",
+                "policy",
+                "NPUs",
+                "ops",
+                "events",
+                "makespan",
+                "mean compute",
+                "mean exposed comm",
+                "mean idle",
+            ],
+            rows,
+            left=5,
+        )
+    )
+
+
+def _differences(page: _Page, runs: Sequence[RunInfo], con: Any) -> None:
+    """Headline metrics of each run against the first, with Δ and Δ%."""
+    ids = [r.run_id for r in runs]
+    t = query(
+        con,
+        """WITH b AS (SELECT run_id, avg(exposed_comm_ns) AS exposed, max(exposed_comm_ns) AS max_exposed,
+                avg(idle_ns) AS idle, avg(overlap_ns) AS hidden FROM rank_breakdown GROUP BY run_id),
+            c AS (SELECT run_id, avg(busbw_gb_per_s) AS busbw, sum(time_ns) AS coll_time FROM collectives
+                GROUP BY run_id),
+            l AS (SELECT run_id, max(utilization) AS max_util, sum(bytes) AS bytes FROM link_util
+                GROUP BY run_id)
+        SELECT r.run_id, r.total_ns, b.exposed, b.max_exposed, b.idle, b.hidden, c.busbw, c.coll_time,
+            l.max_util, l.bytes, r.events
+        FROM runs r LEFT JOIN b USING (run_id) LEFT JOIN c USING (run_id) LEFT JOIN l USING (run_id)
+        WHERE list_contains($ids, r.run_id)""",
+        {"ids": ids},
+    ).to_pylist()
+    by = {row["run_id"]: row for row in t}
+    metrics = [
+        ("makespan", "total_ns", _fmt_ns, False),
+        ("mean exposed communication per rank", "exposed", _fmt_ns, False),
+        ("max exposed communication of a rank", "max_exposed", _fmt_ns, False),
+        ("mean idle per rank", "idle", _fmt_ns, False),
+        ("mean communication hidden under compute", "hidden", _fmt_ns, True),
+        ("mean collective busbw (GB/s)", "busbw", lambda v: "–" if v is None else f"{v:,.2f}", True),
+        ("max link utilization", "max_util", lambda v: "–" if v is None else f"{v * 100:,.1f}%", False),
+        ("bytes over links (MiB)", "bytes", lambda v: "–" if v is None else f"{v / 2**20:,.1f}", False),
+        ("events", "events", lambda v: "–" if v is None else f"{v:,}", False),
+    ]
+    base = by[ids[0]]
+    header = ["metric", f"run {ids[0]}"]
+    for r in ids[1:]:
+        header += [f"run {r}", "Δ", "Δ%"]
+    rows = []
+    for label, key, fmt, higher_is_better in metrics:
+        row: list[Any] = [label, fmt(base.get(key))]
+        a = base.get(key)
+        for r in ids[1:]:
+            b = by[r].get(key)
+            row.append(fmt(b))
+            if a is None or b is None:
+                row += ["–", "–"]
+                continue
+            d = b - a
+            better = (d > 0) == higher_is_better if d != 0 else None
+            cls = "" if better is None or key == "events" else ("better" if better else "worse")
+            delta = fmt(d) if fmt is not _fmt_ns else _fmt_ns(d)
+            if key == "max_util":
+                delta = f"{d * 100:+,.1f} pt"
+            elif key in ("busbw", "bytes", "events") or fmt is _fmt_ns:
+                delta = ("+" if d > 0 else "") + delta
+            pct = f"{d / a * 100:+,.1f}%" if a else "–"
+            row += [
+                _Raw(f'<span class="{cls}">{html.escape(delta)}</span>'),
+                _Raw(f'<span class="{cls}">{pct}</span>'),
+            ]
+        rows.append(row)
+    page.add(_table(header, rows))
+
+
+def _critical_section(page: _Page, runs: Sequence[RunInfo], paths: dict[int, Any]) -> None:
+    rows = []
+    for r in runs:
+        cp = paths[r.run_id]
+        if cp.num_rows == 0:
+            rows.append([r.run_id, 0, "–", "–", "–", "–", "–"])
+            continue
+        dur = cp["end_ns"].to_numpy() - cp["start_ns"].to_numpy()
+        comm = np.asarray([str(t).startswith("COMM_") for t in cp["type"].to_pylist()], dtype=bool)
+        via = cp["via"].to_pylist()
+        end = float(cp["end_ns"][cp.num_rows - 1].as_py())
+        compute = float(dur[~comm].sum())
+        rows.append(
+            [
+                r.run_id,
+                f"{cp.num_rows:,}",
+                len(set(cp["rank"].to_pylist())),
+                _fmt_ns(end),
+                f"{int((~comm).sum()):,} ({_fmt_ns(compute)}, {compute / end * 100 if end else 0:.0f}%)",
+                f"{int(comm.sum()):,}",
+                f"{via.count('msg')} messages, {via.count('peer')} collective peers",
+            ]
+        )
+    page.add(
+        '<p class="sub">The chain of constraints that set the makespan, walked back from the op that ends '
+        "last (black on the timelines): a receive that waited for its message continues at the send, a "
+        "collective that waited for a late member continues at that member, otherwise at the dependency "
+        "or slot that released the op last. Compute on the path is what faster kernels shorten; the rest "
+        "is communication and waiting.</p>"
+    )
+    page.add(
+        _table(
+            [
+                "run",
+                "ops on path",
+                "ranks",
+                "ends at",
+                "compute ops (time, share)",
+                "communication ops",
+                "cross-rank steps",
+            ],
+            rows,
+            left=1,
+        )
+    )
+
+
+def _opportunities_section(page: _Page, runs: Sequence[RunInfo], con: Any) -> None:
+    for trace in dict.fromkeys(r.trace for r in runs):
+        found = opportunities(con, trace)
+        if found is None:
+            page.add(
+                f'<p class="note">No overlap, chunk or reorder opportunities are recorded for trace '
+                f"{html.escape(trace)} (run <code>etstore overlap</code> to find them).</p>"
+            )
+            continue
+        rows, totals = found
+        total_n = sum(totals["n"].to_pylist())
+        page.add(
+            f"<p>Trace <b>{html.escape(trace)}</b>: {total_n:,} opportunities, "
+            + ", ".join(
+                f"{k}: {n:,} worth {_fmt_ns(g)}"
+                for k, n, g in zip(
+                    totals["kind"].to_pylist(),
+                    totals["n"].to_pylist(),
+                    totals["gain_ns"].to_pylist(),
+                    strict=True,
+                )
+            )
+            + (f" (the {rows.num_rows} largest below)" if total_n > rows.num_rows else "")
+            + ".</p>"
+        )
+        page.add(
+            _table(
+                ["kind", "rank", "op", "other op", "gain", "detail"],
+                [
+                    [
+                        r["kind"],
+                        r["rank"],
+                        f"{r['op_id']}" + (f" {r['op']}" if r["op"] else ""),
+                        "–"
+                        if r["other_id"] is None
+                        else f"{r['other_id']}" + (f" {r['other']}" if r["other"] else ""),
+                        _fmt_ns(r["gain_ns"]),
+                        r["detail"] or "",
+                    ]
+                    for r in rows.to_pylist()
+                ],
+                left=4,
+            )
+        )
+
+
+def write_report(
+    con: Any,
+    run_ids: Sequence[int],
+    out: str | os.PathLike[str],
+    *,
+    sweep_ids: Sequence[int] = (),
+    title: str | None = None,
+    critical_path: bool = True,
+) -> Path:
+    """Write one self-contained HTML report (opens offline, no server) for runs and sweeps.
+
+    Sections: a summary of the runs; with two or more runs, their differences
+    against the first; per-rank timelines side by side (compute / communication /
+    idle, collectives by type, the critical path in black, zoomable); per-rank
+    breakdown bars; bus bandwidth vs size of the runs' collectives and of the
+    sweeps' curves; the link-utilization heatmap; the critical path; the recorded
+    overlap/reorder opportunities.
+
+    Parameters
+    ----------
+    con
+        DuckDB connection holding the metrics (``store.duck``, or a metrics file).
+    run_ids
+        Runs to show (``runs.run_id``), compared against the first.
+    out
+        Output file; its directory must exist.
+    sweep_ids
+        Sweeps (``sweep_points.sweep_id``) for the bandwidth-curve figure.
+    title
+        Page title (default: names the runs).
+    critical_path
+        Draw the schedule's critical path on the timelines.
+
+    Returns
+    -------
+    pathlib.Path
+        The written file.
+
+    Raises
+    ------
+    ReportError
+        No run ids, no metrics in the database, or ``out`` cannot be written.
+    UnknownTraceError
+        A run or sweep id is not recorded.
+
+    Notes
+    -----
+    O(ops) per run in DuckDB and numpy; timelines of runs beyond
+    :data:`~etstore.report.figures.DETAIL_OPS` ops are merged to about one span per
+    pixel, so a 64-rank, 1M-op run stays well under 10 s and 20 MB.
+    """
+    started = time.perf_counter()
+    out_path = Path(out)
+    if out_path.is_dir():
+        raise ReportError(f"{out_path}: is a directory; give a file name such as {out_path / 'report.html'}")
+    if not out_path.parent.exists():
+        raise ReportError(f"{out_path}: directory {out_path.parent} does not exist")
+    runs = run_infos(con, run_ids)
+    page = _Page()
+    heading = title or (
+        f"etstore report: {runs[0].label}"
+        if len(runs) == 1
+        else "etstore report: " + " vs ".join(f"run {r.run_id}" for r in runs)
+    )
+    page.add(f"<h1>{html.escape(heading)}</h1>")
+    page.add(
+        f'<p class="sub">etstore {html.escape(__version__)} · times in simulated ns/µs/ms · bandwidth '
+        "GB/s with GB = 2^30 (nccl-tests busbw) · drag to zoom, double-click to reset</p>"
+    )
+    _summary(page, runs, con)
+    if len(runs) >= 2:
+        page.add("<h2>Differences</h2>")
+        _differences(page, runs, con)
+        diff = compare_figure(con, [r.run_id for r in runs])
+        if diff is not None:
+            page.figures_row([diff])
+    page.add("<h2>Timeline</h2>")
+    paths = {r.run_id: schedule_critical_path(con, r) for r in runs}
+    timelines = [
+        timeline_figure(con, r.run_id, critical_path=paths[r.run_id] if critical_path else False)
+        for r in runs
+    ]
+    for k in range(0, len(timelines), 2):
+        page.figures_row(timelines[k : k + 2])
+    page.add("<h2>Per-rank breakdown</h2>")
+    page.figures_row([breakdown_figure(con, [r.run_id for r in runs])])
+    page.add("<h2>Bus bandwidth</h2>")
+    sweep_fig = sweep_busbw_figure(con, list(sweep_ids))
+    coll_fig = collective_busbw_figure(con, [r.run_id for r in runs])
+    if sweep_fig is not None:
+        page.figures_row([sweep_fig])
+    if coll_fig is not None:
+        page.figures_row([coll_fig])
+    if sweep_fig is None and coll_fig is None:
+        page.add(
+            '<p class="note">No collectives in these runs and no sweep given (<code>--sweep ID</code>).</p>'
+        )
+    page.add("<h2>Link utilization</h2>")
+    links = link_heatmap_figure(con, [r.run_id for r in runs])
+    if links is not None:
+        page.figures_row([links])
+    else:
+        page.add('<p class="note">No link traffic was recorded for these runs.</p>')
+    page.add("<h2>Critical path</h2>")
+    _critical_section(page, runs, paths)
+    page.add("<h2>Overlap and reorder opportunities</h2>")
+    _opportunities_section(page, runs, con)
+    doc = (
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        f"<title>{html.escape(heading)}</title><style>{_CSS}</style>"
+        f'<script type="text/javascript">{get_plotlyjs()}</script></head><body>'
+        + "\n".join(page.parts)
+        + "</body></html>\n"
+    )
+    try:
+        out_path.write_text(doc, encoding="utf-8")
+    except OSError as exc:
+        raise ReportError(f"{out_path}: cannot write the report: {exc.strerror or exc}") from exc
+    log.info(
+        "report %s: %d figures, %.1f MB in %.2f s",
+        out_path,
+        page.figures,
+        len(doc) / 1e6,
+        time.perf_counter() - started,
+    )
+    return out_path
