@@ -1,0 +1,165 @@
+"""Analysis commands: overlap (find opportunities), rewrite (apply them), compare (simulate both)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+import pyarrow as pa
+from rich.console import Console
+
+from etstore._render import render
+from etstore.cli._common import add_format, open_from_args
+from etstore.errors import EtstoreError
+
+
+def _config(congestion: str | None) -> Any:
+    from etstore.sim import SimConfig
+
+    return SimConfig(congestion=congestion) if congestion else None
+
+
+def _overlap(args: argparse.Namespace, console: Console) -> int:
+    from etstore.query.overlap import explain, find_opportunities
+
+    if args.explain:
+        for finder, engine, text in explain():
+            if args.format == "table":
+                console.print(f"[bold]-- {finder} ({engine})[/]")
+                console.print(text, highlight=False, markup=False)
+            else:
+                sys.stdout.write(f"-- {finder} ({engine})\n{text}\n")
+        if args.trace is None:
+            return 0
+    if args.trace is None:
+        raise EtstoreError("overlap: name a trace (or pass --explain alone to print the queries)")
+    with open_from_args(args) as store:
+        found = find_opportunities(
+            store,
+            args.trace,
+            topo=args.topo,
+            config=_config(args.congestion),
+            run_id=args.run,
+            kinds=args.kind or ("overlap", "chunk", "reorder"),
+            max_pieces=args.max_pieces,
+        )
+    if args.format == "json":
+        rows = found.to_pylist()
+        for r in rows:
+            r["detail"] = json.loads(r["detail"])
+        sys.stdout.write(json.dumps(rows, indent=1) + "\n")
+        return 0
+    render(found, args.format, title=f"opportunities in {args.trace}", console=console)
+    if args.format == "table":
+        total = sum(found["gain_ns"].to_pylist())
+        console.print(f"{found.num_rows} opportunities, estimated gains add up to {total:,.0f} ns")
+    return 0
+
+
+def _rewrite(args: argparse.Namespace, console: Console) -> int:
+    from etstore.query.rewrite import rewrite_stored
+
+    with open_from_args(args) as store:
+        report = rewrite_stored(
+            store,
+            args.trace,
+            args.apply,
+            name=args.name,
+            topo=args.topo,
+            run_id=args.run,
+            max_pieces=args.max_pieces,
+        )
+        info = report.trace
+        params = store.load(info.name).params
+    row = {
+        "trace": info.name,
+        "parent": args.trace,
+        "applied": args.apply,
+        "changes": params.get("changes"),
+        "status": "new" if report.created else "already stored",
+        "ops": info.ops,
+        "deps": info.deps,
+    }
+    render(pa.Table.from_pylist([row]), args.format, console=console)
+    return 0
+
+
+def _compare(args: argparse.Namespace, console: Console) -> int:
+    from etstore.sim.compare import compare
+
+    with open_from_args(args) as store:
+        cmp = compare(store, args.a, args.b, args.topo, congestion=args.congestion)
+    if args.format == "json":
+        doc = {
+            "comparison_id": cmp.comparison_id,
+            "trace_a": cmp.trace_a,
+            "trace_b": cmp.trace_b,
+            "run_a": cmp.run_a,
+            "run_b": cmp.run_b,
+            "topology": cmp.topology,
+            "total_a_ns": cmp.total_a_ns,
+            "total_b_ns": cmp.total_b_ns,
+            "diff_ns": cmp.diff_ns,
+            "ranks": cmp.table.to_pylist(),
+        }
+        sys.stdout.write(json.dumps(doc, indent=1) + "\n")
+        return 0
+    render(
+        cmp.table,
+        args.format,
+        title=f"{cmp.trace_a} (A) vs {cmp.trace_b} (B) on {cmp.topology}",
+        console=console,
+    )
+    if args.format == "table":
+        pct = cmp.diff_ns / cmp.total_a_ns * 100 if cmp.total_a_ns else 0.0
+        console.print(
+            f"makespan A {cmp.total_a_ns:,.0f} ns, B {cmp.total_b_ns:,.0f} ns: {cmp.diff_ns:+,.0f} ns "
+            f"({pct:+.1f}%); runs {cmp.run_a} and {cmp.run_b}, comparison {cmp.comparison_id}"
+        )
+    return 0
+
+
+def _topo_arg(sp: argparse.ArgumentParser) -> None:
+    sp.add_argument(
+        "--topo", default=None, help="topology spec or file (default: ring over the ranks, 50 GB/s, 500 ns)"
+    )
+
+
+def register(sub: Any) -> None:
+    sp = sub.add_parser("overlap", help="find overlap, chunk and reorder opportunities with estimated gains")
+    sp.add_argument("trace", nargs="?", help="stored trace")
+    sp.add_argument("--explain", action="store_true", help="print the Cypher and SQL queries the finders run")
+    _topo_arg(sp)
+    sp.add_argument("--congestion", choices=("unaware", "aware"), default=None, help="network model")
+    sp.add_argument("--run", type=int, default=None, help="take timings from this recorded run instead")
+    sp.add_argument(
+        "--kind",
+        action="append",
+        choices=("overlap", "chunk", "reorder"),
+        help="only these finders (repeatable)",
+    )
+    sp.add_argument("--max-pieces", type=int, default=8, help="chunk: at most this many pieces per consumer")
+    add_format(sp)
+    sp.set_defaults(handler=_overlap)
+
+    sp = sub.add_parser("rewrite", help="store a new trace applying overlap, reorder or chunk-split")
+    sp.add_argument("trace", help="stored trace")
+    sp.add_argument("--apply", required=True, metavar="{overlap,reorder,chunk-split}", help="what to apply")
+    sp.add_argument("--name", default=None, help="name of the new trace (default: <trace>-<apply>)")
+    _topo_arg(sp)
+    sp.add_argument("--run", type=int, default=None, help="chunk-split: chunk arrival from this recorded run")
+    sp.add_argument(
+        "--max-pieces", type=int, default=8, help="chunk-split: at most this many pieces per consumer"
+    )
+    add_format(sp)
+    sp.set_defaults(handler=_rewrite)
+
+    sp = sub.add_parser("compare", help="simulate two traces and record per-rank and total differences")
+    sp.add_argument("a", help="stored trace A (the baseline)")
+    sp.add_argument("b", help="stored trace B")
+    _topo_arg(sp)
+    sp.add_argument("--congestion", choices=("unaware", "aware"), default=None, help="network model")
+    add_format(sp)
+    sp.set_defaults(handler=_compare)
