@@ -1,0 +1,268 @@
+"""Opportunity finders on hand-built 2-rank traces whose answers are worked out below.
+
+The workload (both ranks identical, peer p = 1 - r), on ``ring:2`` (50 GiB/s, 500 ns):
+
+    id name            type  duration  deps
+    0  fwd             COMP  10 µs     -
+    1  grad_allreduce  COLL  1 MiB     data 0
+    2  indep           COMP  20 µs     data 0, ctrl 1     <- serialized behind the all-reduce
+    3  apply           COMP   5 µs     data 1, ctrl 2
+    4  stats           COMP  30 µs     ctrl 3             <- sits ahead of the send
+    5  send_act        SEND  1 MiB     data 0, ctrl 4     (to p, tag 7)
+    6  recv_act        RECV  1 MiB     data 0             (from p, tag 7)
+    7  final           COMP   1 µs     data 5, data 6, ctrl 4
+
+All-reduce of 1 MiB, ASTRA-sim's native ring on 2 NPUs (docs/simulator.md): 4 chunks of
+256 KiB one after another; each is 2 steps sending 128 KiB (500 + 131072 / 53.687 =
+2941 ns), 3 endpoint delays of 10 ns and one reduction of 3 × ⌊131072 / 50⌋ = 7863 ns:
+4 × (30 + 2 × 2941 + 7863) = 4 × 13775 = 55100 ns. A 1 MiB message: 500 + 1048576 /
+53.687 = 20031 ns.
+
+Timeline: fwd 0–10000; all-reduce 10000–65100; indep 65100–85100; apply –90100;
+stats –120100; send issues at 120100 and lands at 140131; final –141131.
+
+Expected, per rank:
+* overlap: all-reduce (1) frees indep (2): gain min(55100, 20000) = 20000 ns.
+* reorder: send (5) waits on stats/apply/indep (ids 2, 3, 4) through ctrl edges but
+  needs only fwd's data; kept predecessors fwd (ends 10000) and the all-reduce (comm
+  order stays; ends 65100): it could issue at 65100 instead of 120100, gain 55000 ns;
+  ``other_id`` = 4, the compute op right ahead.
+* chunk: none (not an expanded trace).
+
+The expanded trace replaces the all-reduce by a hand-written 2-rank reduce-scatter +
+all-gather (chunk slot r is this rank's half, p the peer's; 512 KiB messages take
+500 + 524288 / 53.687 = 10265 ns) and keeps only fwd → all-reduce → apply (6 µs):
+
+    0 fwd 10 µs | 10 rs_send slot p | 11 rs_recv slot r | 12 rs_reduce 2 µs slot r
+    13 ag_send slot r | 14 ag_recv slot p | 3 apply 6 µs (data 13, 14)
+
+Timeline: fwd –10000; rs messages land 20265; reduce –22265; ag messages land 32530;
+apply 32530–38530. Slot r is complete at 22265, slot p at 32530. Split in two 3 µs
+pieces: 22265–25265 and 32530–35530, so the chunk gain is 38530 − 35530 = 3000 ns and
+the consumer could start 32530 − 22265 = 10265 ns earlier.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from etstore.errors import EtstoreError, UnknownTraceError
+from etstore.model import Trace, deps_table, ops_table
+from etstore.query.overlap import (
+    OPPORTUNITIES_SCHEMA,
+    explain,
+    find_opportunities,
+)
+from etstore.sim import SimConfig, record_run, simulate
+from etstore.sim.topology import parse_topology
+from etstore.store import EmbeddedStore
+
+MIB = 1 << 20
+HALF = MIB // 2
+_COMM = ("comm_type", "comm_size", "comm_src", "comm_dst", "comm_tag", "pg_name", "chunk_offset")
+
+
+def _build(rows_of: Any, edges: list[tuple[int, int, str]], **trace: Any) -> tuple[Trace, pa.Table]:
+    cols: dict[str, list[Any]] = {k: [] for k in ("rank", "id", "name", "type", "duration_micros", *_COMM)}
+    d: dict[str, list[Any]] = {"rank": [], "src": [], "dst": [], "kind": []}
+    lineage: dict[str, list[int]] = {"rank": [], "id": [], "parent_id": []}
+    for r in (0, 1):
+        for i, name, typ, dur, comm, parent in rows_of(r, 1 - r):
+            for k, v in (("rank", r), ("id", i), ("name", name), ("type", typ), ("duration_micros", dur)):
+                cols[k].append(v)
+            for k in _COMM:
+                cols[k].append(comm.get(k))
+            for k, v in (("rank", r), ("id", i), ("parent_id", parent)):
+                lineage[k].append(v)
+        for s, t, kind in edges:
+            for k, v in (("rank", r), ("src", s), ("dst", t), ("kind", kind)):
+                d[k].append(v)
+    deps = deps_table(np.asarray(d["rank"]), d["src"], d["dst"], d["kind"])
+    lin = pa.table(
+        {
+            "rank": pa.array(lineage["rank"], pa.int32()),
+            "id": pa.array(lineage["id"], pa.uint64()),
+            "parent_id": pa.array(lineage["parent_id"], pa.uint64()),
+        }
+    )
+    return Trace(ops_table(cols), deps, **trace), lin
+
+
+def hand_workload() -> Trace:
+    """The 2-rank workload of the module docstring."""
+
+    def rows(r: int, p: int) -> list[tuple[Any, ...]]:
+        ar = {"comm_type": "ALL_REDUCE", "comm_size": MIB, "pg_name": ""}
+        return [
+            (0, "fwd", "COMP_NODE", 10, {}, 0),
+            (1, "grad_allreduce", "COMM_COLL_NODE", 0, ar, 1),
+            (2, "indep", "COMP_NODE", 20, {}, 2),
+            (3, "apply", "COMP_NODE", 5, {}, 3),
+            (4, "stats", "COMP_NODE", 30, {}, 4),
+            (5, "send_act", "COMM_SEND_NODE", 0, {"comm_dst": p, "comm_tag": 7, "comm_size": MIB}, 5),
+            (6, "recv_act", "COMM_RECV_NODE", 0, {"comm_src": p, "comm_tag": 7, "comm_size": MIB}, 6),
+            (7, "final", "COMP_NODE", 1, {}, 7),
+        ]
+
+    edges = [
+        (0, 1, "data"),
+        (0, 2, "data"),
+        (1, 2, "ctrl"),
+        (1, 3, "data"),
+        (2, 3, "ctrl"),
+        (3, 4, "ctrl"),
+        (0, 5, "data"),
+        (4, 5, "ctrl"),
+        (0, 6, "data"),
+        (5, 7, "data"),
+        (6, 7, "data"),
+        (4, 7, "ctrl"),
+    ]
+    return _build(rows, edges, name="hand")[0]
+
+
+def hand_parent() -> Trace:
+    """fwd → all-reduce → apply: the parent of :func:`hand_expanded`."""
+
+    def rows(r: int, p: int) -> list[tuple[Any, ...]]:
+        ar = {"comm_type": "ALL_REDUCE", "comm_size": MIB, "pg_name": ""}
+        return [
+            (0, "fwd", "COMP_NODE", 10, {}, 0),
+            (1, "allreduce", "COMM_COLL_NODE", 0, ar, 1),
+            (3, "apply", "COMP_NODE", 6, {}, 3),
+        ]
+
+    return _build(rows, [(0, 1, "data"), (1, 3, "data")], name="parent")[0]
+
+
+def hand_expanded() -> tuple[Trace, pa.Table]:
+    """The expanded trace of the module docstring and its lineage to :func:`hand_parent`."""
+
+    def rows(r: int, p: int) -> list[tuple[Any, ...]]:
+        def msg(peer_key: str, tag: int, slot: int) -> dict[str, Any]:
+            return {peer_key: p, "comm_tag": tag, "comm_size": HALF, "chunk_offset": slot}
+
+        return [
+            (0, "fwd", "COMP_NODE", 10, {}, 0),
+            (10, "rs_send", "COMM_SEND_NODE", 0, msg("comm_dst", 100, p), 1),
+            (11, "rs_recv", "COMM_RECV_NODE", 0, msg("comm_src", 100, r), 1),
+            (12, "rs_reduce", "COMP_NODE", 2, {"chunk_offset": r}, 1),
+            (13, "ag_send", "COMM_SEND_NODE", 0, msg("comm_dst", 101, r), 1),
+            (14, "ag_recv", "COMM_RECV_NODE", 0, msg("comm_src", 101, p), 1),
+            (3, "apply", "COMP_NODE", 6, {}, 3),
+        ]
+
+    edges = [(0, 10, "data"), (0, 11, "data"), (11, 12, "data"), (12, 13, "data"), (0, 14, "data")]
+    edges += [(13, 3, "data"), (14, 3, "data")]
+    return _build(rows, edges, name="expanded", kind="expanded")
+
+
+def stored_expanded(store: EmbeddedStore) -> str:
+    store.ingest(hand_parent(), name="parent")
+    trace, lineage = hand_expanded()
+    return store.ingest(trace, name="expanded", parent="parent", lineage=lineage).trace.name
+
+
+def rows(table: pa.Table) -> list[tuple[Any, ...]]:
+    return [(r["kind"], r["rank"], r["op_id"], r["other_id"], r["gain_ns"]) for r in table.to_pylist()]
+
+
+def test_hand_timeline_is_what_the_docstring_says() -> None:
+    res = simulate(hand_workload(), parse_topology("ring:2"))
+    t = {(r["rank"], r["id"]): (r["start_ns"], r["end_ns"]) for r in res.ops.to_pylist()}
+    assert t[(0, 1)] == (10000.0, 65100.0)  # the all-reduce: 55100 ns
+    assert t[(0, 5)] == (120100.0, 140131.0)
+    assert res.total_ns == 141131.0
+
+
+def test_finder_returns_exactly_the_hand_computed_opportunities(store: EmbeddedStore) -> None:
+    store.ingest(hand_workload(), name="hand")
+    found = find_opportunities(store, "hand", topo="ring:2")
+    assert found.schema == OPPORTUNITIES_SCHEMA
+    assert rows(found) == [
+        ("overlap", 0, 1, 2, 20000.0),
+        ("overlap", 1, 1, 2, 20000.0),
+        ("reorder", 0, 5, 4, 55000.0),
+        ("reorder", 1, 5, 4, 55000.0),
+    ]
+    overlap = json.loads(found["detail"][0].as_py())
+    assert overlap == {"collective_ns": 55100.0, "compute_ns": 20000.0, "compute_ids": [2]}
+    reorder = json.loads(found["detail"][2].as_py())
+    assert reorder == {"issued_ns": 120100.0, "ready_ns": 65100.0, "compute_ids": [2, 3, 4]}
+
+
+def test_chunk_finder_on_the_expanded_trace(store: EmbeddedStore) -> None:
+    name = stored_expanded(store)
+    found = find_opportunities(store, name, topo="ring:2")
+    assert rows(found) == [("chunk", 0, 1, 3, 3000.0), ("chunk", 1, 1, 3, 3000.0)]
+    d0 = json.loads(found["detail"][0].as_py())
+    assert d0["chunks"] == [[0, 22265.0], [1, 32530.0]]  # rank 0: own half first
+    assert d0["pieces"] == [[0], [1]]
+    assert (d0["start_ns"], d0["end_ns"]) == (32530.0, 38530.0)
+    assert (d0["chunked_start_ns"], d0["chunked_end_ns"], d0["start_gain_ns"]) == (22265.0, 35530.0, 10265.0)
+    assert json.loads(found["detail"][1].as_py())["chunks"] == [[1, 22265.0], [0, 32530.0]]
+    assert d0["parent_trace"] == "parent"
+
+
+def test_independent_compute_already_overlapped_is_no_opportunity(store: EmbeddedStore) -> None:
+    # the same workload without the issue-order edges: nothing is serialized, nothing to find
+    t = hand_workload()
+    t = t.replace(deps=t.deps.filter(pa.compute.equal(t.deps["kind"], "data")), name="free")
+    store.ingest(t, name="free")
+    assert find_opportunities(store, "free", topo="ring:2").num_rows == 0
+
+
+def test_recorded_rows_replace_the_traces_earlier_rows(store: EmbeddedStore) -> None:
+    store.ingest(hand_workload(), name="hand")
+    find_opportunities(store, "hand", topo="ring:2")
+    find_opportunities(store, "hand", topo="ring:2", kinds=("overlap",))
+    got = store.sql(
+        "SELECT kind, rank, op_id, other_id, gain_ns FROM opportunities WHERE trace = 'hand' ORDER BY rank"
+    ).to_pylist()
+    assert [tuple(r.values()) for r in got] == [("overlap", 0, 1, 2, 20000.0), ("overlap", 1, 1, 2, 20000.0)]
+    schema = store.sql("DESCRIBE opportunities").to_pylist()
+    assert [(c["column_name"], c["column_type"]) for c in schema] == [
+        ("trace", "VARCHAR"),
+        ("kind", "VARCHAR"),
+        ("rank", "INTEGER"),
+        ("op_id", "UBIGINT"),
+        ("other_id", "UBIGINT"),
+        ("gain_ns", "DOUBLE"),
+        ("detail", "VARCHAR"),
+    ]
+
+
+def test_timings_from_a_recorded_run(store: EmbeddedStore) -> None:
+    trace = hand_workload()
+    store.ingest(trace, name="hand")
+    # a slower network: 10 GiB/s makes the all-reduce longer than indep, gains stay min(...)
+    res = simulate(trace, parse_topology("ring:2,bw=10"), config=SimConfig())
+    run = record_run(store.duck, res, trace_name="hand")
+    found = find_opportunities(store, "hand", run_id=run, kinds=("overlap", "reorder"))
+    coll = json.loads(found["detail"][0].as_py())["collective_ns"]
+    assert coll > 55100.0 and found["gain_ns"][0].as_py() == 20000.0
+    with pytest.raises(UnknownTraceError, match="run 99 has no op timings of trace 'hand'"):
+        find_opportunities(store, "hand", run_id=99)
+
+
+def test_explain_lists_cypher_and_sql() -> None:
+    engines = {(finder, engine) for finder, engine, _ in explain()}
+    assert {("overlap", "cypher"), ("overlap", "sql"), ("chunk", "cypher"), ("reorder", "sql")} <= engines
+    assert all(text.strip() for _, _, text in explain())
+
+
+def test_errors(store: EmbeddedStore) -> None:
+    with pytest.raises(UnknownTraceError, match="no trace named 'nope'"):
+        find_opportunities(store, "nope")
+    store.ingest(hand_workload(), name="hand")
+    find_opportunities(store, "hand", topo="ring:2")
+    with pytest.raises(EtstoreError, match="unknown opportunity kind 'bogus'"):
+        find_opportunities(store, "hand", kinds=("bogus",))
+    with pytest.raises(EtstoreError, match="unknown kind 'zz'"):
+        find_opportunities(store, "hand", topo="zz:2")
+    assert store.sql("SELECT count(*) FROM opportunities").scalar() == 4  # the earlier rows, untouched
