@@ -20,6 +20,7 @@ import logging
 import os
 import time
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -122,6 +123,7 @@ class EmbeddedStore:
         self._duck: duckdb.DuckDBPyConnection | None = None
         self._graph_conn: Any = None
         self._graph_db: Any = None
+        self._graph_columns: tuple[str, ...] = GRAPH_OP_COLUMNS
         self._read_only_engines = self.read_only and read_only
         if not self.read_only:
             self._sweep()
@@ -161,6 +163,9 @@ class EmbeddedStore:
             if not self._read_only_engines:
                 for ddl in _graph_ddl():
                     conn.execute(ddl)
+                # a store made by an older etstore may carry more op properties: load what it has
+                info = conn.execute("CALL table_info('Op') RETURN name").get_as_arrow()
+                self._graph_columns = tuple(info["name"].to_pylist())
             self._graph_conn = conn
         return self._graph_conn
 
@@ -259,7 +264,8 @@ class EmbeddedStore:
         assert rec.seq is not None
         try:
             base = uid_base(rec.seq)
-            nodes = op_nodes(trace, final, base)
+            self.graph  # noqa: B018 - open first: the node columns follow the graph's schema
+            nodes = op_nodes(trace, final, base, self._graph_columns)
             deps = dep_edges(trace, base)
             msgs, unmatched_sends, unmatched_recvs = message_edges(trace, base)
             counts = {
@@ -280,11 +286,17 @@ class EmbeddedStore:
                 links = links.append_column("parent_trace", pa.array([parent] * links.num_rows, pa.string()))
                 for col in ("rank", "id", "parent_id"):
                     links = links.append_column(col, lineage[col])
-            self._write_warehouse(trace, final, base, deps, msgs, counts, parent, digest, links)
+            # DuckDB and Ladybug load at once (both release the GIL in their bulk paths)
+            with ThreadPoolExecutor(max_workers=1) as pool:
+                warehouse = pool.submit(
+                    self._write_warehouse, trace, final, base, deps, msgs, counts, parent, digest, links
+                )
+                try:
+                    self._write_graph(nodes, deps, msgs, links)
+                finally:
+                    warehouse.result()  # wait even when the graph failed, then raise either error
             if progress:
                 progress("warehouse", 1, 2)
-            self._write_graph(nodes, deps, msgs, links)
-            if progress:
                 progress("graph", 2, 2)
             cycles = len(cycle_members(trace))
             rec = self.catalog.mark_ready(rec.seq, **counts)
