@@ -100,6 +100,8 @@ def test_algo_gen_export_xml_round_trip_and_astra_et(
     sends = written.ops.filter(pc.equal(written.ops["type"], "COMM_SEND_NODE"))
     # 16 chunks of 1 MiB / 16 = 64 KiB each; every send carries one chunk
     assert set(sends["comm_size"].to_pylist()) == {65536}
+    # ASTRA-sim reads the chunk fields as int32_val (field 7), so that is what is written
+    assert all("msg_chunk_cnt:7" in order for order in written.ops["attr_order"].to_pylist())
     code, _, err = run(
         capsys, s, "export", "ring-allreduce-8r-2c", "--format", "json", "--coll-size", "1MiB", "--out", "x"
     )

@@ -119,14 +119,13 @@ def _export(args: argparse.Namespace, console: Console) -> int:
 
         out = args.out if args.out.endswith(".xml") else f"{args.out}.xml"
         paths = [write_msccl_xml(trace, out, proto=args.proto)]
-    elif args.coll_size is not None:
+    elif trace.kind == "algorithm":  # ASTRA-sim's custom-collective convention (int32 chunk fields)
         from etstore.collectives.et_writer import parse_size, write_algorithm_et
 
-        if trace.kind != "algorithm":
-            raise EtstoreError(
-                f"export: --coll-size needs an algorithm trace; {trace.name!r} is a {trace.kind}"
-            )
-        paths = write_algorithm_et(trace, args.out, coll_size=parse_size(args.coll_size))
+        size = parse_size(args.coll_size) if args.coll_size is not None else None
+        paths = write_algorithm_et(trace, args.out, coll_size=size)
+    elif args.coll_size is not None:
+        raise EtstoreError(f"export: --coll-size needs an algorithm trace; {trace.name!r} is a {trace.kind}")
     else:
         paths = write_et(trace, args.out, gzip_output=args.gzip)
     for p in paths:
