@@ -1,0 +1,114 @@
+"""overlap / rewrite / compare from the command line, on the hand-built 2-rank workload."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from etstore.cli import main
+from etstore.store import EmbeddedStore
+from tests.query.test_overlap import hand_workload
+
+
+def run(capsys: pytest.CaptureFixture[str], store: Path, *args: str) -> tuple[int, str, str]:
+    code = main(["--store", str(store), *args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.fixture
+def loaded(tmp_path: Path) -> Path:
+    path = tmp_path / "s"
+    with EmbeddedStore(path) as s:
+        s.ingest(hand_workload(), name="hand")
+    return path
+
+
+def test_overlap_rewrite_compare(capsys: pytest.CaptureFixture[str], loaded: Path) -> None:
+    code, out, _ = run(capsys, loaded, "overlap", "hand", "--topo", "ring:2", "--format", "json")
+    assert code == 0
+    found = [(r["kind"], r["rank"], r["op_id"], r["other_id"], r["gain_ns"]) for r in json.loads(out)]
+    assert found == [
+        ("overlap", 0, 1, 2, 20000.0),
+        ("overlap", 1, 1, 2, 20000.0),
+        ("reorder", 0, 5, 4, 55000.0),
+        ("reorder", 1, 5, 4, 55000.0),
+    ]
+    assert json.loads(out)[0]["detail"]["collective_ns"] == 55100.0
+    code, out, _ = run(capsys, loaded, "overlap", "hand", "--kind", "reorder", "--format", "csv")
+    assert code == 0 and out.splitlines()[0] == "trace,kind,rank,op_id,other_id,gain_ns,detail"
+    assert len(out.splitlines()) == 3
+    code, out, _ = run(
+        capsys, loaded, "rewrite", "hand", "--apply", "reorder", "--name", "hand2", "--format", "json"
+    )
+    assert code == 0
+    assert json.loads(out) == [
+        {
+            "trace": "hand2",
+            "parent": "hand",
+            "applied": "reorder",
+            "changes": 6,
+            "status": "new",
+            "ops": 16,
+            "deps": 28,
+        }
+    ]
+    code, out, _ = run(capsys, loaded, "compare", "hand", "hand2", "--topo", "ring:2", "--format", "json")
+    doc = json.loads(out)
+    assert code == 0 and (doc["total_a_ns"], doc["total_b_ns"], doc["diff_ns"]) == (
+        141131.0,
+        121100.0,
+        -20031.0,
+    )
+    assert [r["rank"] for r in doc["ranks"]] == [0, 1, None]
+    code, out, _ = run(capsys, loaded, "compare", "hand", "hand2", "--topo", "ring:2")
+    assert code == 0 and "makespan A 141,131 ns, B 121,100 ns: -20,031 ns" in out.replace("\n", " ")
+    code, out, _ = run(capsys, loaded, "ls", "--format", "json")
+    assert {(t["name"], t["kind"], t["parent"]) for t in json.loads(out)} == {
+        ("hand", "workload", None),
+        ("hand2", "rewritten", "hand"),
+    }
+
+
+def test_explain_prints_the_queries(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    code, out, _ = run(capsys, tmp_path / "s", "overlap", "--explain", "--format", "csv")
+    assert code == 0
+    assert "-- overlap (cypher)\nMATCH (c:Op)-[d:DEP]->(x:Op)" in out
+    assert "-- reorder (sql)" in out and "FROM opportunities" not in out.split("-- record")[0]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("overlap", "nope"), "etstore: error: no trace named 'nope'"),
+        (("overlap",), "etstore: error: overlap: name a trace"),
+        (("overlap", "hand", "--topo", "zz:2"), "etstore: error: topology spec 'zz:2': unknown kind 'zz'"),
+        (("rewrite", "hand", "--apply", "fuse"), "etstore: error: unknown rewrite 'fuse'"),
+        (("rewrite", "nope", "--apply", "overlap"), "etstore: error: no trace named 'nope'"),
+        (
+            ("rewrite", "hand", "--apply", "chunk-split"),
+            "etstore: error: chunk-split needs an expanded trace",
+        ),
+        (("compare", "hand", "nope"), "etstore: error: no trace named 'nope'"),
+        (("compare", "hand", "hand", "--topo", "ring:x"), "etstore: error: topology spec 'ring:x'"),
+    ],
+)
+def test_bad_input_is_one_line_and_changes_nothing(
+    capsys: pytest.CaptureFixture[str], loaded: Path, args: tuple[str, ...], message: str
+) -> None:
+    before = run(capsys, loaded, "ls", "--format", "json")[1]
+    code, out, err = run(capsys, loaded, *args)
+    assert code == 1 and err.startswith(message) and err.count("\n") == 1 and out == ""
+    assert run(capsys, loaded, "ls", "--format", "json")[1] == before
+    code, out, _ = run(
+        capsys,
+        loaded,
+        "sql",
+        "SELECT (SELECT count(*) FROM runs) + (SELECT count(*) FROM information_schema.tables "
+        "WHERE table_name = 'comparisons') AS n",
+        "--format",
+        "json",
+    )
+    assert json.loads(out) == [{"n": 0}]
