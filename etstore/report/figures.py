@@ -199,8 +199,11 @@ def timeline_figure(
         _add_critical_path(fig, cp, ops, gap)
     fig.update_layout(
         template=TEMPLATE,
-        title=f"Timeline · {run.label} · makespan {run.total_ns / 1e3:,.1f} µs"
-        + ("" if detailed else f" · merged to {gap / 1e3:,.2f} µs spans"),
+        title={
+            "text": f"Timeline · run {run.run_id} · makespan {run.total_ns / 1e3:,.1f} µs"
+            + ("" if detailed else f" · merged to {gap / 1e3:,.2f} µs spans"),
+            "font": {"size": 14},
+        },
         height=int(min(2400, max(360, nr * lane_px + 160))),
         xaxis={"title": "simulated time (µs)", "rangemode": "tozero", "showspikes": True},
         yaxis={
@@ -211,8 +214,8 @@ def timeline_figure(
         },
         dragmode="zoom",
         hovermode="closest",
-        legend={"orientation": "h", "y": 1.02, "yanchor": "bottom", "x": 0},
-        margin={"l": 60, "r": 20, "t": 80, "b": 50},
+        legend={"orientation": "h", "y": -0.08, "yanchor": "top", "x": 0},
+        margin={"l": 60, "r": 20, "t": 50, "b": 90},
     )
     return fig
 
