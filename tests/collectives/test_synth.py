@@ -8,6 +8,7 @@ from collections import defaultdict, deque
 from pathlib import Path
 
 import numpy as np
+import pyarrow.compute as pc
 import pytest
 
 from etstore.collectives.synth import COLLECTIVES, SynthResult, synthesize
@@ -133,8 +134,9 @@ def _assert_postcondition(result: SynthResult) -> None:
         elif coll == "reduce":
             want = {("i", c): (c, everyone) for c in range(k)} if r == p["root"] else {}
         else:
-            want = {("o", s * k + j): ((s * n + r) * k + j, frozenset({s}))
-                    for s in range(n) for j in range(k)}
+            want = {
+                ("o", s * k + j): ((s * n + r) * k + j, frozenset({s})) for s in range(n) for j in range(k)
+            }
         for slot, value in want.items():
             assert bufs[r].get(slot) == value, f"{coll}: rank {r} slot {slot} holds {bufs[r].get(slot)}"
     try:
@@ -252,8 +254,15 @@ def test_broadcast_pipelines_over_disjoint_paths() -> None:
 
 
 # ------------------------------------------------------------ every collective
-TOPOS = ["ring:5", "mesh2d:3x3", "torus2d:3x4,bw=50/100", "hypercube:8", "fc:4", "ring:2+switch:3",
-         "mesh2d:3x3,fail=4"]
+TOPOS = [
+    "ring:5",
+    "mesh2d:3x3",
+    "torus2d:3x4,bw=50/100",
+    "hypercube:8",
+    "fc:4",
+    "ring:2+switch:3",
+    "mesh2d:3x3,fail=4",
+]
 
 
 @pytest.mark.parametrize("coll", COLLECTIVES)
@@ -272,15 +281,22 @@ def test_asymmetric_links_reverse_on_the_transpose() -> None:
     # a ring whose clockwise links are twice as fast: RS runs the AG of the transposed ring backwards
     n = 6
     links = [(i, (i + 1) % n) for i in range(n)] + [((i + 1) % n, i) for i in range(n)]
-    topo = Topology(n, np.array([a for a, _ in links]), np.array([b for _, b in links]),
-                    np.full(2 * n, 500.0), np.array([100.0] * n + [50.0] * n), "skewed-ring")
+    topo = Topology(
+        n,
+        np.array([a for a, _ in links]),
+        np.array([b for _, b in links]),
+        np.full(2 * n, 500.0),
+        np.array([100.0] * n + [50.0] * n),
+        "skewed-ring",
+    )
     assert not topo.is_symmetric()
     rs = synthesize(topo, coll="reducescatter", chunks_per_npu=2)
     ag_t = synthesize(topo.transpose(), coll="allgather", chunks_per_npu=2)
     assert rs.time_ns == pytest.approx(ag_t.time_ns)
     ar = synthesize(topo, coll="allreduce", chunks_per_npu=2)
-    assert ar.lower_bound_ns == pytest.approx(rs.lower_bound_ns + synthesize(topo, coll="allgather",
-                                                                            chunks_per_npu=2).lower_bound_ns)
+    assert ar.lower_bound_ns == pytest.approx(
+        rs.lower_bound_ns + synthesize(topo, coll="allgather", chunks_per_npu=2).lower_bound_ns
+    )
     for r in (rs, ar):
         _assert_postcondition(r)
         _assert_link_model(r, topo)
@@ -369,10 +385,22 @@ def test_same_seed_same_algorithm() -> None:
 
 def test_more_trials_never_hurt() -> None:
     # the heterogeneous 7×10 mesh is where a single greedy run can miss the bound
-    one = synthesize("mesh2d:7x10,bw=16/73,lat=1500", coll="allgather", chunks_per_npu=3, trials=1, seed=1,
-                     buffer_bytes=4 << 30)
-    many = synthesize("mesh2d:7x10,bw=16/73,lat=1500", coll="allgather", chunks_per_npu=3, trials=6, seed=1,
-                      buffer_bytes=4 << 30)
+    one = synthesize(
+        "mesh2d:7x10,bw=16/73,lat=1500",
+        coll="allgather",
+        chunks_per_npu=3,
+        trials=1,
+        seed=1,
+        buffer_bytes=4 << 30,
+    )
+    many = synthesize(
+        "mesh2d:7x10,bw=16/73,lat=1500",
+        coll="allgather",
+        chunks_per_npu=3,
+        trials=6,
+        seed=1,
+        buffer_bytes=4 << 30,
+    )
     assert many.time_ns <= one.time_ns
     assert 1 <= many.trials <= 6
     assert 0 <= many.best_trial < many.trials
@@ -406,16 +434,19 @@ def test_exports_to_et(tmp_path: Path) -> None:
     assert back.ops["msg_chunk_idx"].to_pylist() == r.trace.ops["msg_chunk_idx"].to_pylist()
 
 
-def test_exports_to_msccl_xml(tmp_path: Path) -> None:
-    mod = pytest.importorskip("etstore.ingest.msccl_xml")
-    write = getattr(mod, "write_msccl_xml", None)
-    if write is None:
-        pytest.skip("no MSCCL-IR writer yet")
-    r = synthesize("ring:4", coll="allreduce")
-    path = write(r.trace, tmp_path / "synth.xml")
-    back = mod.read_msccl_xml(path)
-    assert back.params["collective"] == "allreduce"
-    assert back.num_ranks == 4
+@pytest.mark.parametrize("coll", ["allgather", "reducescatter", "allreduce", "alltoall"])
+def test_exports_to_msccl_xml_and_back(coll: str, tmp_path: Path) -> None:
+    from etstore.collectives.check import check_algorithm
+    from etstore.collectives.msccl_writer import write_msccl_xml
+    from etstore.ingest.msccl_xml import read_msccl_xml
+
+    r = synthesize("mesh2d:2x2", coll=coll, chunks_per_npu=2)
+    back = read_msccl_xml(write_msccl_xml(r.trace, tmp_path / "synth.xml"))
+    assert back.params["collective"] == coll and back.num_ranks == 4
+    sends = lambda t: int(pc.sum(pc.equal(t.ops["type"], "COMM_SEND_NODE")).as_py())  # noqa: E731
+    assert sends(back) == sends(r.trace) == len(r.schedule)
+    report = check_algorithm(back)
+    assert report.ok, report.problems
 
 
 # ------------------------------------------------------------------- errors
