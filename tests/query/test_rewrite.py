@@ -173,3 +173,20 @@ def test_errors(store: EmbeddedStore) -> None:
     with pytest.raises(RewriteError, match="unknown rewrite 'x'"):
         rewrite_stored(store, "hand", "x")
     assert [i.name for i in store.traces()] == ["hand"]
+
+
+def test_chunk_split_of_a_real_expansion(store: EmbeddedStore) -> None:
+    from etstore.collectives.expand import expand
+
+    w = transformer(ranks=4, layers=2, tp=2, hidden=1024, seq_tokens=512)
+    store.ingest(w, name="w")
+    e = expand(w, "ring:2")
+    store.ingest(e.trace, name="wx", parent="w", lineage=e.lineage)
+    topo = parse_topology("ring:4")
+    found = find_opportunities(store, "wx", topo=topo, kinds=("chunk",))
+    assert found.num_rows > 0 and min(found["gain_ns"].to_pylist()) > 0
+    report = rewrite_stored(store, "wx", "chunk-split", topo=topo)
+    out = store.load(report.trace.name)
+    check_rewrite(store.load("wx"), out)
+    assert out.params["changes"] == found.num_rows  # every promised consumer was split
+    assert simulate(out, topo).total_ns < simulate(store.load("wx"), topo).total_ns
