@@ -34,8 +34,10 @@ __all__ = [
     "LINEAGE_SCHEMA",
     "AlgorithmSpec",
     "Expansion",
+    "algorithms_by_type",
     "expand",
     "parse_by_type",
+    "parse_generator",
 ]
 
 log = logging.getLogger(__name__)
@@ -144,8 +146,15 @@ def parse_by_type(text: str) -> dict[str, str]:
     return out
 
 
-def _split_generator(spec: str) -> tuple[str, int]:
-    """``"ring:2"`` → ``("ring", 2)``; raises on an unknown generator or bad chunk count."""
+def parse_generator(spec: str) -> tuple[str, int]:
+    """``"ring:2"`` → ``("ring", 2)``: a generator name and its chunks per rank (default 1).
+
+    Raises
+    ------
+    EtstoreError
+        Unknown generator (the message lists them) or a chunk count that is not a
+        positive integer.
+    """
     name, _, chunks = spec.partition(":")
     if name not in GENERATORS:
         raise EtstoreError(
@@ -157,18 +166,28 @@ def _split_generator(spec: str) -> tuple[str, int]:
     return name, int(chunks) if chunks else 1
 
 
-def _normalise(algorithms: AlgorithmSpec | Mapping[str, AlgorithmSpec]) -> dict[str, AlgorithmSpec]:
-    """Per Chakra collective type, the algorithm spec (a single spec covers what it implements)."""
+def algorithms_by_type(algorithms: AlgorithmSpec | Mapping[str, AlgorithmSpec]) -> dict[str, AlgorithmSpec]:
+    """Per Chakra collective type, the algorithm spec.
+
+    A mapping's keys may be spelt any way (``allreduce``, ``ALL_REDUCE``); a single
+    generator covers every collective it implements, a single trace the one in its
+    ``params["collective"]`` (every type when it names none).
+
+    Raises
+    ------
+    EtstoreError
+        Unknown collective or generator.
+    """
     if isinstance(algorithms, Mapping):
         out = {_chakra_type(str(k)): v for k, v in algorithms.items()}
         for spec in out.values():
             if isinstance(spec, str):
-                _split_generator(spec)
+                parse_generator(spec)
         if "REDUCE_SCATTER" in out:
             out.setdefault("REDUCE_SCATTER_BLOCK", out["REDUCE_SCATTER"])
         return out
     if isinstance(algorithms, str):
-        gen, _ = _split_generator(algorithms)
+        gen, _ = parse_generator(algorithms)
         shorts = GENERATORS[gen].collectives
         return {c: algorithms for c, s in _SHORT.items() if s in shorts}
     coll = algorithms.params.get("collective")
@@ -186,7 +205,7 @@ def _where_mask(ops: pa.Table, rows: np.ndarray, where: str) -> np.ndarray:
     con = duckdb.connect()
     try:
         con.register("ops", view)
-        got = con.execute(f"SELECT _row FROM ops WHERE ({where})").to_arrow_table()
+        got = con.sql(f"SELECT _row FROM ops WHERE ({where})").to_arrow_table()
     except duckdb.Error as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise QueryError(
@@ -326,7 +345,7 @@ def expand(
     coll_rows = np.flatnonzero(is_coll)
     if len(coll_rows) == 0:
         raise EtstoreError(f"trace {wname!r} has no COMM_COLL_NODE to expand")
-    specs = _normalise(algorithms)
+    specs = algorithms_by_type(algorithms)
     rank_all = ops["rank"].to_numpy().astype(np.int64)
     ids_all = ops["id"].to_numpy()
     crank = rank_all[coll_rows]
@@ -627,7 +646,7 @@ def _algorithm(spec: AlgorithmSpec, ctype: str, n: int, wname: str, pg: str, seq
     short = _SHORT[ctype]
     what = _describe(pg, seq, ctype)
     if isinstance(spec, str):
-        gen, chunks = _split_generator(spec)
+        gen, chunks = parse_generator(spec)
         try:
             return generate(gen, coll=short, ranks=n, chunks=chunks)
         except EtstoreError as exc:

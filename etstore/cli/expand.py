@@ -1,0 +1,132 @@
+"""``etstore expand``: store a workload with its collectives replaced by an algorithm's ops."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+import pyarrow as pa
+from rich.console import Console
+
+from etstore._render import render
+from etstore.cli._common import add_format, open_from_args
+from etstore.errors import EtstoreError, UnknownTraceError
+from etstore.model import Trace
+from etstore.store import Store
+
+
+def _resolve(store: Store, spec: str, stored: dict[str, Trace]) -> str | Trace:
+    """A stored algorithm trace by name (kept in ``stored``), else a generator spec (``ring:2``)."""
+    if spec in stored:
+        return stored[spec]
+    try:
+        store.info(spec)
+    except UnknownTraceError:
+        from etstore.collectives.expand import parse_generator
+
+        parse_generator(spec)  # raises with the list of generators
+        return spec
+    stored[spec] = store.load(spec)
+    return stored[spec]
+
+
+def _expand(args: argparse.Namespace, console: Console) -> int:
+    from etstore.collectives.expand import algorithms_by_type, expand, parse_by_type
+
+    if args.algo is None and args.by_type is None:
+        raise EtstoreError("expand: give --algo ALGORITHM and/or --by-type COLLECTIVE=ALGORITHM,...")
+    with open_from_args(args) as store:
+        workload = store.load(args.trace)
+        algorithms: Any
+        stored: dict[str, Trace] = {}
+        if args.by_type is not None:
+            algorithms = {k: _resolve(store, v, stored) for k, v in parse_by_type(args.by_type).items()}
+            if args.algo is not None:  # --algo covers the types --by-type does not name
+                base = _resolve(store, args.algo, stored)
+                algorithms = {**algorithms_by_type(base), **algorithms}
+        else:
+            algorithms = _resolve(store, args.algo, stored)
+        result = expand(
+            workload,
+            algorithms,
+            where=args.where,
+            reduce_duration_micros=args.reduce_duration_micros,
+            name=args.name,
+        )
+        # store the algorithms used (generated ones are new), so params name stored traces;
+        # if the expanded trace then fails to land, the algorithms stored here go too
+        names: dict[str, str] = {}
+        created: list[str] = []
+        try:
+            for label, alg in result.algorithms.items():
+                if any(alg is t for t in stored.values()):  # already stored: keep its name
+                    names[label] = alg.name
+                    continue
+                got = store.ingest(alg)
+                names[label] = got.trace.name
+                if got.created:
+                    created.append(got.trace.name)
+            params = dict(result.trace.params)
+            params["algorithms"] = {t: names.get(a, a) for t, a in params["algorithms"].items()}
+            trace = result.trace.replace(params=params)
+            report = store.ingest(trace, name=args.name, parent=args.trace, lineage=result.lineage)
+        except BaseException:
+            for name in created:
+                store.remove(name)
+            raise
+    info = report.trace
+    coll = result.collectives
+    if args.format == "table":
+        status = "new" if report.created else "already stored"
+        console.print(
+            f"[bold]{info.name}[/] (expanded, {status}) from {args.trace}: {info.ranks} ranks, "
+            f"{info.ops:,} ops, {info.deps:,} deps, {info.messages:,} messages; "
+            f"expanded {coll.num_rows} collective{'' if coll.num_rows == 1 else 's'} into "
+            f"{result.lineage.num_rows:,} ops, left {result.skipped} collective node"
+            f"{'' if result.skipped == 1 else 's'} as they were"
+        )
+    rows = coll.to_pylist()
+    for r in rows:
+        r["algorithm"] = names.get(r["algorithm"], r["algorithm"])
+    table = pa.Table.from_pylist(
+        [{"trace": info.name, **r} for r in rows],
+        schema=pa.schema([("trace", pa.string()), *coll.schema]),
+    )
+    render(table, args.format, title="expanded collectives", console=console)
+    return 0
+
+
+def register(sub: Any) -> None:
+    sp = sub.add_parser(
+        "expand",
+        help="replace collective nodes by an algorithm's send/recv/reduce ops (stores a new trace)",
+        description=(
+            "Store a new trace (kind expanded, parent TRACE) in which each selected COMM_COLL node on "
+            "each rank of its group becomes that rank's part of the algorithm; see docs/expand.md."
+        ),
+    )
+    sp.add_argument("trace", help="stored workload trace")
+    sp.add_argument(
+        "--algo",
+        help="stored algorithm trace, or a generator (ring, direct, halving-doubling, tree, "
+        "alltoall-direct; NAME:CHUNKS for chunks per rank) made for each group size",
+    )
+    sp.add_argument(
+        "--by-type",
+        metavar="COLL=ALGO,...",
+        help="algorithm per collective type, e.g. allreduce=ring,allgather=direct (overrides --algo)",
+    )
+    sp.add_argument(
+        "--where",
+        help="DuckDB SQL condition over the collective nodes' columns, e.g. "
+        "\"comm_size > 1048576 AND pg_name = 'dp0'\"",
+    )
+    sp.add_argument(
+        "--reduce-duration-micros",
+        type=int,
+        default=None,
+        help="duration (µs) of every reduce/copy COMP node of an expansion (default: the algorithm's)",
+    )
+    sp.add_argument("--name", help="name of the new trace (default: <TRACE>-expanded)")
+    add_format(sp)
+    sp.set_defaults(handler=_expand)
