@@ -2,7 +2,7 @@
 PYTHON ?= python3
 PIP = $(PYTHON) -m pip install -q --disable-pip-version-check
 
-.PHONY: install demo test lint bench
+.PHONY: install demo test lint bench neo4j-start neo4j-stop
 
 install:
 	$(PIP) -e '.[dev]'
@@ -11,9 +11,17 @@ demo: install
 	rm -rf .etstore-demo etstore-demo
 	etstore --store .etstore-demo demo --out etstore-demo
 
+# The store contract suite runs against both backends: a local Neo4j 5 is started for the run
+# (and stopped after it, pass or fail) when Java and Maven exist; otherwise those cases skip.
 test: install
 	$(PYTHON) -m ruff check etstore tests bench
-	$(PYTHON) -m pytest
+	scripts/neo4j.sh with $(PYTHON) -m pytest
+
+neo4j-start:
+	@scripts/neo4j.sh start >/dev/null && echo "export ETSTORE_TEST_NEO4J=\$$(scripts/neo4j.sh url)"
+
+neo4j-stop:
+	scripts/neo4j.sh stop
 
 bench: install
 	for b in bench/bench_*.py; do $(PYTHON) $$b || exit 1; done

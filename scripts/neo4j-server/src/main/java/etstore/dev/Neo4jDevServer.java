@@ -9,6 +9,7 @@ import org.neo4j.configuration.connectors.BoltConnector;
 import org.neo4j.configuration.helpers.SocketAddress;
 import org.neo4j.dbms.api.DatabaseManagementService;
 import org.neo4j.dbms.api.DatabaseManagementServiceBuilder;
+import org.neo4j.graphdb.QueryExecutionException;
 import org.neo4j.io.ByteUnit;
 
 /**
@@ -44,8 +45,15 @@ public final class Neo4jDevServer {
             dbms.shutdown();
             stopped.countDown();
         }));
-        dbms.database(GraphDatabaseSettings.SYSTEM_DATABASE_NAME).executeTransactionally(
-                "ALTER USER neo4j SET PASSWORD $password CHANGE NOT REQUIRED", Map.of("password", password));
+        try {
+            dbms.database(GraphDatabaseSettings.SYSTEM_DATABASE_NAME).executeTransactionally(
+                    "ALTER USER neo4j SET PASSWORD $password CHANGE NOT REQUIRED", Map.of("password", password));
+        } catch (QueryExecutionException e) {
+            if (!String.valueOf(e.getMessage()).contains("cannot be the same")) {  // a restart keeps it
+                System.err.println("cannot set the dev password: " + e.getMessage());
+                System.exit(1);  // runs the shutdown hook
+            }
+        }
         System.out.println("READY bolt://" + args[1] + ":" + args[2]);
         System.out.flush();
         stopped.await();

@@ -1,0 +1,129 @@
+"""Neo4j backend specifics: URLs and credentials, the client-side SQL mirror, batched loads, sweeps."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from etstore.errors import StoreError
+from etstore.ingest import read_et
+from etstore.model import Trace, ops_table
+from etstore.store.neo4j import Neo4jStore, parse_url, translate_cypher
+from etstore.workloads import transformer
+from tests.store.contract.conftest import neo4j_url, wipe
+
+SECRET = "s3cr3t-Pa55"
+
+
+def test_url_credentials_never_shown() -> None:
+    t = parse_url(f"neo4j://alice:{SECRET}@db.example:7688/traces", env={})
+    assert (t.uri, t.database, t.auth) == ("neo4j://db.example:7688", "traces", ("alice", SECRET))
+    assert t.location == "neo4j://db.example:7688/traces"
+    assert SECRET not in repr(t) and "alice" not in repr(t)
+
+
+def test_credentials_from_environment() -> None:
+    t = parse_url("bolt://localhost", env={"NEO4J_USER": "bob", "NEO4J_PASSWORD": SECRET})
+    assert (t.uri, t.auth, t.location) == ("bolt://localhost:7687", ("bob", SECRET), "bolt://localhost:7687")
+    assert parse_url("bolt://localhost", env={}).auth is None
+    escaped = parse_url("neo4j://u:p%40ss%2Fword@h", env={})
+    assert escaped.auth == ("u", "p@ss/word")
+
+
+def test_bad_urls_and_unreachable_server_hide_the_password() -> None:
+    with pytest.raises(StoreError, match="not a Neo4j URL") as bad:
+        parse_url(f"neo4j://u:{SECRET}@", env={})
+    assert SECRET not in str(bad.value)
+    with pytest.raises(StoreError, match="cannot reach Neo4j") as down:
+        Neo4jStore(f"bolt://u:{SECRET}@127.0.0.1:1")
+    assert SECRET not in str(down.value) and "127.0.0.1:1" in str(down.value)
+
+
+def test_translate_cypher_only_outside_strings() -> None:
+    q = "MATCH (a)-[r:DEP]->(b) WHERE a.name = 'label(r)' RETURN label(r), LABEL(a)"
+    assert translate_cypher(q) == (
+        "MATCH (a)-[r:DEP]->(b) WHERE a.name = 'label(r)' RETURN type(r), head(labels(a))"
+    )
+
+
+@pytest.fixture
+def server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    url = neo4j_url()
+    monkeypatch.setenv("ETSTORE_WAREHOUSE", str(tmp_path / "warehouse"))
+    with Neo4jStore(url, stale_after_s=0) as s:
+        wipe(s)
+    yield url
+
+
+def test_wrong_password_is_a_store_error(server: str) -> None:
+    bad = parse_url(server).uri.replace("://", "://neo4j:wrong-password@", 1)
+    with pytest.raises(StoreError, match="refused the credentials") as err:
+        Neo4jStore(bad)
+    assert "wrong-password" not in str(err.value)
+
+
+def test_other_clients_see_traces_through_sql(server: str, tmp_path: Path, feeder: Path) -> None:
+    trace = read_et(feeder)
+    with Neo4jStore(server, warehouse=tmp_path / "a") as a:
+        a.ingest(trace)
+    with Neo4jStore(server, warehouse=tmp_path / "b", read_only=True) as b:
+        assert b.sql("SELECT count(*) FROM ops").scalar() == trace.num_ops
+        assert b.sql("SELECT ops FROM traces").scalar() == trace.num_ops
+        assert b.load("feeder_tests_trace").ops.equals(trace.ops)
+    with Neo4jStore(server, warehouse=tmp_path / "a") as a:
+        a.remove("feeder_tests_trace")
+    with Neo4jStore(server, warehouse=tmp_path / "b", read_only=True) as b:
+        assert b.sql("SELECT count(*) FROM ops").scalar() == 0
+
+
+def test_batched_load_matches_single_transaction(server: str, tmp_path: Path) -> None:
+    trace = transformer(ranks=4, layers=2, tp=2)
+    with Neo4jStore(server, batch_rows=7, single_tx_rows=0) as s:
+        report = s.ingest(trace)
+        n = s.cypher("MATCH (o:Op {trace: $t}) RETURN count(o)", {"t": report.trace.name}).scalar()
+        d = s.cypher("MATCH (:Op {trace: $t})-[r:DEP]->() RETURN count(r)", {"t": report.trace.name}).scalar()
+        assert (n, d) == (trace.num_ops, trace.num_deps)
+        assert s.load(report.trace.name).deps.equals(trace.deps)
+
+        def boom(stage: str, done: int, total: int) -> None:
+            if stage == "deps":
+                raise KeyboardInterrupt
+
+        with pytest.raises(KeyboardInterrupt):
+            s.ingest(transformer(ranks=2, layers=1, tp=1), progress=boom)
+        assert [t.name for t in s.traces()] == [report.trace.name]
+        assert s.cypher("MATCH (o:Op) RETURN count(o)").scalar() == trace.num_ops
+
+
+def test_abandoned_ingest_is_swept(server: str, caplog: pytest.LogCaptureFixture) -> None:
+    trace = transformer(ranks=2, layers=1, tp=1)
+    with Neo4jStore(server) as s:
+        seq, _ = s._claim(trace, "ghost", True, None, "not-a-real-hash")
+        s._run("CREATE (:Op {uid: $u, trace: 'ghost'})", {"u": seq << 40}, write=True)
+    with Neo4jStore(server, stale_after_s=3600) as s:  # fresh heartbeat: another client may be loading
+        assert s.cypher("MATCH (o:Op {trace: 'ghost'}) RETURN count(o)").scalar() == 1
+    with caplog.at_level(logging.WARNING), Neo4jStore(server, stale_after_s=0) as s:
+        assert s.cypher("MATCH (o:Op {trace: 'ghost'}) RETURN count(o)").scalar() == 0
+        assert s.cypher("MATCH (t:EtstoreTrace) RETURN count(t)").scalar() == 0
+    assert "ghost" in caplog.text
+
+
+def test_ids_beyond_neo4j_integers_are_refused(server: str) -> None:
+    ops = ops_table(
+        {
+            "rank": pa.array([0, 0], pa.int32()),
+            "id": pa.array(np.array([0, 1 << 63], dtype=np.uint64)),
+            "name": ["a", "b"],
+            "type": ["COMP_NODE", "COMP_NODE"],
+        }
+    )
+    with Neo4jStore(server) as s:
+        with pytest.raises(StoreError, match="column id holds 9223372036854775808"):
+            s.ingest(Trace(ops=ops, name="huge"))
+        assert s.traces() == []
+        assert s.cypher("MATCH (o:Op) RETURN count(o)").scalar() == 0
