@@ -63,3 +63,11 @@ def test_bad_lineage_stores_nothing(backend_store: Store) -> None:
     assert [t.name for t in backend_store.traces()] == ["transformer"]
     assert backend_store.sql("SELECT count(*) FROM ops WHERE trace = 'derived'").scalar() == 0
     assert backend_store.cypher("MATCH (o:Op) RETURN count(o)").scalar() == 20
+
+
+def test_reingesting_a_loaded_trace_is_a_no_op(backend_store: Store) -> None:
+    # null slots come back from the engines with other bytes than they went in with
+    first = backend_store.ingest(transformer(ranks=4, layers=2, tp=2))
+    again = backend_store.ingest(backend_store.load(first.trace.name))
+    assert not again.created and again.trace.name == first.trace.name
+    assert [t.name for t in backend_store.traces()] == ["transformer"]
