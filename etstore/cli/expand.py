@@ -10,70 +10,32 @@ from rich.console import Console
 
 from etstore._render import render
 from etstore.cli._common import add_format, open_from_args
-from etstore.errors import EtstoreError, UnknownTraceError
-from etstore.model import Trace
-from etstore.store import Store
-
-
-def _resolve(store: Store, spec: str, stored: dict[str, Trace]) -> str | Trace:
-    """A stored algorithm trace by name (kept in ``stored``), else a generator spec (``ring:2``)."""
-    if spec in stored:
-        return stored[spec]
-    try:
-        store.info(spec)
-    except UnknownTraceError:
-        from etstore.collectives.expand import parse_generator
-
-        parse_generator(spec)  # raises with the list of generators
-        return spec
-    stored[spec] = store.load(spec)
-    return stored[spec]
+from etstore.errors import EtstoreError
 
 
 def _expand(args: argparse.Namespace, console: Console) -> int:
-    from etstore.collectives.expand import algorithms_by_type, expand, parse_by_type
+    from etstore.collectives.expand import algorithms_by_type, expand_stored, parse_by_type
 
     if args.algo is None and args.by_type is None:
         raise EtstoreError("expand: give --algo ALGORITHM and/or --by-type COLLECTIVE=ALGORITHM,...")
     with open_from_args(args) as store:
-        workload = store.load(args.trace)
-        algorithms: Any
-        stored: dict[str, Trace] = {}
+        algorithms: Any = args.algo
         if args.by_type is not None:
-            algorithms = {k: _resolve(store, v, stored) for k, v in parse_by_type(args.by_type).items()}
+            algorithms = parse_by_type(args.by_type)
             if args.algo is not None:  # --algo covers the types --by-type does not name
-                base = _resolve(store, args.algo, stored)
+                from etstore.collectives.expand import resolve_algorithm
+
+                base = resolve_algorithm(store, args.algo)
                 algorithms = {**algorithms_by_type(base), **algorithms}
-        else:
-            algorithms = _resolve(store, args.algo, stored)
-        result = expand(
-            workload,
+        done = expand_stored(
+            store,
+            args.trace,
             algorithms,
             where=args.where,
             reduce_duration_micros=args.reduce_duration_micros,
             name=args.name,
         )
-        # store the algorithms used (generated ones are new), so params name stored traces;
-        # if the expanded trace then fails to land, the algorithms stored here go too
-        names: dict[str, str] = {}
-        created: list[str] = []
-        try:
-            for label, alg in result.algorithms.items():
-                if any(alg is t for t in stored.values()):  # already stored: keep its name
-                    names[label] = alg.name
-                    continue
-                got = store.ingest(alg)
-                names[label] = got.trace.name
-                if got.created:
-                    created.append(got.trace.name)
-            params = dict(result.trace.params)
-            params["algorithms"] = {t: names.get(a, a) for t, a in params["algorithms"].items()}
-            trace = result.trace.replace(params=params)
-            report = store.ingest(trace, name=args.name, parent=args.trace, lineage=result.lineage)
-        except BaseException:
-            for name in created:
-                store.remove(name)
-            raise
+    result, report, names = done.expansion, done.report, done.algorithm_names
     info = report.trace
     coll = result.collectives
     if args.format == "table":

@@ -34,10 +34,13 @@ __all__ = [
     "LINEAGE_SCHEMA",
     "AlgorithmSpec",
     "Expansion",
+    "StoredExpansion",
     "algorithms_by_type",
     "expand",
+    "expand_stored",
     "parse_by_type",
     "parse_generator",
+    "resolve_algorithm",
 ]
 
 log = logging.getLogger(__name__)
@@ -843,3 +846,80 @@ def _summary(
         ],
         schema=EXPANDED_SCHEMA,
     )
+
+
+@dataclass(frozen=True)
+class StoredExpansion:
+    """What :func:`expand_stored` did: the expansion, the ingest report of the new
+    trace, and the stored name of each algorithm used (by the expansion's label)."""
+
+    expansion: Expansion
+    report: Any
+    algorithm_names: Mapping[str, str]
+
+
+def resolve_algorithm(store: Any, spec: str | Trace, loaded: dict[str, Trace] | None = None) -> str | Trace:
+    """A stored algorithm trace by name, else a generator spec (``ring``, ``ring:2``), checked."""
+    if isinstance(spec, Trace):
+        return spec
+    loaded = {} if loaded is None else loaded
+    if spec in loaded:
+        return loaded[spec]
+    if spec in {t.name for t in store.traces()}:
+        loaded[spec] = store.load(spec)
+        return loaded[spec]
+    parse_generator(spec)  # raises naming the generators and the stored traces are not it
+    return spec
+
+
+def expand_stored(
+    store: Any,
+    workload: str,
+    algorithms: str | Trace | Mapping[str, str | Trace],
+    *,
+    where: str | None = None,
+    reduce_duration_micros: int | None = None,
+    name: str | None = None,
+) -> StoredExpansion:
+    """Expand stored trace ``workload`` and store the result with its lineage.
+
+    ``algorithms`` is as for :func:`expand`, except that a string may also name a
+    stored algorithm trace. Generated algorithms are stored too, so the expanded
+    trace's ``params["algorithms"]`` names stored traces; if the expanded trace then
+    fails to land, the algorithms stored here are removed again (nothing partial).
+
+    Raises
+    ------
+    UnknownTraceError
+        ``workload`` is not stored.
+    EtstoreError
+        As :func:`expand`.
+    """
+    trace = store.load(workload)
+    loaded: dict[str, Trace] = {}
+    if isinstance(algorithms, Mapping):
+        specs: Any = {k: resolve_algorithm(store, v, loaded) for k, v in algorithms.items()}
+    else:
+        specs = resolve_algorithm(store, algorithms, loaded)
+    result = expand(trace, specs, where=where, reduce_duration_micros=reduce_duration_micros, name=name)
+    names: dict[str, str] = {}
+    created: list[str] = []
+    try:
+        for label, alg in result.algorithms.items():
+            if any(alg is t for t in loaded.values()):  # already stored: keep its name
+                names[label] = alg.name
+                continue
+            got = store.ingest(alg)
+            names[label] = got.trace.name
+            if got.created:
+                created.append(got.trace.name)
+        params = dict(result.trace.params)
+        params["algorithms"] = {t: names.get(a, a) for t, a in params["algorithms"].items()}
+        report = store.ingest(
+            result.trace.replace(params=params), name=name, parent=workload, lineage=result.lineage
+        )
+    except BaseException:
+        for stored_name in created:
+            store.remove(stored_name)
+        raise
+    return StoredExpansion(result, report, names)
