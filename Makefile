@@ -13,8 +13,10 @@ demo: install
 
 # The store contract suite runs against both backends: a local Neo4j 5 is started for the run
 # (and stopped after it, pass or fail) when Java and Maven exist; otherwise those cases skip.
+# The report test renders in headless Chromium, installed from Debian's packages when missing.
 test: install
 	$(PYTHON) -m ruff check etstore tests bench
+	bash scripts/ensure-chromium.sh
 	scripts/neo4j.sh with $(PYTHON) -m pytest
 
 neo4j-start:

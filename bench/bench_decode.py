@@ -31,8 +31,14 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 DEFAULT_DIR = HERE / "out" / "decode_1m"
 MACHINE = f"{platform.machine()} {os.cpu_count()} cpu, Python {platform.python_version()}"
-METRICS = ("anchor_reference_loop", "decode_native", "read_et_native", "write_et_native",
-           "decode_python", "read_et_python")
+METRICS = (
+    "anchor_reference_loop",
+    "decode_native",
+    "read_et_native",
+    "write_et_native",
+    "decode_python",
+    "read_et_python",
+)
 
 
 def _rank_files(directory: Path) -> list[tuple[int, Path]]:
@@ -128,30 +134,53 @@ def _measure(metric: str, directory: Path, reps: int, python_ranks: int) -> dict
             n = globals()[metric](files)
         best = min(best, time.perf_counter() - t)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    return {"metric": metric, "value": round(n / best), "unit": "nodes/s", "n": n,
-            "seconds": round(best, 4), "peak_rss_mb": round(peak, 1), "ranks": len(files),
-            "machine": MACHINE}
+    return {
+        "metric": metric,
+        "value": round(n / best),
+        "unit": "nodes/s",
+        "n": n,
+        "seconds": round(best, 4),
+        "peak_rss_mb": round(peak, 1),
+        "ranks": len(files),
+        "machine": MACHINE,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("dir", nargs="?", type=Path, default=DEFAULT_DIR)
     ap.add_argument("--reps", type=int, default=3, help="best of this many runs per metric")
-    ap.add_argument("--python-ranks", type=int, default=16,
-                    help="ranks decoded by the (slow) pure-Python path; nodes/s is what is compared")
+    ap.add_argument(
+        "--python-ranks",
+        type=int,
+        default=16,
+        help="ranks decoded by the (slow) pure-Python path; nodes/s is what is compared",
+    )
     ap.add_argument("--only", choices=METRICS, help=argparse.SUPPRESS)  # one measurement, in-process
     args = ap.parse_args(argv)
     if args.only:
         print(json.dumps(_measure(args.only, args.dir, args.reps, args.python_ranks)), flush=True)
         return 0
     if not args.dir.exists():
-        subprocess.run([sys.executable, str(HERE / "data" / "gen_trace.py"), str(args.dir)], check=True,
-                       stdout=subprocess.DEVNULL)
+        subprocess.run(
+            [sys.executable, str(HERE / "data" / "gen_trace.py"), str(args.dir)],
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
     anchor = None
     for metric in METRICS:
         reps = 1 if metric.endswith("_python") else args.reps
-        cmd = [sys.executable, __file__, str(args.dir), "--only", metric, "--reps", str(reps),
-               "--python-ranks", str(args.python_ranks)]
+        cmd = [
+            sys.executable,
+            __file__,
+            str(args.dir),
+            "--only",
+            metric,
+            "--reps",
+            str(reps),
+            "--python-ranks",
+            str(args.python_ranks),
+        ]
         row = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
         if metric == "anchor_reference_loop":
             anchor = row["value"]

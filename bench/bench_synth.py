@@ -34,10 +34,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from etstore.collectives.synth import synthesize
 from etstore.sim.topology import parse_topology
 
-MACHINE = (f"{platform.machine()} {os.cpu_count()} cpu, "
-           f"{platform.python_implementation()} {platform.python_version()}")
-MESHES = ["mesh2d:4x4", "mesh2d:8x4", "mesh2d:8x8", "mesh2d:16x8", "mesh2d:16x16", "mesh2d:32x16",
-          "mesh2d:32x32"]
+MACHINE = (
+    f"{platform.machine()} {os.cpu_count()} cpu, "
+    f"{platform.python_implementation()} {platform.python_version()}"
+)
+MESHES = [
+    "mesh2d:4x4",
+    "mesh2d:8x4",
+    "mesh2d:8x8",
+    "mesh2d:16x8",
+    "mesh2d:16x16",
+    "mesh2d:32x16",
+    "mesh2d:32x32",
+]
 TORI = ["torus3d:4x4x4", "torus3d:8x4x4", "torus3d:8x8x4", "torus3d:8x8x8", "torus3d:16x8x8"]
 TACOS_CPP_S = {128: 0.12, 256: 0.85, 512: 7.9, 1024: 68.0}
 BUDGET_S = {("allreduce", 128): 0.1, ("allgather", 1024): 10.0}
@@ -104,9 +113,15 @@ def main() -> None:
     for (family, coll), points in series.items():
         big = [(n, t) for n, t in points if n >= 64]
         if len(big) >= 2:
-            row = {"metric": f"synth_{coll}_growth_exponent", "value": round(fit_exponent(big), 2),
-                   "unit": "b in time ∝ N^b (N >= 64)", "n": [n for n, _ in big], "topology": family,
-                   "machine": MACHINE, "anchor_tacos_cpp": 3.2}
+            row = {
+                "metric": f"synth_{coll}_growth_exponent",
+                "value": round(fit_exponent(big), 2),
+                "unit": "b in time ∝ N^b (N >= 64)",
+                "n": [n for n, _ in big],
+                "topology": family,
+                "machine": MACHINE,
+                "anchor_tacos_cpp": 3.2,
+            }
             print(json.dumps(row), flush=True)
 
 

@@ -126,3 +126,18 @@ def test_read_only_query_cannot_write(
     code, _, err = run(capsys, s, "sql", "DELETE FROM ops")
     assert code == 1 and "read-only" in err.lower()
     assert "8" in state(capsys, s)[1]
+
+
+def test_workload_generator_reproduces_the_shipped_example(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    shipped = Path(__file__).resolve().parent.parent / "examples" / "transformer_8r"
+    code, out, _ = run(capsys, tmp_path / "s", "workload", "--out", str(tmp_path / "gen" / "transformer"))
+    assert code == 0 and len(out.split()) == 8
+    for r in range(8):
+        name = f"transformer.{r}.et"
+        assert (tmp_path / "gen" / name).read_bytes() == (shipped / name).read_bytes()
+    code, _, err = run(capsys, tmp_path / "s", "workload", "--ranks", "6", "--tp", "4", "--ingest")
+    assert code == 1 and "multiple of tp" in err and err.count("\n") == 1
+    code, _, err = run(capsys, tmp_path / "s", "workload")
+    assert code == 1 and "--out" in err

@@ -129,7 +129,36 @@ def _export(args: argparse.Namespace, console: Console) -> int:
     else:
         paths = write_et(trace, args.out, gzip_output=args.gzip)
     for p in paths:
-        console.print(str(p), highlight=False)
+        console.print(str(p), highlight=False, soft_wrap=True)
+    return 0
+
+
+def _workload(args: argparse.Namespace, console: Console) -> int:
+    from etstore.ingest import write_et
+    from etstore.workloads import transformer
+
+    trace = transformer(
+        ranks=args.ranks,
+        layers=args.layers,
+        tp=args.tp,
+        hidden=args.hidden,
+        seq_tokens=args.seq_tokens,
+        seed=args.seed,
+        name=args.name,
+    )
+    if args.out:
+        for path in write_et(trace, args.out):
+            console.print(str(path), highlight=False, soft_wrap=True)
+    if args.ingest:
+        with open_from_args(args) as store:
+            report = store.ingest(trace, name=args.name)
+        console.print(
+            f"stored [bold]{report.trace.name}[/]: {report.trace.ops:,} ops, {report.trace.ranks} ranks"
+            + ("" if report.created else " (already stored)"),
+            soft_wrap=True,
+        )
+    if not args.out and not args.ingest:
+        raise EtstoreError("workload: give --out PREFIX (write .et files) and/or --ingest")
     return 0
 
 
@@ -184,6 +213,20 @@ def register(sub: Any) -> None:
         "--gzip", action="store_true", help="gzip the .et files (ASTRA-sim reads only plain files)"
     )
     sp.set_defaults(handler=_export)
+
+    sp = sub.add_parser(
+        "workload", help="generate a synthetic transformer training step (data x tensor parallel)"
+    )
+    sp.add_argument("--ranks", type=int, default=8, help="ranks (a multiple of --tp; default 8)")
+    sp.add_argument("--layers", type=int, default=4, help="transformer layers (default 4)")
+    sp.add_argument("--tp", type=int, default=2, help="tensor-parallel degree (default 2)")
+    sp.add_argument("--hidden", type=int, default=4096, help="hidden size (default 4096)")
+    sp.add_argument("--seq-tokens", type=int, default=2048, help="tokens per step (default 2048)")
+    sp.add_argument("--seed", type=int, default=0, help="seed of the ±10%% compute jitter")
+    sp.add_argument("--name", default="transformer", help="trace name (default transformer)")
+    sp.add_argument("--out", help="write <OUT>.<rank>.et files")
+    sp.add_argument("--ingest", action="store_true", help="also store it")
+    sp.set_defaults(handler=_workload)
 
     sp = sub.add_parser("demo", help="run the end-to-end demo on shipped examples")
     sp.add_argument(

@@ -21,8 +21,13 @@ from etstore.proto import COLLECTIVE_COMM_TYPES, NODE_TYPES
 
 __all__ = ["decode_rank", "encode_rank"]
 
-_KIND_TYPES = {"bool": pa.bool_(), "comm_type": pa.string(), "int64": pa.int64(),
-               "int32": pa.int32(), "string": pa.string()}
+_KIND_TYPES = {
+    "bool": pa.bool_(),
+    "comm_type": pa.string(),
+    "int64": pa.int64(),
+    "int32": pa.int32(),
+    "string": pa.string(),
+}
 
 
 def _check_build() -> None:

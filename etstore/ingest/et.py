@@ -299,9 +299,11 @@ def split_missing(ops: pa.Table, deps: pa.Table) -> tuple[pa.Table, pa.Table]:
         mask = pa.array(present)
     else:
         ref = pa.table({"rank": ops["rank"], "src": ops["id"], "_hit": pa.repeat(True, ops.num_rows)})
-        joined = deps.append_column("_row", pa.array(np.arange(deps.num_rows))).join(
-            ref, ["rank", "src"], join_type="left outer"
-        ).sort_by("_row")
+        joined = (
+            deps.append_column("_row", pa.array(np.arange(deps.num_rows)))
+            .join(ref, ["rank", "src"], join_type="left outer")
+            .sort_by("_row")
+        )
         mask = pc.fill_null(joined["_hit"], False)
     return deps.filter(mask), deps.filter(pc.invert(mask))
 

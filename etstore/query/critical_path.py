@@ -90,9 +90,7 @@ def critical_path(trace: Trace, *, rank: int | None = None, on_cycle: str = "bre
     weight = ops["duration_micros"].to_numpy().astype(np.float64)
     length, rows, _ = longest_path(n, src, dst, weight)
     msg_pairs = set(zip(msrc.tolist(), mdst.tolist(), strict=True))
-    via = ["start"] + [
-        "msg" if (int(a), int(b)) in msg_pairs else "dep" for a, b in itertools.pairwise(rows)
-    ]
+    via = ["start"] + ["msg" if (int(a), int(b)) in msg_pairs else "dep" for a, b in itertools.pairwise(rows)]
     take = pa.array(rows)
     durations = weight[rows]
     path = pa.table(

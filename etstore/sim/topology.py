@@ -108,16 +108,21 @@ class Topology:
     _cache: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        for attr, dtype in (("src", np.int32), ("dst", np.int32),
-                            ("latency_ns", np.float64), ("bandwidth_gb_per_s", np.float64)):
+        for attr, dtype in (
+            ("src", np.int32),
+            ("dst", np.int32),
+            ("latency_ns", np.float64),
+            ("bandwidth_gb_per_s", np.float64),
+        ):
             object.__setattr__(self, attr, np.ascontiguousarray(getattr(self, attr), dtype=dtype))
         n = len(self.src)
         if not (len(self.dst) == len(self.latency_ns) == len(self.bandwidth_gb_per_s) == n):
             raise TopologyError(f"topology {self.name}: link arrays differ in length")
         if self.num_npus <= 0:
             raise TopologyError(f"topology {self.name}: needs at least one NPU")
-        if n and (min(self.src.min(), self.dst.min()) < 0
-                  or max(self.src.max(), self.dst.max()) >= self.num_npus):
+        if n and (
+            min(self.src.min(), self.dst.min()) < 0 or max(self.src.max(), self.dst.max()) >= self.num_npus
+        ):
             raise TopologyError(f"topology {self.name}: a link names an NPU outside 0..{self.num_npus - 1}")
         if n and not (np.all(self.bandwidth_gb_per_s > 0) and np.all(self.latency_ns >= 0)):
             raise TopologyError(f"topology {self.name}: links need bandwidth > 0 and latency >= 0")
@@ -174,16 +179,27 @@ class Topology:
 
     def transpose(self) -> Topology:
         """The same links reversed (``d → s`` for every ``s → d``), as a new topology."""
-        return Topology(self.num_npus, self.dst.copy(), self.src.copy(), self.latency_ns.copy(),
-                        self.bandwidth_gb_per_s.copy(), f"transpose({self.name})", self.dims, self.labels)
+        return Topology(
+            self.num_npus,
+            self.dst.copy(),
+            self.src.copy(),
+            self.latency_ns.copy(),
+            self.bandwidth_gb_per_s.copy(),
+            f"transpose({self.name})",
+            self.dims,
+            self.labels,
+        )
 
     def is_symmetric(self) -> bool:
         """Whether every link ``s → d`` has a reverse ``d → s`` with equal latency and bandwidth."""
         a = np.lexsort((self.bandwidth_gb_per_s, self.latency_ns, self.dst, self.src))
         b = np.lexsort((self.bandwidth_gb_per_s, self.latency_ns, self.src, self.dst))
-        return bool(np.array_equal(self.src[a], self.dst[b]) and np.array_equal(self.dst[a], self.src[b])
-                    and np.array_equal(self.latency_ns[a], self.latency_ns[b])
-                    and np.array_equal(self.bandwidth_gb_per_s[a], self.bandwidth_gb_per_s[b]))
+        return bool(
+            np.array_equal(self.src[a], self.dst[b])
+            and np.array_equal(self.dst[a], self.src[b])
+            and np.array_equal(self.latency_ns[a], self.latency_ns[b])
+            and np.array_equal(self.bandwidth_gb_per_s[a], self.bandwidth_gb_per_s[b])
+        )
 
     # ------------------------------------------------------------- distances
     def hop_distances(self) -> np.ndarray:
@@ -302,8 +318,11 @@ class Topology:
 
     def _regular(self) -> bool:
         """Whether this is an intact built-in shape (links exactly as :meth:`compose` made them)."""
-        return bool(self.dims) and self.labels is None and self.num_links == self._cache.setdefault(
-            "composed_links", _composed_links(self.dims))
+        return (
+            bool(self.dims)
+            and self.labels is None
+            and self.num_links == self._cache.setdefault("composed_links", _composed_links(self.dims))
+        )
 
     def _product_distances(self, step: Sequence[float]) -> np.ndarray:
         """Σ over axes of the per-axis distance, each axis's hop costing ``step[k]``. O(N² · axes)."""
@@ -448,8 +467,13 @@ class Topology:
     def to_dict(self) -> dict[str, Any]:
         """This topology in etstore's own file format (explicit directed links), JSON-able."""
         links = [
-            {"src": int(s), "dst": int(d), "latency_ns": float(lat), "bandwidth_gb_per_s": float(bw),
-             "bidirectional": False}
+            {
+                "src": int(s),
+                "dst": int(d),
+                "latency_ns": float(lat),
+                "bandwidth_gb_per_s": float(bw),
+                "bidirectional": False,
+            }
             for s, d, lat, bw in zip(
                 self.src, self.dst, self.latency_ns, self.bandwidth_gb_per_s, strict=True
             )
@@ -491,20 +515,32 @@ class Topology:
         )
 
     @staticmethod
-    def ring(n: int, *, latency_ns: float = DEFAULT_LATENCY_NS,
-             bandwidth_gb_per_s: float = DEFAULT_BANDWIDTH_GB_PER_S) -> Topology:
+    def ring(
+        n: int,
+        *,
+        latency_ns: float = DEFAULT_LATENCY_NS,
+        bandwidth_gb_per_s: float = DEFAULT_BANDWIDTH_GB_PER_S,
+    ) -> Topology:
         """Bidirectional ring of ``n`` NPUs (for ``n == 2``, one link each way)."""
         return Topology.compose([Dim("ring", n, bandwidth_gb_per_s, latency_ns)])
 
     @staticmethod
-    def fully_connected(n: int, *, latency_ns: float = DEFAULT_LATENCY_NS,
-                        bandwidth_gb_per_s: float = DEFAULT_BANDWIDTH_GB_PER_S) -> Topology:
+    def fully_connected(
+        n: int,
+        *,
+        latency_ns: float = DEFAULT_LATENCY_NS,
+        bandwidth_gb_per_s: float = DEFAULT_BANDWIDTH_GB_PER_S,
+    ) -> Topology:
         """A direct link between every ordered pair of ``n`` NPUs."""
         return Topology.compose([Dim("fc", n, bandwidth_gb_per_s, latency_ns)])
 
     @staticmethod
-    def switch(n: int, *, latency_ns: float = DEFAULT_LATENCY_NS,
-               bandwidth_gb_per_s: float = DEFAULT_BANDWIDTH_GB_PER_S) -> Topology:
+    def switch(
+        n: int,
+        *,
+        latency_ns: float = DEFAULT_LATENCY_NS,
+        bandwidth_gb_per_s: float = DEFAULT_BANDWIDTH_GB_PER_S,
+    ) -> Topology:
         """``n`` NPUs on one switch, unwound to point-to-point links for synthesis.
 
         Every ordered pair gets a link of bandwidth ``bandwidth_gb_per_s / (n - 1)``
@@ -514,20 +550,32 @@ class Topology:
         return Topology.compose([Dim("switch", n, bandwidth_gb_per_s, latency_ns)])
 
     @staticmethod
-    def mesh(sizes: Sequence[int], *, latency_ns: float | Sequence[float] = DEFAULT_LATENCY_NS,
-             bandwidth_gb_per_s: float | Sequence[float] = DEFAULT_BANDWIDTH_GB_PER_S) -> Topology:
+    def mesh(
+        sizes: Sequence[int],
+        *,
+        latency_ns: float | Sequence[float] = DEFAULT_LATENCY_NS,
+        bandwidth_gb_per_s: float | Sequence[float] = DEFAULT_BANDWIDTH_GB_PER_S,
+    ) -> Topology:
         """A mesh (no wrap-around) with ``sizes[k]`` NPUs along axis k; per-axis values allowed."""
         return Topology.compose(_axes("line", sizes, bandwidth_gb_per_s, latency_ns))
 
     @staticmethod
-    def torus(sizes: Sequence[int], *, latency_ns: float | Sequence[float] = DEFAULT_LATENCY_NS,
-              bandwidth_gb_per_s: float | Sequence[float] = DEFAULT_BANDWIDTH_GB_PER_S) -> Topology:
+    def torus(
+        sizes: Sequence[int],
+        *,
+        latency_ns: float | Sequence[float] = DEFAULT_LATENCY_NS,
+        bandwidth_gb_per_s: float | Sequence[float] = DEFAULT_BANDWIDTH_GB_PER_S,
+    ) -> Topology:
         """A torus (a bidirectional ring along every axis); per-axis values allowed."""
         return Topology.compose(_axes("ring", sizes, bandwidth_gb_per_s, latency_ns))
 
     @staticmethod
-    def hypercube(n: int, *, latency_ns: float | Sequence[float] = DEFAULT_LATENCY_NS,
-                  bandwidth_gb_per_s: float | Sequence[float] = DEFAULT_BANDWIDTH_GB_PER_S) -> Topology:
+    def hypercube(
+        n: int,
+        *,
+        latency_ns: float | Sequence[float] = DEFAULT_LATENCY_NS,
+        bandwidth_gb_per_s: float | Sequence[float] = DEFAULT_BANDWIDTH_GB_PER_S,
+    ) -> Topology:
         """A binary hypercube of ``n`` NPUs (a power of two): NPUs differing in one bit are linked.
 
         Raises
@@ -664,8 +712,13 @@ class Topology:
         """
         return _parse_spec(spec, bandwidth_gb_per_s, latency_ns)
 
-    def without(self, *, npus: Iterable[int] = (), links: Iterable[tuple[int, int]] = (),
-                directed_links: Iterable[tuple[int, int]] = ()) -> Topology:
+    def without(
+        self,
+        *,
+        npus: Iterable[int] = (),
+        links: Iterable[tuple[int, int]] = (),
+        directed_links: Iterable[tuple[int, int]] = (),
+    ) -> Topology:
         """A copy with failed NPUs and links removed and the remaining NPUs renumbered.
 
         Parameters
@@ -870,8 +923,16 @@ def _parse_spec(spec: str, default_bw: Values, default_lat: Values) -> Topology:
 
 
 def _renamed(topo: Topology, name: str) -> Topology:
-    return Topology(topo.num_npus, topo.src, topo.dst, topo.latency_ns, topo.bandwidth_gb_per_s, name,
-                    topo.dims, topo.labels)
+    return Topology(
+        topo.num_npus,
+        topo.src,
+        topo.dst,
+        topo.latency_ns,
+        topo.bandwidth_gb_per_s,
+        name,
+        topo.dims,
+        topo.labels,
+    )
 
 
 def parse_topology(
@@ -985,8 +1046,18 @@ def _from_astra(data: dict[str, Any], path: Path) -> Topology:
 
 
 def _from_own(data: dict[str, Any], path: Path, default_bw: Any, default_lat: Any) -> Topology:
-    known = {"format", "name", "spec", "npus", "links", "bandwidth_gb_per_s", "latency_ns", "bidirectional",
-             "fail_npus", "fail_links"}
+    known = {
+        "format",
+        "name",
+        "spec",
+        "npus",
+        "links",
+        "bandwidth_gb_per_s",
+        "latency_ns",
+        "bidirectional",
+        "fail_npus",
+        "fail_links",
+    }
     extra = sorted(set(data) - known)
     if extra:
         raise TopologyError(
@@ -1058,8 +1129,14 @@ def _explicit_links(data: dict[str, Any], path: Path, bw: Any, lat: Any) -> Topo
             lats.append(ll)
             bws.append(lb)
     try:
-        return Topology(n, np.array(src, dtype=np.int64), np.array(dst, dtype=np.int64), np.array(lats),
-                        np.array(bws), str(data.get("name", path.stem)))
+        return Topology(
+            n,
+            np.array(src, dtype=np.int64),
+            np.array(dst, dtype=np.int64),
+            np.array(lats),
+            np.array(bws),
+            str(data.get("name", path.stem)),
+        )
     except TopologyError as exc:
         raise TopologyError(f"{path}: {exc}") from exc
 

@@ -156,8 +156,15 @@ def test_ids_out_of_topological_order(tmp_path: Path) -> None:
     from etstore.model import Trace, deps_table, ops_table
     from etstore.query import critical_path
 
-    ops = ops_table({"rank": [0, 0, 0], "id": [9, 3, 5], "name": ["c", "a", "b"],
-                     "type": ["COMP_NODE"] * 3, "duration_micros": [1, 2, 4]})
+    ops = ops_table(
+        {
+            "rank": [0, 0, 0],
+            "id": [9, 3, 5],
+            "name": ["c", "a", "b"],
+            "type": ["COMP_NODE"] * 3,
+            "duration_micros": [1, 2, 4],
+        }
+    )
     t = Trace(ops=ops, deps=deps_table(0, [3, 5], [5, 9]))  # a(3) → b(5) → c(9), written c first
     (path,) = write_et(t, tmp_path / "u")
     back = read_et(path)

@@ -153,9 +153,15 @@ def test_chakra_fixture_write_et_is_byte_exact(native: Any, tmp_path: Path) -> N
 # ------------------------------------------------------------ generated nodes
 
 _INT_RANGES = {
-    "int32": (-(2**31), 2**31 - 1), "int64": (-(2**63), 2**63 - 1), "uint32": (0, 2**32 - 1),
-    "uint64": (0, 2**64 - 1), "sint32": (-(2**31), 2**31 - 1), "sint64": (-(2**63), 2**63 - 1),
-    "fixed32": (0, 2**32 - 1), "fixed64": (0, 2**64 - 1), "sfixed32": (-(2**31), 2**31 - 1),
+    "int32": (-(2**31), 2**31 - 1),
+    "int64": (-(2**63), 2**63 - 1),
+    "uint32": (0, 2**32 - 1),
+    "uint64": (0, 2**64 - 1),
+    "sint32": (-(2**31), 2**31 - 1),
+    "sint64": (-(2**63), 2**63 - 1),
+    "fixed32": (0, 2**32 - 1),
+    "fixed64": (0, 2**64 - 1),
+    "sfixed32": (-(2**31), 2**31 - 1),
     "sfixed64": (-(2**63), 2**63 - 1),
 }
 
@@ -333,32 +339,46 @@ def test_zero_length_frame_is_a_node_not_eof() -> None:
 
 def test_packed_and_unpacked_deps_interleave_in_wire_order() -> None:
     node = (
-        _key(4, 0) + write_varint(9)
+        _key(4, 0)
+        + write_varint(9)
         + Node(id=5, data_deps=[1, 2], ctrl_deps=[10]).SerializeToString()
-        + _key(5, 0) + write_varint(3)
+        + _key(5, 0)
+        + write_varint(3)
     )
     _, (_, deps, _) = _assert_same_outcome(_file([node]))
     assert deps.to_pydict() == {
-        "rank": [3] * 5, "src": [1, 2, 3, 9, 10], "dst": [5] * 5,
-        "kind": ["data", "data", "data", "ctrl", "ctrl"], "pos": [0, 1, 2, 0, 1],
+        "rank": [3] * 5,
+        "src": [1, 2, 3, 9, 10],
+        "dst": [5] * 5,
+        "kind": ["data", "data", "data", "ctrl", "ctrl"],
+        "pos": [0, 1, 2, 0, 1],
     }
 
 
 @pytest.mark.parametrize(
     ("code", "name"),
-    [(4, "COMP_NODE"), (7, "COMM_COLL_NODE"), (12, "NODE_TYPE_12"), (-1, "NODE_TYPE_-1"),
-     (2**31 - 1, f"NODE_TYPE_{2**31 - 1}")],
+    [
+        (4, "COMP_NODE"),
+        (7, "COMM_COLL_NODE"),
+        (12, "NODE_TYPE_12"),
+        (-1, "NODE_TYPE_-1"),
+        (2**31 - 1, f"NODE_TYPE_{2**31 - 1}"),
+    ],
 )
 def test_node_type_names(code: int, name: str) -> None:
     _, (ops, _, _) = _assert_same_outcome(_file([Node(id=1, type=code).SerializeToString()]))
     assert ops["type"].to_pylist() == [name]
 
 
-@pytest.mark.parametrize("member", [m for m in ONEOF_FIELDS.values() if m.split("_")[0] in _INT_RANGES
-                                    and m.endswith("_val")])
+@pytest.mark.parametrize(
+    "member", [m for m in ONEOF_FIELDS.values() if m.split("_")[0] in _INT_RANGES and m.endswith("_val")]
+)
 def test_any_integer_member_promotes(member: str) -> None:
-    attrs = [AttributeProto(name="comm_src", **{member: 3}), AttributeProto(name="comm_type", **{member: 2}),
-             AttributeProto(name="comm_size", **{member: 4096})]
+    attrs = [
+        AttributeProto(name="comm_src", **{member: 3}),
+        AttributeProto(name="comm_type", **{member: 2}),
+        AttributeProto(name="comm_size", **{member: 4096}),
+    ]
     node = Node(id=1, type=5, attr=attrs).SerializeToString()
     _, (ops, _, _) = _assert_same_outcome(_file([node]))
     row = ops.to_pylist()[0]
@@ -525,8 +545,9 @@ def _frame_boundary(data: bytes, end: int) -> bool:
 
 def test_encoder_rejects_what_a_node_cannot_hold(native: Any) -> None:
     ops, deps, meta = native.decode_rank(_file([Node(id=1, type=7).SerializeToString()]), 0, P)
-    bad_type = ops.set_column(OPS_SCHEMA.get_field_index("comm_type"), "comm_type",
-                              pa.array(["ALL_SOMETHING"]))
+    bad_type = ops.set_column(
+        OPS_SCHEMA.get_field_index("comm_type"), "comm_type", pa.array(["ALL_SOMETHING"])
+    )
     with pytest.raises(ValueError, match="ALL_SOMETHING"):
         native.encode_rank(bad_type, deps, meta)
     truncated = pa.array([b"\x52\x09"], pa.binary())
@@ -553,5 +574,8 @@ def test_encoder_writes_edited_columns_and_missing_deps(native: Any) -> None:
     edited = ops.set_column(order, "attr_order", pa.array(["comm_src:17,bogus:9,*,comm_src:7"]))
     assert native.encode_rank(edited, deps, meta) == et._encode_py(edited, deps, meta)
     assert [(a.name, a.WhichOneof("value")) for a in node.attr] == [
-        ("comm_src", "sint32_val"), ("rf_id", "int64_val"), ("comm_tag", "int32_val")]
+        ("comm_src", "sint32_val"),
+        ("rf_id", "int64_val"),
+        ("comm_tag", "int32_val"),
+    ]
     assert node.attr[0].sint32_val == -7 and list(node.data_deps) == [99] and list(node.ctrl_deps) == [1]

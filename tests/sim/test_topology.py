@@ -60,8 +60,22 @@ def test_mesh_links_by_hand() -> None:
     # NPU u = x + 3y; links of each NPU: axis 0 first (+ then -), then axis 1
     assert t.src.tolist()[:2] == [0, 0]
     assert t.dst.tolist()[:2] == [1, 3]
-    assert _pairs(t) == {(0, 1), (1, 0), (1, 2), (2, 1), (3, 4), (4, 3), (4, 5), (5, 4),
-                         (0, 3), (3, 0), (1, 4), (4, 1), (2, 5), (5, 2)}
+    assert _pairs(t) == {
+        (0, 1),
+        (1, 0),
+        (1, 2),
+        (2, 1),
+        (3, 4),
+        (4, 3),
+        (4, 5),
+        (5, 4),
+        (0, 3),
+        (3, 0),
+        (1, 4),
+        (4, 1),
+        (2, 5),
+        (5, 2),
+    }
     assert [d.size for d in t.dims] == [3, 2]
 
 
@@ -120,8 +134,10 @@ def test_astra_sim_switch() -> None:
 
 def test_astra_sim_multi_dimensional(tmp_path: Path) -> None:
     path = tmp_path / "net.yml"
-    path.write_text("topology: [ Ring, FullyConnected, Switch ]\nnpus_count: [ 4, 2, 3 ]\n"
-                    "bandwidth: [ 50.0, 100.0, 25.0 ]\nlatency: [ 500.0, 200.0, 1000.0 ]\n")
+    path.write_text(
+        "topology: [ Ring, FullyConnected, Switch ]\nnpus_count: [ 4, 2, 3 ]\n"
+        "bandwidth: [ 50.0, 100.0, 25.0 ]\nlatency: [ 500.0, 200.0, 1000.0 ]\n"
+    )
     t = read_topology(path)
     s = parse_topology("ring:4+fc:2+switch:3,bw=50/100/25,lat=500/200/1000")
     assert _pairs(t) == _pairs(s)
@@ -154,8 +170,11 @@ def test_own_format_links(tmp_path: Path) -> None:
 
 def test_own_format_spec_with_failures(tmp_path: Path) -> None:
     path = tmp_path / "t.json"
-    path.write_text(json.dumps({"spec": "mesh2d:3x3", "bandwidth_gb_per_s": 100, "fail_npus": [4],
-                                "fail_links": [[0, 1]]}))
+    path.write_text(
+        json.dumps(
+            {"spec": "mesh2d:3x3", "bandwidth_gb_per_s": 100, "fail_npus": [4], "fail_links": [[0, 1]]}
+        )
+    )
     t = read_topology(path)
     assert t.num_npus == 8
     assert set(t.bandwidth_gb_per_s.tolist()) == {100.0}
@@ -324,18 +343,30 @@ def test_bad_construction() -> None:
 @pytest.mark.parametrize(
     ("text", "name", "match"),
     [
-        ("topology: [ Ring ]\nnpus_count: [ 4, 4 ]\nbandwidth: [ 50 ]\nlatency: [ 500 ]\n", "a.yml",
-         "one entry per dimension"),
-        ("topology: [ Torus ]\nnpus_count: [ 4 ]\nbandwidth: [ 50 ]\nlatency: [ 500 ]\n", "a.yml",
-         "unknown topology 'Torus'"),
+        (
+            "topology: [ Ring ]\nnpus_count: [ 4, 4 ]\nbandwidth: [ 50 ]\nlatency: [ 500 ]\n",
+            "a.yml",
+            "one entry per dimension",
+        ),
+        (
+            "topology: [ Torus ]\nnpus_count: [ 4 ]\nbandwidth: [ 50 ]\nlatency: [ 500 ]\n",
+            "a.yml",
+            "unknown topology 'Torus'",
+        ),
         ("topology: [ Ring ]\nnpus_count: [ 4 ]\nlatency: [ 500 ]\n", "a.yml", "missing key 'bandwidth'"),
-        ("topology: [ Ring ]\nnpus_count: [ 4.5 ]\nbandwidth: [ 50 ]\nlatency: [ 500 ]\n", "a.yml",
-         "npus_count 4.5 is not an integer"),
-        ("topology: [ Ring ]\nnpus_count: [ 4 ]\nbandwidth: [ fast ]\nlatency: [ 500 ]\n", "a.yml",
-         "bandwidth must be a list of numbers"),
+        (
+            "topology: [ Ring ]\nnpus_count: [ 4.5 ]\nbandwidth: [ 50 ]\nlatency: [ 500 ]\n",
+            "a.yml",
+            "npus_count 4.5 is not an integer",
+        ),
+        (
+            "topology: [ Ring ]\nnpus_count: [ 4 ]\nbandwidth: [ fast ]\nlatency: [ 500 ]\n",
+            "a.yml",
+            "bandwidth must be a list of numbers",
+        ),
         ("- 1\n- 2\n", "a.yml", "expected a mapping at the top level"),
         ("topology: [ Ring\n", "a.yml", "not valid YAML"),
-        ("{\"spec\": ", "a.json", "not valid JSON"),
+        ('{"spec": ', "a.json", "not valid JSON"),
         ("spec: ring:4\nnpus: 4\n", "a.yml", "either spec or npus \\+ links"),
         ("shape: ring:4\n", "a.yml", "unknown key 'shape'"),
         ("name: x\n", "a.yml", "expected spec, or npus and links"),
