@@ -397,9 +397,7 @@ class EmbeddedStore:
         lo = uid_base(seq)
         hi = lo + (1 << 40)
         try:
-            self.graph.execute(
-                "MATCH (o:Op) WHERE o.uid >= $lo AND o.uid < $hi DETACH DELETE o", {"lo": lo, "hi": hi}
-            )
+            self._purge_graph(lo, hi, last=self.catalog.names() == {name})
         except RuntimeError as exc:  # pragma: no cover - engine failure while cleaning up
             log.error("could not remove graph data of %s: %s", name, exc)
             raise StoreError(f"could not remove {name!r} from the graph: {_first_line(exc)}") from exc
@@ -414,6 +412,29 @@ class EmbeddedStore:
             con.rollback()
             raise
         self.catalog.delete(seq)
+
+    def _purge_graph(self, lo: int, hi: int, *, last: bool) -> None:
+        """Delete the graph's ops with uids in ``[lo, hi)`` and every edge touching them.
+
+        Ladybug deletes at ~10 µs per node or edge; when no other trace is stored,
+        dropping and recreating the tables is instant (and safe to redo after a
+        crash: the tables are recreated on the next open in any case).
+        """
+        g = self.graph
+        if last:
+            for table in ("BECOMES", "MSG", "DEP", "Op"):
+                g.execute(f"DROP TABLE IF EXISTS {table}")
+            for ddl in _graph_ddl():
+                g.execute(ddl)
+            self._graph_columns = GRAPH_OP_COLUMNS
+            return
+        p = {"lo": lo, "hi": hi}
+        # edges first, one table at a time (faster than DETACH DELETE), then the nodes
+        for rel, end in (("DEP", "a"), ("MSG", "a"), ("BECOMES", "a"), ("BECOMES", "b")):
+            g.execute(
+                f"MATCH (a:Op)-[r:{rel}]->(b:Op) WHERE {end}.uid >= $lo AND {end}.uid < $hi DELETE r", p
+            )
+        g.execute("MATCH (o:Op) WHERE o.uid >= $lo AND o.uid < $hi DETACH DELETE o", p)
 
     def _sweep(self) -> None:
         for rec in self.catalog.stale():

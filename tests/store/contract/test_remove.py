@@ -1,0 +1,32 @@
+"""Removing one trace leaves every other trace's nodes and edges exactly as they were."""
+
+from __future__ import annotations
+
+from etstore.store import Store
+from etstore.workloads import transformer
+
+
+def _graph_counts(store: Store, trace: str) -> tuple[int, int, int]:
+    p = {"t": trace}
+    ops = store.cypher("MATCH (o:Op) WHERE o.trace = $t RETURN count(o) AS n", p).scalar()
+    deps = store.cypher("MATCH (a:Op)-[d:DEP]->(:Op) WHERE a.trace = $t RETURN count(d) AS n", p).scalar()
+    msgs = store.cypher("MATCH (a:Op)-[m:MSG]->(:Op) WHERE a.trace = $t RETURN count(m) AS n", p).scalar()
+    return ops, deps, msgs
+
+
+def test_remove_one_of_several(backend_store: Store) -> None:
+    a = backend_store.ingest(transformer(ranks=4, layers=2, tp=2), name="a").trace
+    b = backend_store.ingest(transformer(ranks=8, layers=1, tp=2), name="b").trace
+    assert _graph_counts(backend_store, "b") == (b.ops, b.deps, b.messages)
+    backend_store.remove("a")
+    assert _graph_counts(backend_store, "a") == (0, 0, 0)
+    assert _graph_counts(backend_store, "b") == (b.ops, b.deps, b.messages)
+    assert backend_store.cypher("MATCH (o:Op) RETURN count(o) AS n").scalar() == b.ops
+    backend_store.remove("b")  # the last one: the graph is empty and usable again
+    assert backend_store.cypher("MATCH (o:Op) RETURN count(o) AS n").scalar() == 0
+    again = backend_store.ingest(transformer(ranks=4, layers=2, tp=2), name="a").trace
+    assert (
+        _graph_counts(backend_store, "a")
+        == (again.ops, again.deps, again.messages)
+        == (a.ops, a.deps, a.messages)
+    )
