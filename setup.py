@@ -1,7 +1,8 @@
-"""Build hook for the optional native .et codec; all metadata lives in pyproject.toml.
+"""Build hook for the optional native extensions; all metadata lives in pyproject.toml.
 
-The extension is ``optional``: without a C compiler the build still succeeds and
-etstore falls back to the pure-Python decoder in ``etstore/ingest/et.py``.
+Both extensions are ``optional``: without a C compiler the build still succeeds and
+etstore falls back to the pure-Python reference: the decoder in
+``etstore/ingest/et.py`` and the event loop ``_run`` in ``etstore/sim/engine.py``.
 """
 
 from setuptools import Extension, setup
@@ -12,6 +13,11 @@ setup(
             "etstore.ingest._etcodec",
             sources=["etstore/ingest/_etcodec.c"],
             optional=True,
-        )
+        ),
+        Extension(
+            "etstore.sim._simloop",
+            sources=["etstore/sim/_simloop.c"],
+            optional=True,
+        ),
     ]
 )

@@ -46,6 +46,11 @@ from etstore.sim.config import COLLECTIVES, SimConfig, collective_name
 from etstore.sim.network import Network
 from etstore.sim.topology import GIB, Topology
 
+try:  # the optional native loop (setup.py); _run below stays the reference and the fallback
+    from etstore.sim import _simloop  # type: ignore[attr-defined]
+except ImportError:  # pragma: no cover - depends on the build
+    _simloop = None
+
 __all__ = [
     "COLLECTIVES_SCHEMA",
     "LINKS_SCHEMA",
@@ -872,6 +877,140 @@ def _run(
     }
 
 
+def _run_lists(
+    perm: np.ndarray,
+    inv: np.ndarray,
+    succ: np.ndarray,
+    ptr: np.ndarray,
+    cols: dict[str, np.ndarray],
+    free: list[float],
+    aware: bool,
+    hop: list[list[int] | None],
+    net: Network,
+    config: SimConfig,
+) -> tuple[dict[str, Any], float]:
+    """:func:`_run` on renumbered Python lists; (its output, CPU seconds of list conversion + loop)."""
+    n = len(perm)
+    succ_new = inv[succ].tolist()
+    ptr_new = ptr[perm]
+    cnt_new = (ptr[perm + 1] - ptr_new).tolist()
+    ptr_new = ptr_new.tolist()
+    succs = [succ_new[p : p + c] for p, c in zip(ptr_new, cnt_new, strict=True)]
+    t_loop = time.process_time()
+    col = {k: v[perm] for k, v in cols.items()}
+    out = _run(
+        col["kind"].tolist(),
+        col["dur"].astype(np.float64).tolist(),
+        succs,
+        col["indeg"].tolist(),
+        col["acq"].tolist(),
+        col["rel"].tolist(),
+        free,
+        col["mkey"].tolist(),
+        col["mt"].tolist(),
+        aware,
+        col["cur"].tolist(),
+        col["dstn"].tolist(),
+        col["size"].astype(np.float64).tolist(),
+        hop,
+        net.dst.tolist(),
+        net.latency_ns.tolist(),
+        net.bytes_per_ns.tolist(),
+        config.integer_ns,
+        float(config.message_overhead_ns),
+        config.scheduling_policy == "LIFO",
+        n,
+    )
+    return out, time.process_time() - t_loop
+
+
+def _run_native(
+    perm: np.ndarray,
+    inv: np.ndarray,
+    succ: np.ndarray,
+    ptr: np.ndarray,
+    cols: dict[str, np.ndarray],
+    free: list[float],
+    aware: bool,
+    hop: list[list[int] | None],
+    net: Network,
+    config: SimConfig,
+) -> tuple[dict[str, Any], float]:
+    """The C loop (``_simloop.run``) on the same renumbered inputs as :func:`_run_lists`, same output.
+
+    Successors stay CSR (each op's list in its original order, which fixes the order
+    ready ops are scheduled in); the routing table is the network's ``[dst, src]`` array.
+    """
+    n = len(perm)
+    starts = ptr[perm]
+    cnt = ptr[perm + 1] - starts
+    sptr = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(cnt, out=sptr[1:])
+    gather = np.arange(int(sptr[-1]), dtype=np.int64) - np.repeat(sptr[:-1] - starts, cnt)
+    succ_new = np.ascontiguousarray(inv[succ[gather]], dtype=np.int64)
+    nl = net.topo.num_links
+    # the network's [dst, src] next-link array (rows built by net.prepare) instead of ``hop``
+    nh = np.ascontiguousarray(net._nh, dtype=np.int32).ravel() if aware else np.zeros(0, np.int32)
+    t_loop = time.process_time()
+
+    def i64(name: str) -> np.ndarray:
+        return np.ascontiguousarray(cols[name][perm], dtype=np.int64)
+
+    def f64(name: str) -> np.ndarray:
+        return np.ascontiguousarray(cols[name][perm], dtype=np.float64)
+
+    indeg_new = i64("indeg")
+    start = np.full(n, -1.0)
+    end = np.full(n, -1.0)
+    lbusy = np.zeros(nl)
+    lbytes = np.zeros(nl)
+    lmsgs = np.zeros(nl, dtype=np.int64)
+    events, t, send_q, recv_q, waitq = _simloop.run(
+        i64("kind"),
+        f64("dur"),
+        sptr,
+        succ_new,
+        indeg_new,
+        i64("acq"),
+        i64("rel"),
+        np.array(free, dtype=np.float64),
+        i64("mkey"),
+        f64("mt"),
+        i64("cur"),
+        i64("dstn"),
+        f64("size"),
+        nh,
+        np.ascontiguousarray(net.dst, dtype=np.int64),
+        np.ascontiguousarray(net.latency_ns, dtype=np.float64),
+        np.ascontiguousarray(net.bytes_per_ns, dtype=np.float64),
+        start,
+        end,
+        np.zeros(nl),
+        lbusy,
+        lbytes,
+        lmsgs,
+        aware,
+        bool(config.integer_ns),
+        float(config.message_overhead_ns),
+        config.scheduling_policy == "LIFO",
+    )
+    loop_s = time.process_time() - t_loop
+    out = {
+        "start": start,
+        "end": end,
+        "events": events,
+        "t": t,
+        "indeg": indeg_new,
+        "send_q": send_q,
+        "recv_q": recv_q,
+        "waitq": waitq,
+        "lbusy": lbusy,
+        "lbytes": lbytes,
+        "lmsgs": lmsgs,
+    }
+    return out, loop_s
+
+
 # ---------------------------------------------------------------- entry point
 
 
@@ -1029,9 +1168,12 @@ def _simulate(
     sends = np.flatnonzero(kind == K_SEND)
     mt = np.zeros(n)
     aware = config.congestion == "aware"
+    native = _simloop is not None
     hop: list[list[int] | None] = []
     if len(sends):
-        if aware:
+        if aware and native:
+            net.prepare(mdst[sends])
+        elif aware:
             hop = net.hop_table(mdst[sends])
         else:
             mt[sends] = net.message_times_ns(
@@ -1048,36 +1190,10 @@ def _simulate(
     perm = _locality_order(rank, a["owner"].astype(np.int64), n0)
     inv = np.empty(n, dtype=np.int64)
     inv[perm] = np.arange(n)
-    succ_new = inv[succ].tolist()
-    ptr_new = ptr[perm]
-    cnt_new = (ptr[perm + 1] - ptr_new).tolist()
-    ptr_new = ptr_new.tolist()
-    succs = [succ_new[p : p + c] for p, c in zip(ptr_new, cnt_new, strict=True)]
-    t_loop = time.process_time()
-    out = _run(
-        kind[perm].tolist(),
-        a["dur"].astype(np.float64)[perm].tolist(),
-        succs,
-        indeg[perm].tolist(),
-        acq[perm].tolist(),
-        rel[perm].tolist(),
-        free,
-        mkey[perm].tolist(),
-        mt[perm].tolist(),
-        aware,
-        cur[perm].tolist(),
-        mdst[perm].tolist(),
-        size.astype(np.float64)[perm].tolist(),
-        hop,
-        net.dst.tolist(),
-        net.latency_ns.tolist(),
-        net.bytes_per_ns.tolist(),
-        config.integer_ns,
-        float(config.message_overhead_ns),
-        config.scheduling_policy == "LIFO",
-        n,
-    )
-    loop_s = time.process_time() - t_loop
+    cols = {"kind": kind, "dur": a["dur"], "indeg": indeg, "acq": acq, "rel": rel, "mkey": mkey}
+    cols.update(mt=mt, cur=cur, dstn=mdst, size=size)
+    run = _run_native if native else _run_lists
+    out, loop_s = run(perm, inv, succ, ptr, cols, free, aware, hop, net, config)
     for key in ("end", "start", "indeg"):
         out[key] = np.asarray(out[key])[inv]
     end = out["end"]

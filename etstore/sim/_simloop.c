@@ -1,0 +1,670 @@
+/*
+ * Native event loop of the simulator (etstore.sim._simloop).
+ *
+ * Why this exists: the reference loop, `_run` in engine.py, is pure CPython and
+ * costs about 1.5 us per event on traces whose ops are spread out in time; the
+ * simulator's budget is >= 1M events/s. This module runs the same loop over the
+ * same integer-indexed arrays (numpy buffers, CSR successors) and must produce
+ * bit-identical results: tests/sim/test_simloop.py runs both on every workload
+ * shape of the test-suite and compares every output array.
+ *
+ * Event order. The reference keeps a calendar of distinct times (a heap of floats)
+ * with one bucket of items per time; a popped bucket runs its items in the order
+ * they were scheduled, and items scheduled for the current time while it runs go
+ * into a *new* bucket for the same time, run after the current one. Here every
+ * item is a heap entry keyed by (time, insertion sequence); one round pops every
+ * entry of the minimal time, in sequence order, into `items` and runs them. Items
+ * scheduled at that time during the round get larger sequence numbers and are
+ * popped by the next round: the same order as the reference's buckets. A matched
+ * receive that completes with its message's arrival is appended to the running
+ * round, as the reference appends it to the running bucket.
+ *
+ * Queues. Each op sits in at most one queue at a time (a slot wait queue before it
+ * starts, a send or receive matching queue after), so all queues are singly linked
+ * lists through one `qnext` array. Matching queues are FIFO, one per distinct
+ * message key `mkey` (renumbered densely here: mkey is a mixed-radix code whose
+ * range can be far larger than the number of messages); slot wait queues are FIFO
+ * or LIFO (a stack) by policy.
+ *
+ * The loop runs without the GIL: it only touches the input buffers and malloc'd
+ * memory. Input errors raise ValueError before the loop starts.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* op kinds, as K_* in engine.py */
+enum { K_COMP, K_CPU, K_SEND, K_RECV, K_COLL, K_JOIN, K_DELAY, K_MEM };
+
+/* ------------------------------------------------------------------ heap */
+
+typedef struct {
+    double t;     /* when */
+    uint64_t seq; /* insertion order: ties at one time run first-scheduled first */
+    int64_t x;    /* >= 0: op x finishes; < 0: message of send ~x moves (hop or arrival) */
+} Item;
+
+typedef struct {
+    Item *a;
+    Py_ssize_t len, cap;
+} Heap;
+
+static inline int item_less(const Item *p, const Item *q)
+{
+    return p->t < q->t || (p->t == q->t && p->seq < q->seq);
+}
+
+static int heap_push(Heap *h, double t, uint64_t seq, int64_t x)
+{
+    if (h->len == h->cap) {
+        Py_ssize_t cap = h->cap ? h->cap * 2 : 1024;
+        Item *a = realloc(h->a, (size_t)cap * sizeof(Item));
+        if (!a) return -1;
+        h->a = a;
+        h->cap = cap;
+    }
+    Item it = {t, seq, x};
+    Py_ssize_t i = h->len++;
+    while (i > 0) {
+        Py_ssize_t p = (i - 1) / 2;
+        if (!item_less(&it, &h->a[p])) break;
+        h->a[i] = h->a[p];
+        i = p;
+    }
+    h->a[i] = it;
+    return 0;
+}
+
+static Item heap_pop(Heap *h)
+{
+    Item top = h->a[0];
+    Item last = h->a[--h->len];
+    Py_ssize_t n = h->len, i = 0;
+    for (;;) {
+        Py_ssize_t c = 2 * i + 1;
+        if (c >= n) break;
+        if (c + 1 < n && item_less(&h->a[c + 1], &h->a[c])) c++;
+        if (!item_less(&h->a[c], &last)) break;
+        h->a[i] = h->a[c];
+        i = c;
+    }
+    if (n) h->a[i] = last;
+    return top;
+}
+
+/* ------------------------------------------------------------------ state */
+
+typedef struct {
+    Py_ssize_t n, nres, nl, nn, nkeys;
+    /* inputs (read-only) */
+    const int64_t *kind, *sptr, *succ, *acq, *rel, *mkey, *dstn, *ldst;
+    const double *dur, *mt, *size, *llat, *lbw;
+    const int32_t *hop; /* [dst * nn + src] -> next link, or NULL when congestion-unaware */
+    int aware, integer_ns, lifo;
+    double overhead;
+    /* inputs updated in place */
+    int64_t *indeg, *cur, *lmsgs;
+    double *free_, *start, *end, *lfree, *lbusy, *lbytes;
+    /* loop state */
+    int64_t *partner, *qnext;
+    int64_t *dkey, *keyval; /* dense message key per op (-1: none) and its mkey */
+    uint8_t *arrived;
+    int64_t *whead, *wtail;                 /* slot wait queues, per resource */
+    int64_t *shead, *stail, *sorder;        /* sends waiting for a receive, per dense key */
+    int64_t *rhead, *rtail, *rorder;        /* receives waiting for a send, per dense key */
+    int64_t screated, rcreated;             /* creation counters: dict order of the reference */
+    int64_t *go, ngo;                       /* ops taken from a wait queue, started after the round */
+    int64_t *items, nitems, items_cap;      /* the running round */
+    Heap heap;
+    uint64_t seq;
+    double t;
+    int64_t events;
+    /* error raised after the loop, with the GIL */
+    int err;
+    int64_t err_u, err_d;
+} Loop;
+
+enum { ERR_NONE, ERR_MEMORY, ERR_ROUTE };
+
+/* FIFO list append / pop (matching queues and FIFO wait queues). */
+static inline void fifo_push(Loop *s, int64_t *head, int64_t *tail, int64_t key, int64_t j)
+{
+    s->qnext[j] = -1;
+    if (tail[key] < 0)
+        head[key] = j;
+    else
+        s->qnext[tail[key]] = j;
+    tail[key] = j;
+}
+
+static inline int64_t fifo_pop(Loop *s, int64_t *head, int64_t *tail, int64_t key)
+{
+    int64_t j = head[key];
+    head[key] = s->qnext[j];
+    if (head[key] < 0) tail[key] = -1;
+    return j;
+}
+
+/* A ready op waits for its slot: appended on the right of the reference's deque. */
+static inline void wait_push(Loop *s, int64_t c, int64_t j)
+{
+    if (s->lifo) { /* a stack: head is the deque's right end */
+        s->qnext[j] = s->whead[c];
+        s->whead[c] = j;
+    } else {
+        fifo_push(s, s->whead, s->wtail, c, j);
+    }
+}
+
+/* A freed slot goes to the op that waited first (FIFO: popleft) or last (LIFO: pop). */
+static inline int64_t wait_take(Loop *s, int64_t c)
+{
+    if (s->lifo) {
+        int64_t j = s->whead[c];
+        s->whead[c] = s->qnext[j];
+        return j;
+    }
+    return fifo_pop(s, s->whead, s->wtail, c);
+}
+
+static inline int schedule(Loop *s, double t2, int64_t x)
+{
+    if (heap_push(&s->heap, t2, s->seq++, x) < 0) {
+        s->err = ERR_MEMORY;
+        return -1;
+    }
+    return 0;
+}
+
+/*
+ * Start ready op j at time t: take its NPU slot (or wait for it), match messages,
+ * schedule its completion. Same steps, in the same order, as the two inline copies
+ * in the reference (roots / ops from a wait queue, and successors).
+ */
+static int start_op(Loop *s, int64_t j, double t)
+{
+    int64_t c = s->acq[j];
+    if (c >= 0 && s->start[j] < 0.0) { /* ops from a wait queue already hold their slot */
+        if (s->free_[c] > 0) {
+            s->free_[c] -= 1;
+        } else {
+            wait_push(s, c, j);
+            return 0;
+        }
+    }
+    int64_t k = s->kind[j];
+    double t2;
+    int64_t x;
+    if (k == K_SEND) {
+        int64_t mk = s->dkey[j];
+        if (s->rhead[mk] >= 0) {
+            s->partner[j] = fifo_pop(s, s->rhead, s->rtail, mk);
+        } else {
+            if (s->sorder[mk] < 0) s->sorder[mk] = s->screated++;
+            fifo_push(s, s->shead, s->stail, mk, j);
+        }
+        t2 = t + (s->aware ? s->overhead : s->mt[j]);
+        x = ~j;
+    } else if (k == K_RECV) {
+        int64_t mk = s->dkey[j];
+        if (s->shead[mk] >= 0) {
+            int64_t snd = fifo_pop(s, s->shead, s->stail, mk);
+            if (!s->arrived[snd]) { /* finishes when the message arrives */
+                s->partner[snd] = j;
+                return 0;
+            }
+            t2 = t; /* the message is already here */
+            x = j;
+        } else {
+            if (s->rorder[mk] < 0) s->rorder[mk] = s->rcreated++;
+            fifo_push(s, s->rhead, s->rtail, mk, j);
+            return 0;
+        }
+    } else {
+        t2 = t + s->dur[j];
+        x = j;
+    }
+    return schedule(s, t2, x);
+}
+
+static int items_append(Loop *s, int64_t x)
+{
+    if (s->nitems == s->items_cap) {
+        int64_t cap = s->items_cap ? s->items_cap * 2 : 1024;
+        int64_t *a = realloc(s->items, (size_t)cap * sizeof(int64_t));
+        if (!a) {
+            s->err = ERR_MEMORY;
+            return -1;
+        }
+        s->items = a;
+        s->items_cap = cap;
+    }
+    s->items[s->nitems++] = x;
+    return 0;
+}
+
+static int run_loop(Loop *s)
+{
+    double t = 0.0;
+    s->ngo = 0;
+    for (int64_t i = 0; i < s->n; i++)
+        if (s->indeg[i] == 0) s->go[s->ngo++] = i;
+    for (;;) {
+        for (int64_t g = 0; g < s->ngo; g++)
+            if (start_op(s, s->go[g], t) < 0) return -1;
+        s->ngo = 0;
+        if (s->heap.len == 0) break;
+        /* one round: every item of the earliest time, in the order scheduled */
+        t = s->heap.a[0].t;
+        s->nitems = 0;
+        while (s->heap.len && s->heap.a[0].t == t)
+            if (items_append(s, heap_pop(&s->heap).x) < 0) return -1;
+        for (int64_t k = 0; k < s->nitems; k++) { /* nitems grows with matched receives */
+            int64_t x = s->items[k], y;
+            if (x < 0) {
+                int64_t snd = ~x;
+                if (s->aware) {
+                    int64_t u = s->cur[snd], d = s->dstn[snd];
+                    if (u != d) { /* one hop: queue behind earlier messages on the link */
+                        int64_t link = s->hop[d * s->nn + u];
+                        if (link < 0 || link >= s->nl) {
+                            s->err = ERR_ROUTE;
+                            s->err_u = u;
+                            s->err_d = d;
+                            return -1;
+                        }
+                        double st = s->lfree[link];
+                        if (st < t) st = t;
+                        double sz = s->size[snd];
+                        double ser = sz / s->lbw[link];
+                        if (s->integer_ns) ser = trunc(ser); /* Python's int(): toward zero */
+                        double fin = st + ser;
+                        s->lfree[link] = fin;
+                        s->lbusy[link] += ser;
+                        s->lbytes[link] += sz;
+                        s->lmsgs[link] += 1;
+                        s->cur[snd] = s->ldst[link];
+                        if (schedule(s, fin + s->llat[link], x) < 0) return -1;
+                        continue;
+                    }
+                }
+                s->arrived[snd] = 1;
+                int64_t r = s->partner[snd];
+                if (r >= 0 && items_append(s, r) < 0) return -1; /* its receive ends now too */
+                y = snd;
+            } else {
+                y = x;
+            }
+            s->end[y] = t;
+            int64_t c = s->rel[y];
+            if (c >= 0) {
+                if (s->whead[c] >= 0) { /* hand the slot over; the op starts after the round */
+                    int64_t j = wait_take(s, c);
+                    s->start[j] = t;
+                    s->go[s->ngo++] = j;
+                } else {
+                    s->free_[c] += 1;
+                }
+            }
+            for (int64_t e = s->sptr[y]; e < s->sptr[y + 1]; e++) {
+                int64_t j = s->succ[e];
+                if (--s->indeg[j]) continue;
+                if (start_op(s, j, t) < 0) return -1;
+            }
+        }
+        s->events += s->nitems;
+    }
+    s->t = t;
+    return 0;
+}
+
+/* Dense ids 0..nkeys-1 for the message keys, in order of first appearance (a hash table). */
+static int dense_keys(Loop *s)
+{
+    int64_t nmsg = 0;
+    for (Py_ssize_t i = 0; i < s->n; i++) nmsg += s->mkey[i] >= 0;
+    int bits = 4;
+    while (((int64_t)1 << bits) < 2 * nmsg) bits++;
+    size_t cap = (size_t)1 << bits, mask = cap - 1;
+    int64_t *hk = malloc(cap * sizeof(int64_t)), *hv = malloc(cap * sizeof(int64_t));
+    s->dkey = malloc((size_t)(s->n ? s->n : 1) * sizeof(int64_t));
+    s->keyval = malloc((size_t)(nmsg ? nmsg : 1) * sizeof(int64_t));
+    if (!hk || !hv || !s->dkey || !s->keyval) {
+        free(hk);
+        free(hv);
+        return -1;
+    }
+    memset(hk, 0xff, cap * sizeof(int64_t)); /* -1: empty (keys are >= 0) */
+    s->nkeys = 0;
+    for (Py_ssize_t i = 0; i < s->n; i++) {
+        int64_t k = s->mkey[i];
+        if (k < 0) {
+            s->dkey[i] = -1;
+            continue;
+        }
+        size_t h = (size_t)(((uint64_t)k * 0x9E3779B97F4A7C15ULL) >> (64 - bits));
+        while (hk[h] != -1 && hk[h] != k) h = (h + 1) & mask;
+        if (hk[h] == -1) {
+            hk[h] = k;
+            hv[h] = s->nkeys;
+            s->keyval[s->nkeys++] = k;
+        }
+        s->dkey[i] = hv[h];
+    }
+    free(hk);
+    free(hv);
+    return 0;
+}
+
+/* ------------------------------------------------------------------ glue */
+
+/* Typed view of a 1-d C-contiguous buffer: 'q' int64, 'i' int32, 'd' float64. */
+static int get_buf(PyObject *obj, Py_buffer *v, char type, int writable, Py_ssize_t len, const char *name)
+{
+    int flags = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0);
+    if (PyObject_GetBuffer(obj, v, flags) < 0) return -1;
+    const char *f = v->format ? v->format : "B";
+    char fc = f[strlen(f) - 1];
+    if (f[0] != '@' && f[0] != '=' && f[0] != '<' && strlen(f) > 1) fc = 0; /* e.g. big-endian */
+    int ok;
+    if (type == 'd')
+        ok = fc == 'd' && v->itemsize == 8;
+    else if (type == 'q')
+        ok = (fc == 'q' || fc == 'l' || fc == 'n') && v->itemsize == 8;
+    else
+        ok = (fc == 'i' || fc == 'l') && v->itemsize == 4;
+    if (!ok || v->ndim > 1) {
+        PyErr_Format(PyExc_ValueError, "_simloop.run: %s must be a 1-d %s array, got format %s", name,
+                     type == 'd' ? "float64" : type == 'q' ? "int64" : "int32", f);
+        PyBuffer_Release(v);
+        return -1;
+    }
+    if (len >= 0 && v->len / v->itemsize != len) {
+        PyErr_Format(PyExc_ValueError, "_simloop.run: %s has %zd items, expected %zd", name,
+                     v->len / v->itemsize, len);
+        PyBuffer_Release(v);
+        return -1;
+    }
+    return 0;
+}
+
+#define NBUF 21
+
+/* Every index the loop follows is checked once here, so bad input cannot crash it. */
+static int check_indices(Loop *s, Py_ssize_t m)
+{
+    const char *bad = NULL;
+    if (s->sptr[0] != 0 || s->sptr[s->n] != m) bad = "sptr (must start at 0 and end at len(succ))";
+    for (Py_ssize_t i = 0; !bad && i < s->n; i++) {
+        if (s->sptr[i + 1] < s->sptr[i]) bad = "sptr (must not decrease)";
+        else if (s->acq[i] < -1 || s->acq[i] >= s->nres) bad = "acq (a slot index or -1)";
+        else if (s->rel[i] < -1 || s->rel[i] >= s->nres) bad = "rel (a slot index or -1)";
+        else if (s->indeg[i] < 0) bad = "indeg (negative)";
+        else if ((s->kind[i] == K_SEND || s->kind[i] == K_RECV) && s->mkey[i] < 0)
+            bad = "mkey (a message has no key)";
+        else if (s->aware && s->kind[i] == K_SEND &&
+                 (s->cur[i] < 0 || s->cur[i] >= s->nn || s->dstn[i] < 0 || s->dstn[i] >= s->nn))
+            bad = "cur/dstn (outside the routing table)";
+    }
+    for (Py_ssize_t e = 0; !bad && e < m; e++)
+        if (s->succ[e] < 0 || s->succ[e] >= s->n) bad = "succ (an op index)";
+    for (Py_ssize_t l = 0; !bad && s->aware && l < s->nl; l++)
+        if (s->ldst[l] < 0 || s->ldst[l] >= s->nn) bad = "ldst (an NPU index)";
+    if (bad) {
+        PyErr_Format(PyExc_ValueError, "_simloop.run: bad %s", bad);
+        return -1;
+    }
+    return 0;
+}
+
+/* The non-empty queues of one kind, in the order the reference's dict created them. */
+static PyObject *queues_dict(Loop *s, const int64_t *head, const int64_t *order, int64_t created)
+{
+    PyObject *d = PyDict_New();
+    if (!d) return NULL;
+    int64_t *by_order = malloc((size_t)(created ? created : 1) * sizeof(int64_t));
+    if (!by_order) {
+        Py_DECREF(d);
+        return PyErr_NoMemory();
+    }
+    for (int64_t k = 0; k < s->nkeys; k++)
+        if (order[k] >= 0) by_order[order[k]] = k;
+    for (int64_t o = 0; o < created; o++) {
+        int64_t k = by_order[o];
+        if (head[k] < 0) continue;
+        PyObject *lst = PyList_New(0);
+        PyObject *key = PyLong_FromLongLong(s->keyval[k]);
+        int bad = !lst || !key;
+        for (int64_t j = head[k]; !bad && j >= 0; j = s->qnext[j]) {
+            PyObject *v = PyLong_FromLongLong(j);
+            bad = !v || PyList_Append(lst, v) < 0;
+            Py_XDECREF(v);
+        }
+        if (!bad) bad = PyDict_SetItem(d, key, lst) < 0;
+        Py_XDECREF(lst);
+        Py_XDECREF(key);
+        if (bad) {
+            free(by_order);
+            Py_DECREF(d);
+            return NULL;
+        }
+    }
+    free(by_order);
+    return d;
+}
+
+/* Every slot's wait queue, left to right like the reference's deques. */
+static PyObject *wait_lists(Loop *s)
+{
+    PyObject *out = PyList_New(s->nres);
+    for (Py_ssize_t c = 0; out && c < s->nres; c++) {
+        PyObject *lst = PyList_New(0);
+        if (!lst) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        PyList_SET_ITEM(out, c, lst);
+        for (int64_t j = s->whead[c]; j >= 0; j = s->qnext[j]) {
+            PyObject *v = PyLong_FromLongLong(j);
+            if (!v || PyList_Append(lst, v) < 0) {
+                Py_XDECREF(v);
+                Py_DECREF(out);
+                return NULL;
+            }
+            Py_DECREF(v);
+        }
+        if (s->lifo && PyList_Reverse(lst) < 0) { /* a stack lists its top first */
+            Py_DECREF(out);
+            return NULL;
+        }
+    }
+    return out;
+}
+
+PyDoc_STRVAR(run_doc,
+             "run(kind, dur, sptr, succ, indeg, acq, rel, free, mkey, mt, cur, dstn, size, hop, ldst, llat,\n"
+             "    lbw, start, end, lfree, lbusy, lbytes, lmsgs, aware, integer_ns, overhead, lifo)\n"
+             "--\n\n"
+             "The simulator's event loop over numpy arrays (see engine._run, the reference).\n"
+             "indeg, free, cur, start, end, lfree, lbusy, lbytes and lmsgs are updated in place; start\n"
+             "and end must come filled with -1, lfree/lbusy/lbytes/lmsgs with 0. Returns (events, t, send_q, recv_q, waitq).");
+
+static PyObject *simloop_run(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *o[NBUF + 2];
+    int aware, integer_ns, lifo;
+    double overhead;
+    if (!PyArg_ParseTuple(args, "OOOOOOOOOOOOOOOOOOOOOOOpidp", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5],
+                          &o[6], &o[7], &o[8], &o[9], &o[10], &o[11], &o[12], &o[13], &o[14], &o[15], &o[16],
+                          &o[17], &o[18], &o[19], &o[20], &o[21], &o[22], &aware, &integer_ns, &overhead,
+                          &lifo))
+        return NULL;
+    enum { KIND, DUR, SPTR, SUCC, INDEG, ACQ, REL, FREE, MKEY, MT, CUR, DSTN, SIZE, HOP, LDST, LLAT, LBW,
+           START, END, LFREE, LBUSY, LBYTES, LMSGS, NB };
+    Py_buffer b[NB];
+    int held = 0;
+    PyObject *result = NULL;
+    Loop s;
+    memset(&s, 0, sizeof s);
+
+    /* op arrays first: their length is n */
+    if (get_buf(o[KIND], &b[KIND], 'q', 0, -1, "kind") < 0) return NULL;
+    held = 1;
+    Py_ssize_t n = b[KIND].len / 8;
+    static const struct {
+        int i;
+        char type;
+        int writable;
+        int len; /* 0: n, 1: n + 1, 2: any (succ, free, hop), 3: number of links */
+        const char *name;
+    } spec[] = {
+        {DUR, 'd', 0, 0, "dur"},       {SPTR, 'q', 0, 1, "sptr"},     {SUCC, 'q', 0, 2, "succ"},
+        {INDEG, 'q', 1, 0, "indeg"},   {ACQ, 'q', 0, 0, "acq"},       {REL, 'q', 0, 0, "rel"},
+        {FREE, 'd', 1, 2, "free"},     {MKEY, 'q', 0, 0, "mkey"},     {MT, 'd', 0, 0, "mt"},
+        {CUR, 'q', 1, 0, "cur"},       {DSTN, 'q', 0, 0, "dstn"},     {SIZE, 'd', 0, 0, "size"},
+        {HOP, 'i', 0, 2, "hop"},       {LDST, 'q', 0, 2, "ldst"},     {LLAT, 'd', 0, 3, "llat"},
+        {LBW, 'd', 0, 3, "lbw"},       {START, 'd', 1, 0, "start"},   {END, 'd', 1, 0, "end"},
+        {LFREE, 'd', 1, 3, "lfree"},   {LBUSY, 'd', 1, 3, "lbusy"},   {LBYTES, 'd', 1, 3, "lbytes"},
+        {LMSGS, 'q', 1, 3, "lmsgs"},
+    };
+    Py_ssize_t nl = -1;
+    for (size_t q = 0; q < sizeof spec / sizeof spec[0]; q++) {
+        Py_ssize_t len = spec[q].len == 0 ? n : spec[q].len == 1 ? n + 1 : spec[q].len == 3 ? nl : -1;
+        if (get_buf(o[spec[q].i], &b[spec[q].i], spec[q].type, spec[q].writable, len, spec[q].name) < 0)
+            goto done;
+        held++;
+        if (spec[q].i == LDST) nl = b[LDST].len / 8;
+    }
+    s.n = n;
+    s.nl = nl;
+    s.nres = b[FREE].len / 8;
+    s.kind = b[KIND].buf;
+    s.dur = b[DUR].buf;
+    s.sptr = b[SPTR].buf;
+    s.succ = b[SUCC].buf;
+    s.indeg = b[INDEG].buf;
+    s.acq = b[ACQ].buf;
+    s.rel = b[REL].buf;
+    s.free_ = b[FREE].buf;
+    s.mkey = b[MKEY].buf;
+    s.mt = b[MT].buf;
+    s.cur = b[CUR].buf;
+    s.dstn = b[DSTN].buf;
+    s.size = b[SIZE].buf;
+    s.hop = b[HOP].buf;
+    s.ldst = b[LDST].buf;
+    s.llat = b[LLAT].buf;
+    s.lbw = b[LBW].buf;
+    s.start = b[START].buf;
+    s.end = b[END].buf;
+    s.lfree = b[LFREE].buf;
+    s.lbusy = b[LBUSY].buf;
+    s.lbytes = b[LBYTES].buf;
+    s.lmsgs = b[LMSGS].buf;
+    s.aware = aware;
+    s.integer_ns = integer_ns;
+    s.lifo = lifo;
+    s.overhead = overhead;
+    /* the routing table is square: nn NPUs */
+    Py_ssize_t nhop = b[HOP].len / 4;
+    s.nn = (Py_ssize_t)floor(sqrt((double)nhop) + 0.5);
+    if (aware && s.nn * s.nn != nhop) {
+        PyErr_SetString(PyExc_ValueError, "_simloop.run: hop must be a flattened square [dst, src] table");
+        goto done;
+    }
+    if (check_indices(&s, b[SUCC].len / 8) < 0) goto done;
+    if (dense_keys(&s) < 0) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    size_t nk = (size_t)(s.nkeys ? s.nkeys : 1), nr = (size_t)(s.nres ? s.nres : 1),
+           nn1 = (size_t)(n ? n : 1);
+    s.partner = malloc(nn1 * sizeof(int64_t));
+    s.qnext = malloc(nn1 * sizeof(int64_t));
+    s.go = malloc(nn1 * sizeof(int64_t));
+    s.arrived = calloc(nn1, 1);
+    s.whead = malloc(nr * sizeof(int64_t));
+    s.wtail = malloc(nr * sizeof(int64_t));
+    s.shead = malloc(nk * sizeof(int64_t));
+    s.stail = malloc(nk * sizeof(int64_t));
+    s.sorder = malloc(nk * sizeof(int64_t));
+    s.rhead = malloc(nk * sizeof(int64_t));
+    s.rtail = malloc(nk * sizeof(int64_t));
+    s.rorder = malloc(nk * sizeof(int64_t));
+    if (!s.partner || !s.qnext || !s.go || !s.arrived || !s.whead || !s.wtail || !s.shead || !s.stail ||
+        !s.sorder || !s.rhead || !s.rtail || !s.rorder) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    /* all bytes 0xff: every int64 is -1 (empty queue, no partner, never created) */
+    memset(s.partner, 0xff, nn1 * sizeof(int64_t));
+    memset(s.whead, 0xff, nr * sizeof(int64_t));
+    memset(s.wtail, 0xff, nr * sizeof(int64_t));
+    memset(s.shead, 0xff, nk * sizeof(int64_t));
+    memset(s.stail, 0xff, nk * sizeof(int64_t));
+    memset(s.sorder, 0xff, nk * sizeof(int64_t));
+    memset(s.rhead, 0xff, nk * sizeof(int64_t));
+    memset(s.rtail, 0xff, nk * sizeof(int64_t));
+    memset(s.rorder, 0xff, nk * sizeof(int64_t));
+
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = run_loop(&s);
+    Py_END_ALLOW_THREADS
+    if (rc < 0) {
+        if (s.err == ERR_ROUTE)
+            PyErr_Format(PyExc_ValueError, "_simloop.run: no route from NPU %lld to NPU %lld",
+                         (long long)s.err_u, (long long)s.err_d);
+        else
+            PyErr_NoMemory();
+        goto done;
+    }
+    PyObject *sq = queues_dict(&s, s.shead, s.sorder, s.screated);
+    PyObject *rq = sq ? queues_dict(&s, s.rhead, s.rorder, s.rcreated) : NULL;
+    PyObject *wq = rq ? wait_lists(&s) : NULL;
+    if (wq) result = Py_BuildValue("(LdNNN)", (long long)s.events, s.t, sq, rq, wq);
+    if (!result) {
+        Py_XDECREF(sq);
+        Py_XDECREF(rq);
+        Py_XDECREF(wq);
+    }
+
+done:
+    free(s.partner);
+    free(s.qnext);
+    free(s.dkey);
+    free(s.keyval);
+    free(s.go);
+    free(s.arrived);
+    free(s.whead);
+    free(s.wtail);
+    free(s.shead);
+    free(s.stail);
+    free(s.sorder);
+    free(s.rhead);
+    free(s.rtail);
+    free(s.rorder);
+    free(s.items);
+    free(s.heap.a);
+    /* release in the order acquired: kind, then spec[0 .. held-2] */
+    PyBuffer_Release(&b[KIND]);
+    for (int q = 0; q < held - 1; q++) PyBuffer_Release(&b[spec[q].i]);
+    return result;
+}
+
+static PyMethodDef methods[] = {
+    {"run", simloop_run, METH_VARARGS, run_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef moduledef = {
+    PyModuleDef_HEAD_INIT, "_simloop", "Native event loop of the simulator (reference: engine._run).", -1,
+    methods, NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__simloop(void) { return PyModule_Create(&moduledef); }
