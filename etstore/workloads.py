@@ -58,6 +58,11 @@ def transformer(
     """
     if ranks < 1 or tp < 1 or ranks % tp:
         raise EtstoreError(f"transformer: ranks ({ranks}) must be a positive multiple of tp ({tp})")
+    for label, value in (("layers", layers), ("hidden", hidden), ("seq_tokens", seq_tokens)):
+        if value < 1:
+            raise EtstoreError(f"transformer: {label} must be at least 1, got {value}")
+    if bytes_per_elem < 1:
+        raise EtstoreError(f"transformer: bytes_per_elem must be at least 1, got {bytes_per_elem}")
     rng = np.random.default_rng(seed)
     layer_flops = 24 * seq_tokens * hidden * hidden / tp
     fwd_us = layer_flops / 100e12 * 1e6

@@ -138,3 +138,33 @@ def test_sweep_records_bus_bandwidth_curves(capsys: pytest.CaptureFixture[str], 
         assert r["bw"] == sorted(r["bw"]) and 0 < r["bw"][-1] < 2 * 50
     code, _, err = run(capsys, s, "sweep", "--algo", "ring", "--topo", "ring:8", "--sizes", "1KiB..1B")
     assert code == 1 and "size range" in err and err.count("\n") == 1
+
+
+def test_bad_inputs_are_one_line_errors_and_store_nothing(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    s = tmp_path / "s"
+    assert run(capsys, s, "workload", "--ranks", "4", "--tp", "2", "--layers", "1", "--ingest")[0] == 0
+    assert run(capsys, s, "algo", "gen", "ring", "--coll", "allreduce", "--ranks", "2")[0] == 0
+    cases = [
+        (
+            ("sim", "transformer", "--topo", "ring:4", "--algo", "transformer"),
+            "is a workload trace, not an algorithm",
+        ),
+        (("sim", "transformer", "--topo", "ring:4", "--algo", "ring:2"), "--algo ring --chunks 2"),
+        (("sim", "transformer", "--topo", "ring:4", "--algo", "nope"), "generators: ring"),
+        (("sweep", "--algo", "ring", "--topo", "ring:4", "--sizes", "0"), "at least one byte"),
+        (("check", "transformer"), "check needs an algorithm trace; 'transformer' is a workload"),
+        (("compare", "transformer", "ring-allreduce-2r-1c", "--topo", "ring:4"), "need the same ranks"),
+        (("workload", "--hidden", "-5", "--ingest"), "hidden must be at least 1"),
+        (("export", "transformer", "--out", "/proc/etstore/x"), "/proc/etstore"),
+        (("export", "ring-allreduce-2r-1c", "--gzip", "--out", str(tmp_path / "x")), "--gzip applies"),
+        (("ingest", str(tmp_path), str(tmp_path), "--name", "x"), "--name names one trace"),
+    ]
+    for argv, message in cases:
+        code, _, err = run(capsys, s, *argv)
+        assert code == 1 and err.startswith("etstore: error:") and err.count("\n") == 1, (argv, err)
+        assert message in err, (argv, err)
+    assert _sql(s, "SELECT count(*) AS n FROM runs") == [{"n": 0}]
+    assert _sql(s, "SELECT count(*) AS n FROM sweep_points") == [{"n": 0}]
+    assert _sql(s, "SELECT count(*) AS n FROM traces") == [{"n": 2}]

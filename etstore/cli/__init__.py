@@ -53,11 +53,16 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``etstore`` console script."""
     args = _parser().parse_args(argv)
-    console = Console(soft_wrap=False)
+    # piped output is read by scripts and wide terminals alike: do not fold tables at 80 columns
+    console = Console(soft_wrap=False, width=None if sys.stdout.isatty() else 200)
     try:
         return int(args.handler(args, console))
     except EtstoreError as exc:
         print(f"etstore: error: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:  # a file or directory the user named cannot be read or written
+        where = f": {exc.filename}" if getattr(exc, "filename", None) else ""
+        print(f"etstore: error: {exc.strerror or exc}{where}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("etstore: interrupted; nothing partial was kept", file=sys.stderr)

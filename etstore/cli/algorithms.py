@@ -10,6 +10,7 @@ from rich.console import Console
 
 from etstore._render import render
 from etstore.cli._common import add_format, open_from_args, print_json, trace_from
+from etstore.errors import EtstoreError
 
 
 def _check(args: argparse.Namespace, console: Console) -> int:
@@ -19,6 +20,8 @@ def _check(args: argparse.Namespace, console: Console) -> int:
     with open_from_args(args, read_only=True) as store:
         for spec in args.algos:
             trace = trace_from(store, spec)
+            if trace.kind != "algorithm":
+                raise EtstoreError(f"check needs an algorithm trace; {trace.name!r} is a {trace.kind}")
             report = check_algorithm(trace, max_problems=args.max_problems)
             failed += not report.ok
             if args.format == "json":

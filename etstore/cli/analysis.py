@@ -53,8 +53,12 @@ def _overlap(args: argparse.Namespace, console: Console) -> int:
         return 0
     render(found, args.format, title=f"opportunities in {args.trace}", console=console)
     if args.format == "table":
-        total = sum(found["gain_ns"].to_pylist())
-        console.print(f"{found.num_rows} opportunities, estimated gains add up to {total:,.0f} ns")
+        best = max(found["gain_ns"].to_pylist(), default=0) or 0
+        console.print(
+            f"{found.num_rows} opportunities; largest estimated gain {best / 1e3:,.1f} µs "
+            "(gains overlap, so they do not add up)",
+            soft_wrap=True,
+        )
     return 0
 
 

@@ -18,8 +18,16 @@ _BUILTIN = {"native", "replay", "ring", "direct", "halving-doubling", "tree", "a
 
 
 def _algorithm(store: Store, spec: str) -> Any:
-    """A built-in name stays a name; anything else is a stored algorithm or an algorithm file."""
-    return spec if spec in _BUILTIN else trace_from(store, spec)
+    """A built-in name stays a name; anything else is a stored algorithm (or an error naming both)."""
+    if spec in _BUILTIN:
+        return spec
+    from etstore.collectives.expand import resolve_algorithm
+
+    algo = resolve_algorithm(store, spec)
+    if isinstance(algo, str):  # a generator with chunks: the simulator takes them from --chunks
+        name, chunks = algo.partition(":")[0], algo.partition(":")[2]
+        raise EtstoreError(f"--algo {spec!r}: write --algo {name} --chunks {chunks} for the simulator")
+    return algo
 
 
 def _algorithms(store: Store, specs: list[str] | None) -> dict[str, Any] | None:

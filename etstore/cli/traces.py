@@ -17,41 +17,54 @@ from etstore.errors import EtstoreError
 
 
 def _ingest(args: argparse.Namespace, console: Console) -> int:
-    from etstore.ingest import read_trace
-
-    rows = []
+    if args.name and len(args.paths) > 1:
+        raise EtstoreError("ingest: --name names one trace; give one path with it")
+    rows: list[dict[str, Any]] = []
     with open_from_args(args) as store:
-        bar = progress(console)
-        for spec in args.paths:
-            if bar:
-                with bar:
-                    task = bar.add_task(f"ingest {spec}", total=3)
-                    trace = read_trace(spec, name=args.name)
-                    bar.advance(task)
-                    report = store.ingest(
-                        trace, name=args.name, progress=lambda _s, _d, _t, task=task: bar.advance(task)
-                    )
-            else:
-                trace = read_trace(spec, name=args.name)
-                report = store.ingest(trace, name=args.name)
-            info = report.trace
-            rows.append(
-                {
-                    "trace": info.name,
-                    "kind": info.kind,
-                    "status": "new" if report.created else "already stored",
-                    "ranks": info.ranks,
-                    "ops": info.ops,
-                    "deps": info.deps,
-                    "missing": info.missing,
-                    "messages": info.messages,
-                    "cycles": report.cycles,
-                    "unmatched": report.unmatched_sends + report.unmatched_recvs,
-                    "seconds": round(report.seconds, 3),
-                }
-            )
+        try:
+            _ingest_each(args, console, store, rows)
+        except EtstoreError as exc:
+            if rows:  # each path is its own atomic ingest: say which ones landed before the failure
+                done = ", ".join(r["trace"] for r in rows)
+                raise EtstoreError(f"{exc} (stored before this failure: {done})") from exc
+            raise
     render(pa.Table.from_pylist(rows), args.format, console=console)
     return 0
+
+
+def _ingest_each(args: argparse.Namespace, console: Console, store: Any, rows: list[dict[str, Any]]) -> None:
+    """Ingest each path in turn (each atomic on its own), appending a summary row per trace."""
+    from etstore.ingest import read_trace
+
+    bar = progress(console)
+    for spec in args.paths:
+        if bar:
+            with bar:
+                task = bar.add_task(f"ingest {spec}", total=3)
+                trace = read_trace(spec, name=args.name)
+                bar.advance(task)
+                report = store.ingest(
+                    trace, name=args.name, progress=lambda _s, _d, _t, task=task: bar.advance(task)
+                )
+        else:
+            trace = read_trace(spec, name=args.name)
+            report = store.ingest(trace, name=args.name)
+        info = report.trace
+        rows.append(
+            {
+                "trace": info.name,
+                "kind": info.kind,
+                "status": "new" if report.created else "already stored",
+                "ranks": info.ranks,
+                "ops": info.ops,
+                "deps": info.deps,
+                "missing": info.missing,
+                "messages": info.messages,
+                "cycles": report.cycles,
+                "unmatched": report.unmatched_sends + report.unmatched_recvs,
+                "seconds": round(report.seconds, 3),
+            }
+        )
 
 
 def _ls(args: argparse.Namespace, console: Console) -> int:
@@ -112,6 +125,10 @@ def _export(args: argparse.Namespace, console: Console) -> int:
         trace = store.load(args.trace)
     if args.coll_size is not None and args.format != "et":
         raise EtstoreError("export: --coll-size applies to --format et only")
+    if args.gzip and (args.format != "et" or trace.kind == "algorithm"):
+        raise EtstoreError("export: --gzip applies to --format et of non-algorithm traces only")
+    if args.proto and args.format != "msccl-xml":
+        raise EtstoreError("export: --proto applies to --format msccl-xml only")
     if args.format == "json":
         paths = write_chakra_json(trace, args.out)
     elif args.format == "msccl-xml":

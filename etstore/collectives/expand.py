@@ -866,8 +866,11 @@ def resolve_algorithm(store: Any, spec: str | Trace, loaded: dict[str, Trace] | 
     if spec in loaded:
         return loaded[spec]
     if spec in {t.name for t in store.traces()}:
-        loaded[spec] = store.load(spec)
-        return loaded[spec]
+        trace = store.load(spec)
+        if trace.kind != "algorithm":
+            raise EtstoreError(f"{spec!r} is a {trace.kind} trace, not an algorithm")
+        loaded[spec] = trace
+        return trace
     parse_generator(spec)  # raises naming the generators and the stored traces are not it
     return spec
 

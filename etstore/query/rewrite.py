@@ -717,4 +717,6 @@ def rewrite_stored(
         ):
             order[(int(r), int(other))] = [int(s) for s, _ in json.loads(detail)["chunks"]]
     out, lineage = _rewrite(original, kind, expansions, order, max_pieces, name)
+    if not out.params.get("changes"):
+        raise RewriteError(f"{kind} finds nothing to change in {trace!r}; nothing was stored")
     return store.ingest(out, name=name, parent=trace, lineage=lineage)

@@ -35,7 +35,7 @@ def summarize(store: Store, name: str) -> TraceSummary:
     ).to_arrow()
     coll = store.sql(
         "SELECT comm_type, comm_size, coalesce(pg_name, '') AS pg_name, count(*) AS count FROM ops "
-        "WHERE trace = $t AND type = 'COMM_COLL_NODE' GROUP BY ALL ORDER BY comm_type, comm_size",
+        "WHERE trace = $t AND type = 'COMM_COLL_NODE' GROUP BY ALL ORDER BY comm_type, comm_size, pg_name",
         p,
     ).to_arrow()
     missing = store.sql(

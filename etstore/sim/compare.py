@@ -138,6 +138,13 @@ def compare(
     from etstore.sim.config import ConfigError
 
     trace_a, trace_b = store.load(a), store.load(b)
+    ranks_a = set(trace_a.ops["rank"].unique().to_pylist())
+    ranks_b = set(trace_b.ops["rank"].unique().to_pylist())
+    if ranks_a != ranks_b:
+        raise ConfigError(
+            f"cannot compare {a!r} ({len(ranks_a)} ranks) with {b!r} ({len(ranks_b)} ranks): "
+            "per-rank differences need the same ranks"
+        )
     cfg = config or SimConfig()
     if congestion is not None:
         if congestion not in ("aware", "unaware"):

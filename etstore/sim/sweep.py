@@ -90,7 +90,10 @@ def parse_sizes(text: str) -> list[int]:
         if not item:
             continue
         if ".." not in item:
-            out.add(parse_size(item))
+            size = parse_size(item)
+            if size <= 0:
+                raise UnsatisfiableError(f"size {item!r}: a collective needs at least one byte")
+            out.add(size)
             continue
         lo_text, hi_text = item.split("..", 1)
         factor = 2

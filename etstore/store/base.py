@@ -71,6 +71,8 @@ class Store(Protocol):
     """What every backend offers. Traces are addressed by name."""
 
     location: str
+    duck: Any
+    """The DuckDB warehouse connection (SQL tables and simulation metrics); both backends keep one."""
 
     def ingest(
         self,

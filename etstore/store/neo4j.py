@@ -58,6 +58,8 @@ from etstore.store.result import Result
 __all__ = ["Neo4jStore", "Neo4jTarget", "parse_url", "translate_cypher"]
 
 log = logging.getLogger(__name__)
+# the driver logs connection failures itself; etstore reports them as one line instead
+logging.getLogger("neo4j").setLevel(logging.CRITICAL)
 
 WAREHOUSE_ENV = "ETSTORE_WAREHOUSE"
 _SCHEMES = ("neo4j", "neo4j+s", "neo4j+ssc", "bolt", "bolt+s", "bolt+ssc")
