@@ -33,6 +33,7 @@ from etstore.proto import COLLECTIVE_COMM_TYPES, NODE_TYPES, ONEOF_FIELDS, Attri
 
 __all__ = [
     "ATTR_COLUMNS",
+    "COLLECTIVE_NAMES",
     "DEPS_SCHEMA",
     "META_SCHEMA",
     "OPS_SCHEMA",
@@ -63,6 +64,20 @@ ATTR_COLUMNS: dict[str, tuple[pa.DataType, str]] = {
     "chunk_offset": (pa.int64(), "int64_val"),
     "tb_id": (pa.int64(), "int64_val"),
     "local_time_step": (pa.int64(), "int64_val"),
+}
+
+# Chakra CollectiveCommType name -> the collective's name in algorithm traces (``params["collective"]``).
+COLLECTIVE_NAMES: dict[str, str] = {
+    "ALL_REDUCE": "allreduce",
+    "REDUCE": "reduce",
+    "ALL_GATHER": "allgather",
+    "GATHER": "gather",
+    "SCATTER": "scatter",
+    "BROADCAST": "broadcast",
+    "ALL_TO_ALL": "alltoall",
+    "REDUCE_SCATTER": "reducescatter",
+    "REDUCE_SCATTER_BLOCK": "reducescatter",
+    "BARRIER": "barrier",
 }
 
 OPS_SCHEMA = pa.schema(

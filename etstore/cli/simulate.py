@@ -31,20 +31,26 @@ def _algorithm(store: Store, spec: str) -> Any:
 
 
 def _algorithms(store: Store, specs: list[str] | None) -> dict[str, Any] | None:
-    """``--algo ring`` (every collective type) or ``--algo allreduce=ring,allgather=NAME``."""
+    """``--algo ring`` (every collective it implements; ``native``/``replay``: every type) or
+    ``--algo allreduce=ring,allgather=NAME``, parsed and resolved as ``expand`` does."""
     if not specs:
         return None
+    from etstore.collectives.expand import algorithms_by_type, parse_by_type
+    from etstore.model import COLLECTIVE_NAMES
+
     out: dict[str, Any] = {}
-    for item in (p.strip() for spec in specs for p in spec.split(",")):
-        if not item:
-            continue
+    for item in (p.strip() for spec in specs for p in spec.split(",") if p.strip()):
         if "=" in item:
-            coll, algo = (x.strip() for x in item.split("=", 1))
-            out[coll] = _algorithm(store, algo)
-        else:
-            algo = _algorithm(store, item)
-            for coll in ("allreduce", "allgather", "reducescatter", "alltoall"):
-                out.setdefault(coll, algo)
+            out.update({coll: _algorithm(store, algo) for coll, algo in parse_by_type(item).items()})
+            continue
+        algo = _algorithm(store, item)
+        cover = (
+            dict.fromkeys(COLLECTIVE_NAMES, algo)
+            if algo in ("native", "replay")
+            else algorithms_by_type(algo)
+        )
+        for coll, a in cover.items():
+            out.setdefault(coll, a)
     return out
 
 

@@ -14,6 +14,7 @@ from rich.console import Console
 from etstore._render import render
 from etstore.cli._common import add_format, open_from_args, progress
 from etstore.errors import EtstoreError
+from etstore.ingest.export import EXPORT_FORMATS
 
 
 def _ingest(args: argparse.Namespace, console: Console) -> int:
@@ -119,32 +120,13 @@ def _rm(args: argparse.Namespace, console: Console) -> int:
 
 
 def _export(args: argparse.Namespace, console: Console) -> int:
-    from etstore.ingest import write_chakra_json, write_et
+    from etstore.ingest.export import export_trace
 
     with open_from_args(args, read_only=True) as store:
         trace = store.load(args.trace)
-    if args.coll_size is not None and args.format != "et":
-        raise EtstoreError("export: --coll-size applies to --format et only")
-    if args.gzip and (args.format != "et" or trace.kind == "algorithm"):
-        raise EtstoreError("export: --gzip applies to --format et of non-algorithm traces only")
-    if args.proto and args.format != "msccl-xml":
-        raise EtstoreError("export: --proto applies to --format msccl-xml only")
-    if args.format == "json":
-        paths = write_chakra_json(trace, args.out)
-    elif args.format == "msccl-xml":
-        from etstore.collectives.msccl_writer import write_msccl_xml
-
-        out = args.out if args.out.endswith(".xml") else f"{args.out}.xml"
-        paths = [write_msccl_xml(trace, out, proto=args.proto)]
-    elif trace.kind == "algorithm":  # ASTRA-sim's custom-collective convention (int32 chunk fields)
-        from etstore.collectives.et_writer import parse_size, write_algorithm_et
-
-        size = parse_size(args.coll_size) if args.coll_size is not None else None
-        paths = write_algorithm_et(trace, args.out, coll_size=size)
-    elif args.coll_size is not None:
-        raise EtstoreError(f"export: --coll-size needs an algorithm trace; {trace.name!r} is a {trace.kind}")
-    else:
-        paths = write_et(trace, args.out, gzip_output=args.gzip)
+    paths = export_trace(
+        trace, args.out, format=args.format, coll_size=args.coll_size, gzip=args.gzip, proto=args.proto
+    )
     for p in paths:
         console.print(str(p), highlight=False, soft_wrap=True)
     return 0
@@ -215,7 +197,7 @@ def register(sub: Any) -> None:
     )
     sp.add_argument(
         "--format",
-        choices=("et", "json", "msccl-xml"),
+        choices=EXPORT_FORMATS,
         default="et",
         help="et: Chakra per rank (default); json: Chakra JSON; msccl-xml: MSCCL-IR for MSCCL/RCCL",
     )

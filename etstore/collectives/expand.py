@@ -27,7 +27,7 @@ import pyarrow.compute as pc
 from etstore.collectives._parts import Parts, concat, prepare
 from etstore.collectives.generators import GENERATORS, generate
 from etstore.errors import EtstoreError, QueryError
-from etstore.model import DEPS_SCHEMA, OPS_SCHEMA, Trace, content_hash, deps_table, op_rows
+from etstore.model import COLLECTIVE_NAMES, DEPS_SCHEMA, OPS_SCHEMA, Trace, content_hash, deps_table, op_rows
 
 __all__ = [
     "EXPANDED_SCHEMA",
@@ -64,18 +64,7 @@ EXPANDED_SCHEMA = pa.schema(
 )
 
 # Chakra CollectiveCommType name -> the algorithm representation's collective name
-_SHORT: dict[str, str] = {
-    "ALL_REDUCE": "allreduce",
-    "REDUCE": "reduce",
-    "ALL_GATHER": "allgather",
-    "GATHER": "gather",
-    "SCATTER": "scatter",
-    "BROADCAST": "broadcast",
-    "ALL_TO_ALL": "alltoall",
-    "REDUCE_SCATTER": "reducescatter",
-    "REDUCE_SCATTER_BLOCK": "reducescatter",
-    "BARRIER": "barrier",
-}
+_SHORT: dict[str, str] = COLLECTIVE_NAMES
 _INT32_MAX = (1 << 31) - 1
 
 

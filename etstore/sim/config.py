@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from etstore.errors import EtstoreError, TopologyError
+from etstore.model import COLLECTIVE_NAMES
 from etstore.sim.topology import Topology
 
 __all__ = [
@@ -44,18 +45,7 @@ class ConfigError(EtstoreError):
 
 
 # Chakra CollectiveCommType name -> the algorithm representation's collective name.
-COLLECTIVES: dict[str, str] = {
-    "ALL_REDUCE": "allreduce",
-    "REDUCE": "reduce",
-    "ALL_GATHER": "allgather",
-    "GATHER": "gather",
-    "SCATTER": "scatter",
-    "BROADCAST": "broadcast",
-    "ALL_TO_ALL": "alltoall",
-    "REDUCE_SCATTER": "reducescatter",
-    "REDUCE_SCATTER_BLOCK": "reducescatter",
-    "BARRIER": "barrier",
-}
+COLLECTIVES: dict[str, str] = COLLECTIVE_NAMES
 _ALIASES = {name.replace("_", "").lower(): chakra for chakra, name in COLLECTIVES.items()}
 _ALIASES.update({c.replace("_", "").lower(): c for c in COLLECTIVES})
 
