@@ -168,3 +168,31 @@ def test_bad_inputs_are_one_line_errors_and_store_nothing(
     assert _sql(s, "SELECT count(*) AS n FROM runs") == [{"n": 0}]
     assert _sql(s, "SELECT count(*) AS n FROM sweep_points") == [{"n": 0}]
     assert _sql(s, "SELECT count(*) AS n FROM traces") == [{"n": 2}]
+
+
+def test_switch_dimension_is_timed_alike_from_spec_and_astra_file(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    s = tmp_path / "s"
+    ops = ops_table(
+        {
+            "rank": [0, 3],
+            "id": [0, 0],
+            "type": ["COMM_SEND_NODE", "COMM_RECV_NODE"],
+            "comm_dst": [3, None],
+            "comm_src": [None, 0],
+            "comm_tag": [1, 1],
+            "comm_size": [1 << 20, 1 << 20],
+        }
+    )
+    with open_store(s) as store:
+        store.ingest(Trace(ops, name="one-message"))
+    net = tmp_path / "net.yml"
+    net.write_text("topology: [ Switch ]\nnpus_count: [ 4 ]\nbandwidth: [ 100.0 ]\nlatency: [ 10.0 ]\n")
+    totals = []
+    for how in (("--network-config", str(net)), ("--topo", str(net)), ("--topo", "switch:4,bw=100,lat=10")):
+        code, out, _ = run(capsys, s, "sim", "one-message", *how, "--no-record", "--format", "json")
+        assert code == 0, out
+        totals.append(json.loads(out)["total_ns"])
+    # two hops of 10 ns + 1 MiB at the full 100 GiB/s port (ASTRA-sim's analytical switch), not 100/3
+    assert totals == [20 + 9765, 20 + 9765, 20 + 9765]

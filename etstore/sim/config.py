@@ -385,8 +385,8 @@ def astra_topology(
                 axes.append(Dim("ring", n, bw, lat))
             elif k == "fullyconnected":
                 axes.append(Dim("fc", n, bw, lat))
-            elif k == "switch":  # two hops at full port bandwidth: ASTRA-sim's unaware formula
-                axes.append(Dim("fc", n, bw, 2.0 * lat))
+            elif k == "switch":  # the simulator times it at full port bandwidth over two hops
+                axes.append(Dim("switch", n, bw, lat))
             else:
                 raise TopologyError(f"unknown topology {kind!r}; expected Ring, FullyConnected or Switch")
         return compose(axes, name=name)

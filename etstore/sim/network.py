@@ -191,6 +191,7 @@ class Network:
         self.latency_ns = np.asarray(topo.latency_ns, dtype=np.float64)
         self.bytes_per_ns = np.asarray(topo.bandwidth_gb_per_s, dtype=np.float64) * GIB / 1e9
         self.label = link_dimensions(topo, self.dims)
+        self._switch_ports()
         n = self.num_nodes
         self._nh = np.full((n, n), -2, dtype=np.int32)  # [dst, src] -> link; -2 unknown, -1 none
         self._done = np.zeros(n, dtype=bool)
@@ -198,6 +199,23 @@ class Network:
         if self._shared is not None:
             self._nh = self._shared
             self._done[:] = True
+
+    def _switch_ports(self) -> None:
+        """Give switch links their port bandwidth back.
+
+        The topology unwinds a switch of ``n`` NPUs into pairwise links of ``bw / (n-1)``
+        (a port shared fairly, what synthesis plans with); a message through the switch
+        moves at the full port bandwidth over two hops, as ASTRA-sim's analytical
+        network times it. Only full, unfailed built-in shapes carry their axes.
+        """
+        axes = getattr(self.topo, "dims", ())
+        if not axes or self.topo.labels is not None:
+            return
+        if tuple(int(d.size) for d in axes) != self.dims:
+            return
+        for k, d in enumerate(axes):
+            if d.kind == "switch" and d.size > 2:
+                self.bytes_per_ns[self.label == k] *= d.size - 1
 
     @staticmethod
     def _shared_routes(topo: Topology) -> np.ndarray | None:
