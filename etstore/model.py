@@ -33,6 +33,7 @@ from etstore.proto import COLLECTIVE_COMM_TYPES, NODE_TYPES, ONEOF_FIELDS, Attri
 
 __all__ = [
     "ATTR_COLUMNS",
+    "CHUNK_COLUMNS",
     "COLLECTIVE_NAMES",
     "DEPS_SCHEMA",
     "META_SCHEMA",
@@ -65,6 +66,16 @@ ATTR_COLUMNS: dict[str, tuple[pa.DataType, str]] = {
     "tb_id": (pa.int64(), "int64_val"),
     "local_time_step": (pa.int64(), "int64_val"),
 }
+
+# Chunk attributes of algorithm DAGs (collectiveapi convention), in their column order.
+CHUNK_COLUMNS: tuple[str, ...] = (
+    "msg_chunk_cnt",
+    "msg_chunk_idx",
+    "total_chunk_cnt",
+    "chunk_offset",
+    "tb_id",
+    "local_time_step",
+)
 
 # Chakra CollectiveCommType name -> the collective's name in algorithm traces (``params["collective"]``).
 COLLECTIVE_NAMES: dict[str, str] = {

@@ -19,25 +19,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from etstore.errors import EtstoreError
-from etstore.model import OPS_SCHEMA, Trace, op_rows
+from etstore.model import CHUNK_COLUMNS, OPS_SCHEMA, Trace, op_rows
 
 __all__ = ["Parts", "concat", "prepare"]
 
 # op columns copied verbatim from the algorithm into the expansion
-COPIED = (
-    "name",
-    "type",
-    "start_time_micros",
-    "is_cpu_op",
-    "msg_chunk_cnt",
-    "msg_chunk_idx",
-    "total_chunk_cnt",
-    "chunk_offset",
-    "tb_id",
-    "local_time_step",
-    "attrs",
-    "attr_order",
-)
+COPIED = ("name", "type", "start_time_micros", "is_cpu_op", *CHUNK_COLUMNS, "attrs", "attr_order")
 _ALLOWED_TYPES = frozenset(
     {"COMM_SEND_NODE", "COMM_RECV_NODE", "COMP_NODE", "MEM_LOAD_NODE", "MEM_STORE_NODE"}
 )

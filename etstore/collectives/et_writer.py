@@ -22,7 +22,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from etstore.errors import UnsatisfiableError
-from etstore.model import Trace, member_number
+from etstore.model import CHUNK_COLUMNS, Trace, member_number
 from etstore.proto import GlobalMetadata
 
 __all__ = ["message_sizes", "parse_size", "write_algorithm_et"]
@@ -31,14 +31,7 @@ log = logging.getLogger(__name__)
 
 SCHEMA = "1.0.2-chakra.0.0.4"  # what collectiveapi writes in GlobalMetadata
 _SCALED = frozenset({"allgather", "reducescatter", "alltoall"})
-_CHUNK_COLS = (
-    "msg_chunk_cnt",
-    "msg_chunk_idx",
-    "total_chunk_cnt",
-    "chunk_offset",
-    "tb_id",
-    "local_time_step",
-)
+_CHUNK_COLS = CHUNK_COLUMNS
 _I32 = member_number("int32_val")
 _I64 = member_number("int64_val")
 

@@ -13,6 +13,7 @@ from etstore.errors import UnsatisfiableError
 from etstore.ingest._frames import varint
 from etstore.ingest.et import read_et
 from etstore.ingest.msccl_xml import read_msccl_xml
+from etstore.model import CHUNK_COLUMNS
 from etstore.proto import GlobalMetadata, Node
 from tests.conftest import fixture_path
 
@@ -71,22 +72,7 @@ def test_round_trip_through_et_keeps_the_algorithm(tmp_path: Path) -> None:
     trace = generate("direct", coll="allreduce", ranks=4, chunks=2)
     write_algorithm_et(trace, tmp_path / "d", coll_size=4096, reduce_duration_micros=3)
     back = read_et(tmp_path / "d")
-    cols = [
-        "rank",
-        "id",
-        "name",
-        "type",
-        "comm_src",
-        "comm_dst",
-        "comm_tag",
-        "msg_chunk_cnt",
-        "msg_chunk_idx",
-        "total_chunk_cnt",
-        "chunk_offset",
-        "tb_id",
-        "local_time_step",
-        "attrs",
-    ]
+    cols = ["rank", "id", "name", "type", "comm_src", "comm_dst", "comm_tag", *CHUNK_COLUMNS, "attrs"]
     assert back.ops.select(cols).equals(trace.ops.select(cols))
     assert back.deps.select(["rank", "src", "dst"]).equals(trace.deps.select(["rank", "src", "dst"]))
     comp = pc.equal(back.ops["type"], "COMP_NODE")

@@ -13,7 +13,7 @@ import pytest
 from etstore.collectives import GENERATORS, check_algorithm, generate, to_msccl_xml, write_msccl_xml
 from etstore.errors import UnsatisfiableError
 from etstore.ingest.msccl_xml import parse_msccl_xml, read_msccl_xml
-from etstore.model import Trace
+from etstore.model import CHUNK_COLUMNS, Trace
 from tests.collectives.test_check import algo, two_rank_allreduce
 from tests.conftest import SHARED, fixture_path
 
@@ -25,22 +25,7 @@ CUSTOM = (
     "custom_ring_allreduce_8npus_1MB",
     "custom_allreduce.xml",
 )
-DAG_COLS = [
-    "rank",
-    "id",
-    "name",
-    "type",
-    "comm_src",
-    "comm_dst",
-    "comm_tag",
-    "msg_chunk_cnt",
-    "msg_chunk_idx",
-    "total_chunk_cnt",
-    "chunk_offset",
-    "tb_id",
-    "local_time_step",
-    "attrs",
-]
+DAG_COLS = ["rank", "id", "name", "type", "comm_src", "comm_dst", "comm_tag", *CHUNK_COLUMNS, "attrs"]
 
 
 def msccl_fixtures() -> list[Path]:
