@@ -308,20 +308,45 @@ def _positions_within(rank: np.ndarray, dst: np.ndarray, kinds: pa.Array) -> np.
 def op_rows(ops: pa.Table, rank: np.ndarray, ids: np.ndarray) -> np.ndarray:
     """Row in ``ops`` of each ``(rank[i], ids[i])``; every pair must exist.
 
-    O((V + E) log V): one lexsort of the ops, then a binary search per distinct rank.
+    O((V + E) log V): one lexsort of the ops and one stable sort of the queries by
+    rank (each skipped when already in order, as readers and generators emit them),
+    then a binary search per rank over that rank's slice.
     """
     rank = np.asarray(rank, dtype=np.int64)
     op_rank = ops["rank"].to_numpy().astype(np.int64)
     op_id = ops["id"].to_numpy()
-    order = np.lexsort((op_id, op_rank))
-    sorted_rank, sorted_id = op_rank[order], op_id[order]
+    if _sorted_by_rank_id(op_rank, op_id):  # the usual layout: readers and generators emit it
+        order = np.arange(len(op_id))
+        sorted_rank, sorted_id = op_rank, op_id
+    else:
+        order = np.lexsort((op_id, op_rank))
+        sorted_rank, sorted_id = op_rank[order], op_id[order]
+    ids = np.asarray(ids)
+    # queries grouped by rank: contiguous already when they come rank by rank (deps do)
+    qorder = None if len(rank) < 2 or bool(np.all(np.diff(rank) >= 0)) else np.argsort(rank, kind="stable")
+    q_rank = rank if qorder is None else rank[qorder]
+    q_ids = ids if qorder is None else ids[qorder]
+    found = np.empty(len(ids), dtype=np.int64)
+    ranks = np.unique(q_rank)
+    q_lo = np.searchsorted(q_rank, ranks, side="left")
+    q_hi = np.searchsorted(q_rank, ranks, side="right")
+    o_lo = np.searchsorted(sorted_rank, ranks, side="left")
+    o_hi = np.searchsorted(sorted_rank, ranks, side="right")
+    for ql, qh, a, b in zip(q_lo.tolist(), q_hi.tolist(), o_lo.tolist(), o_hi.tolist(), strict=True):
+        found[ql:qh] = order[a + np.searchsorted(sorted_id[a:b], q_ids[ql:qh])]
+    if qorder is None:
+        return found
     out = np.empty(len(ids), dtype=np.int64)
-    for r in np.unique(rank):
-        sel = rank == r
-        a = np.searchsorted(sorted_rank, r, side="left")
-        b = np.searchsorted(sorted_rank, r, side="right")
-        out[sel] = order[a + np.searchsorted(sorted_id[a:b], ids[sel])]
+    out[qorder] = found
     return out
+
+
+def _sorted_by_rank_id(rank: np.ndarray, ids: np.ndarray) -> bool:
+    """Whether rows are already in ascending (rank, id) order (O(n), no sort)."""
+    if len(rank) < 2:
+        return True
+    dr = np.diff(rank)
+    return bool(np.all((dr > 0) | ((dr == 0) & (ids[1:] > ids[:-1]))))
 
 
 def member_number(member: str) -> int:
