@@ -14,8 +14,8 @@ from etstore.errors import EtstoreError
 def _report(args: argparse.Namespace, console: Console) -> int:
     from etstore.report import latest_run, write_report
 
-    if not args.runs and not args.latest:
-        raise EtstoreError("report: name at least one run id, or pass --latest")
+    if not args.runs and not args.latest and not args.sweep:
+        raise EtstoreError("report: name at least one run id, or pass --latest or --sweep ID")
     with open_from_args(args, read_only=True) as store:
         con = store.duck
         runs = list(args.runs)

@@ -419,6 +419,8 @@ def write_report(
         raise ReportError(f"{out_path}: is a directory; give a file name such as {out_path / 'report.html'}")
     if not out_path.parent.exists():
         raise ReportError(f"{out_path}: directory {out_path.parent} does not exist")
+    if not run_ids and sweep_ids:  # bandwidth curves alone
+        return _sweep_report(con, list(sweep_ids), out_path, title=title, started=started)
     runs = run_infos(con, run_ids)
     page = _Page()
     heading = title or (
@@ -469,6 +471,31 @@ def write_report(
     _critical_section(page, runs, paths)
     page.add("<h2>Overlap and reorder opportunities</h2>")
     _opportunities_section(page, runs, con)
+    return _write(page, heading, out_path, started)
+
+
+def _sweep_report(
+    con: Any, sweep_ids: list[int], out_path: Path, *, title: str | None, started: float
+) -> Path:
+    """A report of sweeps only: the bus-bandwidth curves, one line per topology × algorithm."""
+    page = _Page()
+    heading = title or "etstore report: sweep " + ", ".join(str(i) for i in sweep_ids)
+    page.add(f"<h1>{html.escape(heading)}</h1>")
+    page.add(
+        f'<p class="sub">etstore {html.escape(__version__)} · bandwidth GB/s with GB = 2^30 '
+        "(nccl-tests busbw) · drag to zoom, double-click to reset</p>"
+    )
+    page.add("<h2>Bus bandwidth</h2>")
+    fig = sweep_busbw_figure(con, sweep_ids)
+    if fig is None:
+        page.add('<p class="note">These sweeps recorded no points.</p>')
+    else:
+        page.figures_row([fig])
+    return _write(page, heading, out_path, started)
+
+
+def _write(page: _Page, heading: str, out_path: Path, started: float) -> Path:
+    """Inline plotly.js once and write the page (one self-contained file)."""
     doc = (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
         f"<title>{html.escape(heading)}</title><style>{_CSS}</style>"

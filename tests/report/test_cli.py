@@ -33,6 +33,14 @@ def test_report_command_writes_and_prints_the_path(
     assert out.read_text().count("Plotly.newPlot(") == 7
 
 
+def test_sweep_only(recorded: Recorded, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "sweep.html"
+    code = main(["--store", str(recorded.path), "report", "--sweep", str(recorded.sweep), "--out", str(out)])
+    assert code == 0 and capsys.readouterr().out.strip() == str(out.resolve())
+    text = out.read_text()
+    assert text.count("Plotly.newPlot(") == 1 and f"sweep {recorded.sweep}" in text
+
+
 def test_latest(recorded: Recorded, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "latest.html"
     assert main(["--store", str(recorded.path), "report", "--latest", "--out", str(out)]) == 0
@@ -43,7 +51,8 @@ def test_latest(recorded: Recorded, tmp_path: Path, capsys: pytest.CaptureFixtur
     ("args", "message"),
     [
         (["report", "77"], "etstore: error: no run 77 in the metrics"),
-        (["report"], "etstore: error: report: name at least one run id, or pass --latest"),
+        (["report"], "etstore: error: report: name at least one run id, or pass --latest or --sweep ID"),
+        (["report", "--sweep", "9"], "etstore: error: no sweep 9"),
         (["report", "1", "--out", "/nonexistent-dir/r.html"], "does not exist"),
         (["report", "1", "--sweep", "9"], "etstore: error: no sweep 9"),
     ],
