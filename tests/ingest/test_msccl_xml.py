@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import importlib.util
 import re
 import time
 import xml.etree.ElementTree as ET
 from itertools import pairwise
 from pathlib import Path
+from types import ModuleType
 
 import pyarrow.compute as pc
 import pytest
@@ -512,25 +514,19 @@ def test_error_line_numbers_are_exact() -> None:
         parse_msccl_xml(bad, source="x.xml")
 
 
+def _bench_ring() -> ModuleType:
+    """The bench's ring all-reduce XML writer (``bench/data/msccl_ring.py``), tested here as its input."""
+    path = Path(__file__).resolve().parents[2] / "bench" / "data" / "msccl_ring.py"
+    spec = importlib.util.spec_from_file_location("msccl_ring", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def ring_allreduce_xml(n: int) -> str:
     """The shape of ASTRA-sim's custom_allreduce.xml (s, rrc, r steps) for n ranks."""
-    lines = [
-        f'<algo name="ring" proto="Simple" nchannels="1" nchunksperloop="{n}" ngpus="{n}" coll="allreduce" '
-        'inplace="1" outofplace="0" minBytes="0" maxBytes="0">'
-    ]
-    for r in range(n):
-        lines.append(f'  <gpu id="{r}" i_chunks="{n}" o_chunks="0" s_chunks="0">')
-        lines.append(f'    <tb id="0" send="{(r + 1) % n}" recv="{(r - 1) % n}" chan="0">')
-        seq, c = [("s", r)], r
-        for _ in range(n - 1):
-            c = (c - 1) % n
-            seq += [("rrc", c), ("s", c)]
-        for k in range(n - 1):
-            c = (c - 1) % n
-            seq += [("r", c)] + ([("s", c)] if k < n - 2 else [])
-        lines += [step(i, typ, "i", c, "i", c) for i, (typ, c) in enumerate(seq)]
-        lines += ["    </tb>", "  </gpu>"]
-    return "\n".join([*lines, "</algo>"]) + "\n"
+    return str(_bench_ring().ring_allreduce_xml(n))
 
 
 def test_ring_generator_reproduces_the_custom_allreduce_fixture() -> None:
