@@ -16,21 +16,18 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import duckdb
-import numpy as np
 import pyarrow as pa
 
 from etstore.errors import StoreError
-from etstore.model import DEPS_SCHEMA, OPS_SCHEMA, Trace
+from etstore.model import Trace
 from etstore.store.base import TraceInfo
-from etstore.store.embedded import _TRACE_TABLES, _WAREHOUSE_DDL
+from etstore.store.embedded import _TRACE_TABLES, _WAREHOUSE_DDL, insert_trace_rows
 from etstore.store.graph import dep_edges, message_edges, uid_base
 
 __all__ = ["Mirror"]
 
 log = logging.getLogger(__name__)
 
-_OPS_COLS = ", ".join(f.name for f in OPS_SCHEMA)
-_DEPS_COLS = ", ".join(f.name for f in DEPS_SCHEMA)
 _STATE_DDL = (
     "CREATE TABLE IF NOT EXISTS _etstore_mirror "
     "(name VARCHAR PRIMARY KEY, seq BIGINT, content_hash VARCHAR, server VARCHAR)"
@@ -96,38 +93,12 @@ class Mirror:
         ``lineage`` table's columns but ``trace``."""
         con = self.con
         base = uid_base(seq)
-        n = trace.num_ops
         dep_uids = dep_edges(trace, base)
         msgs, _, _ = message_edges(trace, base)
-        ops = trace.ops.add_column(0, "uid", pa.array(np.arange(base, base + n, dtype=np.int64)))
-        deps = trace.deps.append_column("src_uid", dep_uids["from"]).append_column("dst_uid", dep_uids["to"])
-        deps = deps.add_column(0, "edge", pa.array(np.arange(deps.num_rows, dtype=np.int64)))
-        missing = trace.missing.add_column(0, "edge", pa.array(np.arange(trace.num_missing, dtype=np.int64)))
         con.begin()
         try:
             self._delete(info.name)
-            for table_name, table, cols in (
-                ("ops", ops, "uid, " + _OPS_COLS),
-                ("deps", deps, "edge, " + _DEPS_COLS + ", src_uid, dst_uid"),
-                ("missing_deps", missing, "edge, " + _DEPS_COLS),
-                ("meta", trace.meta, "rank, metadata"),
-                (
-                    "messages",
-                    msgs.rename_columns(["send_uid", "recv_uid", "tag", "comm_size"]),
-                    "send_uid, recv_uid, tag, comm_size",
-                ),
-                ("lineage", lineage, "rank, id, parent_trace, parent_id, parent_uid, uid"),
-            ):
-                if table is None:
-                    continue
-                con.register("_incoming", table)
-                try:
-                    con.execute(
-                        f"INSERT INTO {table_name} (trace, {cols}) SELECT $t, {cols} FROM _incoming",
-                        {"t": info.name},
-                    )
-                finally:
-                    con.unregister("_incoming")
+            insert_trace_rows(con, trace, info.name, base, dep_uids, msgs, lineage)
             con.execute(
                 "INSERT INTO traces VALUES ($name, $kind, $ranks, $ops, $deps, $missing, $messages, "
                 "$parent, $source, $params, $hash)",

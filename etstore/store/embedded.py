@@ -107,6 +107,49 @@ def _first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
+def insert_trace_rows(
+    con: duckdb.DuckDBPyConnection,
+    trace: Trace,
+    name: str,
+    base: int,
+    dep_uids: pa.Table,
+    msgs: pa.Table,
+    lineage: pa.Table | None = None,
+) -> None:
+    """Insert one trace's rows into the warehouse tables (inside the caller's transaction).
+
+    ``dep_uids`` and ``msgs`` are :func:`~etstore.store.graph.dep_edges` and
+    :func:`~etstore.store.graph.message_edges` for uids from ``base``; ``lineage`` has
+    the ``lineage`` table's columns but ``trace``. The ``traces`` row is the caller's.
+    """
+    n = trace.num_ops
+    ops = trace.ops.add_column(0, "uid", pa.array(np.arange(base, base + n, dtype=np.int64)))
+    deps = trace.deps.append_column("src_uid", dep_uids["from"]).append_column("dst_uid", dep_uids["to"])
+    deps = deps.add_column(0, "edge", pa.array(np.arange(deps.num_rows, dtype=np.int64)))
+    missing = trace.missing.add_column(0, "edge", pa.array(np.arange(trace.num_missing, dtype=np.int64)))
+    for table_name, table, cols in (
+        ("ops", ops, "uid, " + _OPS_COLS),
+        ("deps", deps, "edge, " + _DEPS_COLS + ", src_uid, dst_uid"),
+        ("missing_deps", missing, "edge, " + _DEPS_COLS),
+        ("meta", trace.meta, "rank, metadata"),
+        (
+            "messages",
+            msgs.rename_columns(["send_uid", "recv_uid", "tag", "comm_size"]),
+            "send_uid, recv_uid, tag, comm_size",
+        ),
+        ("lineage", lineage, "rank, id, parent_trace, parent_id, parent_uid, uid"),
+    ):
+        if table is None:
+            continue
+        con.register("_incoming", table)
+        try:
+            con.execute(
+                f"INSERT INTO {table_name} (trace, {cols}) SELECT $t, {cols} FROM _incoming", {"t": name}
+            )
+        finally:
+            con.unregister("_incoming")
+
+
 class EmbeddedStore:
     """Ladybug + DuckDB + catalog in one directory (see the module docstring)."""
 
@@ -275,7 +318,7 @@ class EmbeddedStore:
                 "messages": msgs.num_rows,
                 "ranks": trace.num_ranks,
             }
-            links = None
+            links = lineage_rows = None
             if lineage is not None and lineage.num_rows:
                 assert parent is not None
                 parent_ops = self.duck.sql(
@@ -286,10 +329,20 @@ class EmbeddedStore:
                 links = links.append_column("parent_trace", pa.array([parent] * links.num_rows, pa.string()))
                 for col in ("rank", "id", "parent_id"):
                     links = links.append_column(col, lineage[col])
+                lineage_rows = links.rename_columns(["parent_uid", "uid", *links.column_names[2:]])
             # DuckDB and Ladybug load at once (both release the GIL in their bulk paths)
             with ThreadPoolExecutor(max_workers=1) as pool:
                 warehouse = pool.submit(
-                    self._write_warehouse, trace, final, base, deps, msgs, counts, parent, digest, links
+                    self._write_warehouse,
+                    trace,
+                    final,
+                    base,
+                    deps,
+                    msgs,
+                    counts,
+                    parent,
+                    digest,
+                    lineage_rows,
                 )
                 try:
                     self._write_graph(nodes, deps, msgs, links)
@@ -322,44 +375,12 @@ class EmbeddedStore:
         counts: Mapping[str, int],
         parent: str | None,
         digest: str,
-        links: pa.Table | None = None,
+        lineage: pa.Table | None = None,
     ) -> None:
         con = self.duck
-        n = trace.num_ops
-        ops = trace.ops.add_column(0, "uid", pa.array(np.arange(base, base + n, dtype=np.int64)))
-        deps = trace.deps.append_column("src_uid", dep_uids["from"]).append_column("dst_uid", dep_uids["to"])
-        deps = deps.add_column(0, "edge", pa.array(np.arange(deps.num_rows, dtype=np.int64)))
-        missing = trace.missing.add_column(0, "edge", pa.array(np.arange(trace.num_missing, dtype=np.int64)))
         con.begin()
         try:
-            for table_name, table, cols in (
-                ("ops", ops, "uid, " + _OPS_COLS),
-                ("deps", deps, "edge, " + _DEPS_COLS + ", src_uid, dst_uid"),
-                ("missing_deps", missing, "edge, " + _DEPS_COLS),
-                ("meta", trace.meta, "rank, metadata"),
-                (
-                    "messages",
-                    msgs.rename_columns(["send_uid", "recv_uid", "tag", "comm_size"]),
-                    "send_uid, recv_uid, tag, comm_size",
-                ),
-                (
-                    "lineage",
-                    links.rename_columns(["parent_uid", "uid", *links.column_names[2:]])
-                    if links is not None
-                    else None,
-                    "rank, id, parent_trace, parent_id, parent_uid, uid",
-                ),
-            ):
-                if table is None:
-                    continue
-                con.register("_incoming", table)
-                try:
-                    con.execute(
-                        f"INSERT INTO {table_name} (trace, {cols}) SELECT $t, {cols} FROM _incoming",
-                        {"t": name},
-                    )
-                finally:
-                    con.unregister("_incoming")
+            insert_trace_rows(con, trace, name, base, dep_uids, msgs, lineage)
             con.execute(
                 "INSERT INTO traces VALUES ($name, $kind, $ranks, $ops, $deps, $missing, $messages, $parent, "
                 "$source, $params, $hash)",
