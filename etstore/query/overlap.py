@@ -228,28 +228,34 @@ def _overlap_rows(store: Any, trace: Trace, timings: pa.Table) -> list[dict[str,
                 pairs[k].append(val)
     if not pairs["rank"]:
         return []
-    table = pa.table(
+    table = _pairs_table(pairs, "coll_id")
+    with _registered(store.duck, _etstore_pairs=table, _etstore_timings=timings):
+        rows = store.sql(OVERLAP_GAIN_SQL).to_pylist()
+    return _opportunity_rows("overlap", rows, ("collective_ns", "compute_ns", "compute_ids"))
+
+
+def _pairs_table(pairs: dict[str, list[int]], op_key: str) -> pa.Table:
+    """(rank, op, compute op, compute row) candidate pairs as the table the gain SQL joins."""
+    return pa.table(
         {
             "rank": pa.array(pairs["rank"], pa.int32()),
-            "coll_id": pa.array(pairs["coll_id"], pa.uint64()),
+            op_key: pa.array(pairs[op_key], pa.uint64()),
             "compute_id": pa.array(pairs["compute_id"], pa.uint64()),
             "compute_row": pa.array(pairs["compute_row"], pa.int64()),
         }
     )
-    with _registered(store.duck, _etstore_pairs=table, _etstore_timings=timings):
-        rows = store.sql(OVERLAP_GAIN_SQL).to_pylist()
+
+
+def _opportunity_rows(kind: str, rows: list[dict[str, Any]], detail: tuple[str, ...]) -> list[dict[str, Any]]:
+    """Gain-SQL rows with a positive gain as opportunity rows; ``detail`` columns go to ``detail``."""
     return [
         {
-            "kind": "overlap",
+            "kind": kind,
             "rank": r["rank"],
             "op_id": r["op_id"],
             "other_id": r["other_id"],
             "gain_ns": float(r["gain_ns"]),
-            "detail": {
-                "collective_ns": r["collective_ns"],
-                "compute_ns": r["compute_ns"],
-                "compute_ids": r["compute_ids"],
-            },
+            "detail": {k: r[k] for k in detail},
         }
         for r in rows
         if r["gain_ns"] > 0
@@ -275,14 +281,7 @@ def _reorder_rows(store: Any, trace: Trace, timings: pa.Table) -> list[dict[str,
                     preds[k].append(val)
     if not pairs["rank"]:
         return []
-    pair_table = pa.table(
-        {
-            "rank": pa.array(pairs["rank"], pa.int32()),
-            "comm_id": pa.array(pairs["comm_id"], pa.uint64()),
-            "compute_id": pa.array(pairs["compute_id"], pa.uint64()),
-            "compute_row": pa.array(pairs["compute_row"], pa.int64()),
-        }
-    )
+    pair_table = _pairs_table(pairs, "comm_id")
     pred_table = pa.table(
         {
             "rank": pa.array(preds["rank"], pa.int32()),
@@ -294,22 +293,7 @@ def _reorder_rows(store: Any, trace: Trace, timings: pa.Table) -> list[dict[str,
         store.duck, _etstore_pairs=pair_table, _etstore_preds=pred_table, _etstore_timings=timings
     ):
         rows = store.sql(REORDER_GAIN_SQL).to_pylist()
-    return [
-        {
-            "kind": "reorder",
-            "rank": r["rank"],
-            "op_id": r["op_id"],
-            "other_id": r["other_id"],
-            "gain_ns": float(r["gain_ns"]),
-            "detail": {
-                "issued_ns": r["issued_ns"],
-                "ready_ns": r["ready_ns"],
-                "compute_ids": r["compute_ids"],
-            },
-        }
-        for r in rows
-        if r["gain_ns"] > 0
-    ]
+    return _opportunity_rows("reorder", rows, ("issued_ns", "ready_ns", "compute_ids"))
 
 
 def _chunk_rows(
