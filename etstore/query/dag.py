@@ -70,9 +70,12 @@ def trace_edges(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
     return op_rows(trace.ops, rank, d["src"].to_numpy()), op_rows(trace.ops, rank, d["dst"].to_numpy())
 
 
-def cycle_members(trace: Trace) -> np.ndarray:
-    """Rows of ops that sit on a dependency cycle or wait behind one (empty if acyclic)."""
-    src, dst = trace_edges(trace)
+def cycle_members(trace: Trace, edges: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
+    """Rows of ops that sit on a dependency cycle or wait behind one (empty if acyclic).
+
+    ``edges`` are :func:`trace_edges` when the caller already has them (ingest does).
+    """
+    src, dst = trace_edges(trace) if edges is None else edges
     if len(src) == 0 or bool(np.all(src < dst)):
         return np.zeros(0, dtype=np.int64)  # every edge points forward in file order: acyclic
     return np.flatnonzero(generations(trace.num_ops, src, dst) < 0)

@@ -351,7 +351,9 @@ class EmbeddedStore:
             if progress:
                 progress("warehouse", 1, 2)
                 progress("graph", 2, 2)
-            cycles = len(cycle_members(trace))
+            # the edges as op rows, from the uids already computed
+            rows = (deps["from"].to_numpy() - base, deps["to"].to_numpy() - base)
+            cycles = len(cycle_members(trace, rows))
             rec = self.catalog.mark_ready(rec.seq, **counts)
         except BaseException:
             self._purge(rec.seq, final)

@@ -500,7 +500,9 @@ class Neo4jStore:
                 )
             if progress:
                 progress("catalog", len(stages) + 1, len(stages) + 1)
-            cycles = len(cycle_members(trace))
+            # the edges as op rows, from the uids already computed
+            rows = (deps["from"].to_numpy() - base, deps["to"].to_numpy() - base)
+            cycles = len(cycle_members(trace, rows))
             node = self._run("MATCH (t:EtstoreTrace {seq: $s, status: 'ready'}) RETURN t", {"s": seq})
             if not node:
                 raise StoreError(

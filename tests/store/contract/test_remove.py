@@ -30,3 +30,13 @@ def test_remove_one_of_several(backend_store: Store) -> None:
         == (again.ops, again.deps, again.messages)
         == (a.ops, a.deps, a.messages)
     )
+
+
+def test_ingest_counts_ops_on_or_behind_a_cycle(backend_store: Store) -> None:
+    from etstore.model import Trace, deps_table, ops_table
+
+    # rank 0: 0 → 1 → 2 → 1 (a 2-cycle) and 2 → 3; rank 1: 0 → 1, acyclic
+    ops = ops_table({"rank": [0, 0, 0, 0, 1, 1], "id": [0, 1, 2, 3, 0, 1], "type": ["COMP_NODE"] * 6})
+    deps = deps_table([0, 0, 0, 0, 1], [0, 1, 2, 2, 0], [1, 2, 1, 3, 1])
+    report = backend_store.ingest(Trace(ops, deps, name="cyclic"))
+    assert report.cycles == 3  # ops 1 and 2 on the cycle, op 3 waits behind it
