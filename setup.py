@@ -1,8 +1,9 @@
 """Build hook for the optional native extensions; all metadata lives in pyproject.toml.
 
-Both extensions are ``optional``: without a C compiler the build still succeeds and
+Every extension is ``optional``: without a C compiler the build still succeeds and
 etstore falls back to the pure-Python reference: the decoder in
-``etstore/ingest/et.py`` and the event loop ``_run`` in ``etstore/sim/engine.py``.
+``etstore/ingest/et.py``, the column-wise MSCCL-IR scanner in
+``etstore/ingest/msccl_xml.py`` and the event loop ``_run`` in ``etstore/sim/engine.py``.
 """
 
 from setuptools import Extension, setup
@@ -12,6 +13,11 @@ setup(
         Extension(
             "etstore.ingest._etcodec",
             sources=["etstore/ingest/_etcodec.c"],
+            optional=True,
+        ),
+        Extension(
+            "etstore.ingest._xmlscan",
+            sources=["etstore/ingest/_xmlscan.c"],
             optional=True,
         ),
         Extension(

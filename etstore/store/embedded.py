@@ -199,13 +199,20 @@ class EmbeddedStore:
             import ladybug  # imported lazily: SQL-only commands never pay for it
 
             try:
-                self._graph_db = ladybug.Database(str(self.path / "graph"), read_only=self._read_only_engines)
+                # checkpoints are ours: one per ingest or removal instead of one per COPY
+                # statement (each commit of a bulk load would otherwise checkpoint by itself)
+                self._graph_db = ladybug.Database(
+                    str(self.path / "graph"),
+                    read_only=self._read_only_engines,
+                    auto_checkpoint=self._read_only_engines,
+                )
                 conn = ladybug.Connection(self._graph_db)
             except RuntimeError as exc:
                 raise StoreError(f"{self.path}: cannot open the Ladybug graph: {_first_line(exc)}") from exc
             if not self._read_only_engines:
                 for ddl in _graph_ddl():
                     conn.execute(ddl)
+                conn.execute("CHECKPOINT")
                 # a store made by an older etstore may carry more op properties: load what it has
                 info = conn.execute("CALL table_info('Op') RETURN name").get_as_arrow()
                 self._graph_columns = tuple(info["name"].to_pylist())
@@ -413,6 +420,7 @@ class EmbeddedStore:
         if links is not None and links.num_rows:
             becomes = links.select(["from", "to"])  # noqa: F841 - read by COPY
             g.execute("COPY BECOMES FROM becomes")
+        g.execute("CHECKPOINT")
 
     def _purge(self, seq: int, name: str) -> None:
         """Remove every trace of ``seq``/``name`` from both engines, then the catalog row."""
@@ -449,6 +457,7 @@ class EmbeddedStore:
                 g.execute(f"DROP TABLE IF EXISTS {table}")
             for ddl in _graph_ddl():
                 g.execute(ddl)
+            g.execute("CHECKPOINT")
             self._graph_columns = GRAPH_OP_COLUMNS
             return
         p = {"lo": lo, "hi": hi}
@@ -458,6 +467,7 @@ class EmbeddedStore:
                 f"MATCH (a:Op)-[r:{rel}]->(b:Op) WHERE {end}.uid >= $lo AND {end}.uid < $hi DELETE r", p
             )
         g.execute("MATCH (o:Op) WHERE o.uid >= $lo AND o.uid < $hi DETACH DELETE o", p)
+        g.execute("CHECKPOINT")
 
     def _sweep(self) -> None:
         for rec in self.catalog.stale():
