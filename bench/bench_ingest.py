@@ -2,7 +2,10 @@
 
 Prints one JSON line per measurement. The anchor is the decode-only loop of
 Chakra's reference Python reader (varint length, parse one Node into a reused
-message, keep nothing) over the same files.
+message, keep nothing) over the same files. ``graph_engine_floor_rate`` is what
+Ladybug alone needs to bulk-load the bare graph of the same size (key-only nodes,
+property-less edges, one checkpoint): an upper bound on any end-to-end rate that
+includes the graph engine.
 
     python bench/bench_ingest.py [--ops 1000000] [--ranks 64]
 """
@@ -20,6 +23,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 
 from etstore.ingest import read_et, write_et
 from etstore.ingest._frames import varint
@@ -101,6 +105,32 @@ def reference_decode(files: list[Path]) -> int:
     return count
 
 
+def graph_floor(num_ops: int, num_deps: int, directory: Path) -> float:
+    """Seconds Ladybug alone takes to bulk-load the bare graph: nodes with only their
+    key, edges with no property, one checkpoint. No store can load the graph faster
+    than this, so it bounds any end-to-end rate that includes the graph engine."""
+    import ladybug
+
+    base = 1 << 40
+    uid = np.arange(base, base + num_ops, dtype=np.int64)
+    rng = np.random.default_rng(0)
+    src = np.sort(rng.integers(base, base + num_ops - 1, num_deps))
+    nodes = pa.table({"uid": uid})  # noqa: F841 - read by COPY
+    edges = pa.table({"from": src, "to": src + 1})  # noqa: F841 - read by COPY
+    db = ladybug.Database(str(directory / "floor"), auto_checkpoint=False)
+    con = ladybug.Connection(db)
+    con.execute("CREATE NODE TABLE Op(uid INT64, PRIMARY KEY(uid))")
+    con.execute("CREATE REL TABLE DEP(FROM Op TO Op)")
+    t0 = time.perf_counter()
+    con.execute("COPY Op FROM nodes")
+    con.execute("COPY DEP FROM edges")
+    con.execute("CHECKPOINT")
+    seconds = time.perf_counter() - t0
+    con.close()
+    db.close()
+    return seconds
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--ops", type=int, default=1_000_000)
@@ -165,6 +195,21 @@ def main() -> None:
                 )
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    tmp = Path(tempfile.mkdtemp(prefix="etstore-bench-"))
+    try:
+        floor = min(graph_floor(trace.num_ops, trace.num_deps, tmp / str(i)) for i in range(2))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    emit(
+        "graph_engine_floor_rate",
+        trace.num_ops / floor,
+        "ops/s",
+        trace.num_ops,
+        seconds=round(floor, 3),
+        deps=trace.num_deps,
+        ratio_vs_anchor=round(trace.num_ops / floor / ref, 3),
+        note="Ladybug alone: key-only nodes + property-less edges + checkpoint, best of 2",
+    )
     rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     emit("peak_rss", rss_mb, "MiB", args.ops)
 

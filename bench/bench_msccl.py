@@ -15,7 +15,9 @@ memory, < 0.4 s stored, linear in the number of steps.
 
 Extra rows at 128 ranks: the same algorithm from ``generate("ring")`` written with fused
 steps (2N-1 per GPU), the checker, both writers, and (unless ``--no-store``) the
-embedded store's ingest.
+embedded store's ingest: read, parse and store into a fresh store (DuckDB and Ladybug
+opened, loaded and checkpointed, the catalog row ready), best of ``--repeat``, with the
+median, CPU time and the store's close beside it.
 
 Usage::
 
@@ -181,20 +183,30 @@ def main() -> None:
             from etstore.store import EmbeddedStore
 
             path = write_ring_xml(OUT, n)
-            with EmbeddedStore(Path(tmp) / "store") as store:
-                w0 = time.perf_counter()
-                store.ingest(read_msccl_xml(path))
-                stored = (time.perf_counter() - w0) * 1e3
+            walls, cpus, closes = [], [], []
+            for rep in range(args.repeat):  # a fresh store each time: nothing to deduplicate against
+                with EmbeddedStore(Path(tmp) / f"store{rep}") as store:
+                    c0, w0 = time.process_time(), time.perf_counter()
+                    store.ingest(read_msccl_xml(path))
+                    walls.append((time.perf_counter() - w0) * 1e3)
+                    cpus.append((time.process_time() - c0) * 1e3)
+                    w0 = time.perf_counter()
+                closes.append((time.perf_counter() - w0) * 1e3)
+            best = min(walls)
             print(
                 json.dumps(
                     row(
                         "msccl_xml_to_store_ms",
-                        stored,
+                        best,
                         "ms",
                         n,
+                        median_ms=round(statistics.median(walls), 3),
+                        cpu_ms=round(min(cpus), 3),
+                        close_ms=round(statistics.median(closes), 3),
                         budget_ms=400,
-                        within_budget=stored < 400,
-                        note="parse + embedded store ingest, one run",
+                        within_budget=best < 400,
+                        note="read + parse + embedded store ingest (engines opened, both loaded, "
+                        "graph checkpointed, catalog ready) into a fresh store; best of --repeat",
                     )
                 ),
                 flush=True,

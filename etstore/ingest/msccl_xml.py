@@ -419,7 +419,7 @@ def parse_msccl_xml(
     """
     raw = data.encode("utf-8") if isinstance(data, str) else data
     _refuse_dtd(raw, source)
-    if not raw.strip():
+    if not raw or raw.isspace():  # isspace stops at the first other byte; strip would copy
         raise TraceFormatError(f"{source}:1: empty file; an MSCCL-IR document starts with <algo ...>")
     try:
         if _xmlscan is None:  # pragma: no cover - built in every supported install

@@ -21,7 +21,7 @@ import pyarrow as pa
 from etstore.errors import StoreError
 from etstore.model import Trace
 from etstore.store.base import TraceInfo
-from etstore.store.embedded import _TRACE_TABLES, _WAREHOUSE_DDL, insert_trace_rows
+from etstore.store.embedded import _TRACE_TABLES, _WAREHOUSE_DDL, _attach_warehouse, insert_trace_rows
 from etstore.store.graph import dep_edges, message_edges, uid_base
 
 __all__ = ["Mirror"]
@@ -50,7 +50,7 @@ class Mirror:
         if self._con is None:
             try:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
-                con = duckdb.connect(str(self.path))
+                con = _attach_warehouse(self.path, read_only=False)
             except (OSError, duckdb.Error) as exc:
                 raise StoreError(
                     f"{self.path}: cannot open the local SQL warehouse ({str(exc).splitlines()[0]}); "

@@ -66,11 +66,10 @@ def op_nodes(trace: Trace, trace_name: str, base: int, columns: Sequence[str] = 
     n = trace.ops.num_rows
     if n >= 1 << UID_SHIFT:
         raise StoreError(f"trace {trace_name}: {n} ops exceed the per-trace limit of 2^40")
+    one = pa.DictionaryArray.from_arrays(pa.array(np.zeros(n, dtype=np.int32)), pa.array([trace_name]))
     cols = {
         "uid": pa.array(np.arange(base, base + n, dtype=np.int64)),
-        "trace": pa.array(np.full(n, trace_name, dtype=object), pa.string())
-        if n
-        else pa.array([], pa.string()),
+        "trace": one.cast(pa.string()),  # n copies of the name, without n Python objects
     }
     for name in columns:
         if name not in cols:
