@@ -117,6 +117,7 @@ def graph_floor(num_ops: int, num_deps: int, directory: Path) -> float:
     src = np.sort(rng.integers(base, base + num_ops - 1, num_deps))
     nodes = pa.table({"uid": uid})  # noqa: F841 - read by COPY
     edges = pa.table({"from": src, "to": src + 1})  # noqa: F841 - read by COPY
+    directory.mkdir(parents=True, exist_ok=True)
     db = ladybug.Database(str(directory / "floor"), auto_checkpoint=False)
     con = ladybug.Connection(db)
     con.execute("CREATE NODE TABLE Op(uid INT64, PRIMARY KEY(uid))")

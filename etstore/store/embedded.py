@@ -241,7 +241,7 @@ class EmbeddedStore:
                 for ddl in _graph_ddl():
                     conn.execute(ddl)
                 # a store made by an older etstore may carry more op properties: load what it has
-                info = conn.execute("CALL table_info('Op') RETURN name").get_as_arrow()
+                info = conn.execute("CALL table_info('Op') RETURN name").get_as_arrow(0)
                 self._graph_columns = tuple(info["name"].to_pylist())
             self._graph_conn = conn
         return self._graph_conn
@@ -546,7 +546,9 @@ class EmbeddedStore:
             res = self.graph.execute(query, dict(params or {}))
             if not res.get_column_names():
                 return Result(pa.table({}), query)
-            table = res.get_as_arrow()
+            # chunk size 0: one chunk of exactly the result's rows. The default sizes
+            # its buffers for millions of rows, which costs ~1 ms on every small query.
+            table = res.get_as_arrow(0)
         except RuntimeError as exc:
             raise QueryError(f"Cypher error: {_first_line(exc)} (query: {query!r})") from exc
         return Result(table, query)
