@@ -1,9 +1,9 @@
 """Build hook for the optional native extensions; all metadata lives in pyproject.toml.
 
 Every extension is ``optional``: without a C compiler the build still succeeds and
-etstore falls back to the pure-Python reference: the decoder in
-``etstore/ingest/et.py``, the column-wise MSCCL-IR scanner in
-``etstore/ingest/msccl_xml.py`` and the event loop ``_run`` in ``etstore/sim/engine.py``.
+etstore falls back to its Python reference: the decoder in ``etstore/ingest/et.py``,
+the standard library's expat parser for MSCCL-IR XML, and the event loop ``_run`` in
+``etstore/sim/engine.py``.
 """
 
 from setuptools import Extension, setup

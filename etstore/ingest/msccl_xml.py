@@ -81,17 +81,13 @@ class _Parsed:
 
 # ---------------------------------------------------------------- native path
 
-_VALUE = rb"""(?:"[^"<]*"|'[^'<]*')"""
-_TAG_RE = re.compile(rb"<(/?)([A-Za-z_][\w.-]*)((?:\s+[A-Za-z_][\w.:-]*\s*=\s*" + _VALUE + rb")*)\s*(/?)>\Z")
-_ATTR_RE = re.compile(rb"([A-Za-z_][\w.:-]*)\s*=\s*(" + _VALUE + rb")")
+_ATTR_RE = re.compile(rb"""([A-Za-z_][\w.:-]*)\s*=\s*("[^"<]*"|'[^'<]*')""")
 _ATTR_WS = bytes.maketrans(b"\t\n\r", b"   ")  # XML normalises these in attribute values
 
 
 def _tag_attrs(buf: bytes | bytearray, start: int, end: int) -> dict[str, str]:
-    m = _TAG_RE.match(buf, start, end + 1)
-    if m is None:
-        raise _Fallback
-    pairs = _ATTR_RE.findall(m.group(3))
+    """Attributes of the start tag at ``buf[start:end + 1]``, which the scanner checked."""
+    pairs = _ATTR_RE.findall(buf, start, end + 1)
     out = {k.decode(): v[1:-1].translate(_ATTR_WS).decode() for k, v in pairs}
     if len(out) != len(pairs):
         raise _Fallback  # duplicate attribute: let expat report it

@@ -339,12 +339,10 @@ class EmbeddedStore:
         if parent is not None:
             self._record(parent)
         started = time.perf_counter()
-        # One helper thread, fed in order: open the graph while the content is hashed,
-        # compute the edge rows while Ladybug loads the nodes, then write DuckDB while
-        # Ladybug loads the edges (both engines release the GIL in their bulk paths).
+        # One helper thread, fed in order: it computes the edge rows while Ladybug loads
+        # the nodes, then writes DuckDB while Ladybug loads the edges (both engines
+        # release the GIL in their bulk paths).
         with ThreadPoolExecutor(max_workers=1) as pool:
-            incoming = trace.ops.nbytes + trace.deps.nbytes
-            opening = pool.submit(self._open_graph, incoming)
             digest = content_hash(trace)
             existing = self.catalog.by_hash(digest, trace.kind)
             if existing is not None:
@@ -364,7 +362,7 @@ class EmbeddedStore:
             assert rec.seq is not None
             try:
                 base = uid_base(rec.seq)
-                g = opening.result()
+                g = self._open_graph(incoming=trace.ops.nbytes + trace.deps.nbytes)
                 edge_rows = pool.submit(lambda: (dep_edges(trace, base), message_edges(trace, base)))
                 nodes = op_nodes(trace, final, base, self._graph_columns)  # the graph's own columns
                 g.execute("COPY Op FROM nodes")
@@ -453,8 +451,8 @@ class EmbeddedStore:
             "SELECT rank, id, uid FROM ops WHERE trace = $t", params={"t": parent}
         ).to_arrow_table()
         links = lineage_edges(lineage, nodes, parent_ops, what=f"trace {name!r}")
-        rows = links.append_column("trace", pa.array([name] * links.num_rows, pa.string()))
-        rows = rows.append_column("parent_trace", pa.array([parent] * links.num_rows, pa.string()))
+        # the trace column is the insert's own (insert_trace_rows)
+        rows = links.append_column("parent_trace", pa.array([parent] * links.num_rows, pa.string()))
         for col in ("rank", "id", "parent_id"):
             rows = rows.append_column(col, lineage[col])
         return links, rows.rename_columns(["parent_uid", "uid", *rows.column_names[2:]])
