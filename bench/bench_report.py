@@ -38,8 +38,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from etstore.model import Trace
 from etstore.report import write_report
 from etstore.sim import SimConfig, record_run, simulate
-from etstore.sim.topology import GIB, Topology
 from etstore.store import EmbeddedStore
+from etstore.topology import GIB, Topology
 from etstore.workloads import transformer
 
 PY = f"{platform.python_implementation()} {platform.python_version()}"

@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from etstore.collectives.generators import generate
 from etstore.model import Trace, deps_table, ops_table
 from etstore.sim import SimConfig, collective_workload, simulate, sweep
-from etstore.sim.topology import Topology
+from etstore.topology import Topology
 
 PY = f"{platform.python_implementation()} {platform.python_version()}"
 MACHINE = f"{platform.machine()} {os.cpu_count()} cpu, {PY}"

@@ -32,7 +32,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from etstore.collectives.synth import synthesize
-from etstore.sim.topology import parse_topology
+from etstore.topology import parse_topology
 
 MACHINE = (
     f"{platform.machine()} {os.cpu_count()} cpu, "

@@ -17,8 +17,8 @@ from rich.console import Console
 from etstore._render import render
 from etstore.collectives.check import check_algorithm
 from etstore.collectives.expand import expand_stored
-from etstore.collectives.msccl_writer import write_msccl_xml
 from etstore.ingest import read_trace, write_et
+from etstore.ingest.msccl_writer import write_msccl_xml
 from etstore.query import critical_path
 from etstore.query.overlap import find_opportunities
 from etstore.query.rewrite import rewrite_stored

@@ -26,7 +26,7 @@ def add_topology_options(sp: argparse.ArgumentParser, *, required: bool = True) 
 
 
 def topology_from(args: argparse.Namespace, spec: str | None = None) -> Any:
-    from etstore.sim.topology import DEFAULT_BANDWIDTH_GB_PER_S, DEFAULT_LATENCY_NS, parse_topology
+    from etstore.topology import DEFAULT_BANDWIDTH_GB_PER_S, DEFAULT_LATENCY_NS, parse_topology
 
     return parse_topology(
         spec or args.topo,
@@ -47,8 +47,8 @@ def _topo_show(args: argparse.Namespace, console: Console) -> int:
 
 
 def _synth(args: argparse.Namespace, console: Console) -> int:
-    from etstore.collectives.et_writer import parse_size
     from etstore.collectives.synth import synthesize
+    from etstore.units import parse_size
 
     topo = topology_from(args)
     res = synthesize(

@@ -24,7 +24,8 @@ from typing import Any
 import numpy as np
 import pyarrow.compute as pc
 
-from etstore.collectives._ir import (
+from etstore.errors import UnsatisfiableError
+from etstore.ir import (
     BUF_CODE,
     BUFFERS,
     COLLECTIVES,
@@ -35,7 +36,6 @@ from etstore.collectives._ir import (
     TYPE_CODE,
     node_semantics,
 )
-from etstore.errors import UnsatisfiableError
 from etstore.model import Trace
 
 __all__ = ["CheckReport", "check_algorithm", "ensure_valid"]

@@ -18,8 +18,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from etstore.collectives._ir import BUF_CODE, TYPE_CODE, StepTable, build_trace
 from etstore.errors import UnsatisfiableError
+from etstore.ir import BUF_CODE, TYPE_CODE, StepTable, build_trace
 from etstore.model import Trace
 
 __all__ = ["GENERATORS", "GeneratorInfo", "generate"]

@@ -1,6 +1,6 @@
 """Topology-aware collective synthesis (TACOS-style greedy link–chunk matching).
 
-:func:`synthesize` turns a :class:`~etstore.sim.topology.Topology` and a collective
+:func:`synthesize` turns a :class:`~etstore.topology.Topology` and a collective
 into an algorithm :class:`~etstore.model.Trace` in the representation of
 ``docs/algorithms.md`` (COMM_SEND / COMM_RECV / ``reduce`` COMP nodes with chunk
 columns), plus the schedule's time under the link model and a lower bound.
@@ -50,7 +50,7 @@ import pyarrow.compute as pc
 
 from etstore.errors import UnsatisfiableError
 from etstore.model import Trace, deps_table, encode_attrs, ops_table
-from etstore.sim.topology import Topology, parse_topology
+from etstore.topology import Topology, parse_topology
 
 __all__ = ["COLLECTIVES", "Schedule", "SynthResult", "synthesize"]
 
@@ -169,7 +169,7 @@ def synthesize(
     Parameters
     ----------
     topo
-        The topology, or a spec / file name for :func:`~etstore.sim.topology.parse_topology`.
+        The topology, or a spec / file name for :func:`~etstore.topology.parse_topology`.
     coll
         ``allgather``, ``reducescatter``, ``allreduce``, ``broadcast``, ``reduce`` or
         ``alltoall`` (``ag``, ``rs``, ``ar``, ``bcast``, ``a2a`` also accepted).

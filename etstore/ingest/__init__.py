@@ -1,15 +1,28 @@
-"""Readers and writers: Chakra ``.et``, Chakra JSON, MSCCL-IR XML."""
+"""Readers and writers: Chakra ``.et``, Chakra JSON, MSCCL-IR XML, ASTRA-sim custom collectives."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from etstore.ingest.algorithm_et import message_sizes, write_algorithm_et
 from etstore.ingest.chakra_json import read_chakra_json, write_chakra_json
 from etstore.ingest.et import read_et, write_et
 from etstore.ingest.files import resolve_rank_files
+from etstore.ingest.msccl_writer import to_msccl_xml, write_msccl_xml
 from etstore.model import Trace
 
-__all__ = ["read_chakra_json", "read_et", "read_trace", "resolve_rank_files", "write_chakra_json", "write_et"]
+__all__ = [
+    "message_sizes",
+    "read_chakra_json",
+    "read_et",
+    "read_trace",
+    "resolve_rank_files",
+    "to_msccl_xml",
+    "write_algorithm_et",
+    "write_chakra_json",
+    "write_et",
+    "write_msccl_xml",
+]
 
 
 def read_trace(spec: str | Path, *, name: str | None = None) -> Trace:

@@ -64,12 +64,13 @@ def export_trace(
 
         return list(write_chakra_json(trace, out))
     if format == "msccl-xml":
-        from etstore.collectives.msccl_writer import write_msccl_xml
+        from etstore.ingest.msccl_writer import write_msccl_xml
 
         text = str(out)
         return [write_msccl_xml(trace, text if text.endswith(".xml") else f"{text}.xml", proto=proto)]
     if trace.kind == "algorithm":  # ASTRA-sim's custom-collective convention (int32 chunk fields)
-        from etstore.collectives.et_writer import parse_size, write_algorithm_et
+        from etstore.ingest.algorithm_et import write_algorithm_et
+        from etstore.units import parse_size
 
         size = parse_size(coll_size) if coll_size is not None else None
         return write_algorithm_et(trace, out, coll_size=size)

@@ -13,7 +13,7 @@ Two parsers produce the same steps:
 Documents with a ``<!DOCTYPE`` or ``<!ENTITY`` are refused before parsing: MSCCL-IR
 never needs them, and refusing them makes entity-expansion bombs fail at once.
 
-The writer lives in :mod:`etstore.collectives.msccl_writer` and is re-exported here.
+The writer lives in :mod:`etstore.ingest.msccl_writer` and is re-exported here.
 """
 
 from __future__ import annotations
@@ -28,9 +28,9 @@ from xml.parsers import expat
 
 import numpy as np
 
-from etstore.collectives._ir import BUF_CODE, BUFFERS, STEP_TYPES, TYPE_CODE, StepTable, build_trace
-from etstore.collectives.msccl_writer import to_msccl_xml, write_msccl_xml  # the writer, beside the reader
 from etstore.errors import TraceFormatError
+from etstore.ingest.msccl_writer import to_msccl_xml, write_msccl_xml  # the writer, beside the reader
+from etstore.ir import BUF_CODE, BUFFERS, STEP_TYPES, TYPE_CODE, StepTable, build_trace
 from etstore.model import Trace
 
 __all__ = ["parse_msccl_xml", "read_msccl_xml", "to_msccl_xml", "write_msccl_xml"]
@@ -435,7 +435,7 @@ def read_msccl_xml(path: str | Path, *, name: str | None = None) -> Trace:
     offsets, channels, threadblocks and cross-threadblock dependencies
     (``depid``/``deps``, including chains through ``nop`` steps) are understood.
     Fused steps become the node sequence they mean, e.g. ``rrcs`` is
-    ``RECV → reduce COMP → SEND``; see :mod:`etstore.collectives._ir` and
+    ``RECV → reduce COMP → SEND``; see :mod:`etstore.ir` and
     ``docs/algorithms.md``.
 
     Parameters

@@ -1,6 +1,5 @@
 """Named analyses over stored traces (each a plain function returning Arrow tables)."""
 
 from etstore.query.critical_path import CriticalPath, critical_path
-from etstore.query.dag import cycle_members, generations, longest_path
 
-__all__ = ["CriticalPath", "critical_path", "cycle_members", "generations", "longest_path"]
+__all__ = ["CriticalPath", "critical_path"]

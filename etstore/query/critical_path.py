@@ -9,10 +9,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from etstore.dag import break_cycles, generations, longest_path, match_messages, trace_edges
 from etstore.errors import EtstoreError, UnknownTraceError
 from etstore.model import Trace
-from etstore.query.dag import break_cycles, generations, longest_path, trace_edges
-from etstore.store.graph import message_edges
 
 __all__ = ["CriticalPath", "critical_path"]
 
@@ -45,7 +44,7 @@ def critical_path(trace: Trace, *, rank: int | None = None, on_cycle: str = "bre
         follows each COMM_SEND to its matching COMM_RECV.
     on_cycle
         ``"break"`` (default): drop the backward edges inside each dependency cycle
-        (see :func:`~etstore.query.dag.break_cycles`) and count them in
+        (see :func:`~etstore.dag.break_cycles`) and count them in
         ``dropped_edges``; ``"raise"``: refuse cyclic traces.
 
     Raises
@@ -70,8 +69,8 @@ def critical_path(trace: Trace, *, rank: int | None = None, on_cycle: str = "bre
     n = ops.num_rows
     dsrc, ddst = trace_edges(trace)
     if rank is None:
-        msgs, _, _ = message_edges(trace, 0)
-        msrc, mdst = msgs["from"].to_numpy(), msgs["to"].to_numpy()
+        matched = match_messages(trace)
+        msrc, mdst = matched.send_row, matched.recv_row
     else:
         msrc = mdst = np.zeros(0, dtype=np.int64)
     src, dst = np.concatenate([dsrc, msrc]), np.concatenate([ddst, mdst])

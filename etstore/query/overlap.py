@@ -180,7 +180,7 @@ def opportunity_timings(
 ) -> pa.Table:
     """Per-op ``rank, id, ready_ns, start_ns, end_ns`` of ``trace``: from run ``run_id``
     in DuckDB (:data:`TIMINGS_SQL`), else from a fresh simulation on ``topo`` (a
-    :class:`~etstore.sim.topology.Topology` or spec; default :func:`default_topology`).
+    :class:`~etstore.topology.Topology` or spec; default :func:`default_topology`).
 
     Raises
     ------
@@ -195,7 +195,7 @@ def opportunity_timings(
             raise UnknownTraceError(f"run {run_id} has no op timings of trace {trace.name!r}")
         return t
     from etstore.sim import simulate
-    from etstore.sim.topology import Topology, parse_topology
+    from etstore.topology import Topology, parse_topology
 
     topology = topo if isinstance(topo, Topology) else parse_topology(topo or default_topology(trace))
     res = simulate(trace, topology, config=config)

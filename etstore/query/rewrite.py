@@ -36,9 +36,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from etstore.dag import generations
 from etstore.errors import EtstoreError
 from etstore.model import Trace, deps_table
-from etstore.query.dag import generations
 
 __all__ = [
     "REWRITE_KINDS",

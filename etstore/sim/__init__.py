@@ -10,7 +10,7 @@ Entry points::
     from etstore.sim import record_run, sweep
     record_run(duckdb_con, result, trace_name="allreduce")
 
-Topology construction lives in :mod:`etstore.sim.topology` (imported from there,
+Topology construction lives in :mod:`etstore.topology` (imported from there,
 not re-exported here).
 """
 

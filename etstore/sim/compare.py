@@ -26,7 +26,7 @@ from etstore.errors import StoreError
 from etstore.sim.config import SimConfig
 from etstore.sim.engine import simulate
 from etstore.sim.metrics import TABLES, record_run
-from etstore.sim.topology import Topology, parse_topology
+from etstore.topology import Topology, parse_topology
 
 __all__ = ["COMPARISONS_DDL", "Comparison", "compare"]
 

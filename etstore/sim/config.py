@@ -5,7 +5,7 @@ endpoint delay, chunking, collective implementations, local memory bandwidth), a
 analytical *network* YAML (one entry per dimension: topology, NPU count, bandwidth,
 latency) and optionally a *communicator group* JSON. :func:`read_system_config`,
 :func:`read_network_config` and :func:`read_comm_groups` turn them into a
-:class:`SimConfig`, a :class:`~etstore.sim.topology.Topology` and a group mapping.
+:class:`SimConfig`, a :class:`~etstore.topology.Topology` and a group mapping.
 
 Units: time in ns, sizes in bytes. Network bandwidth is GB/s with GB = 2^30
 (ASTRA-sim's analytical network); ``local-mem-bw`` is GB/s with GB = 10^9, which is
@@ -23,7 +23,7 @@ from typing import Any, NamedTuple
 
 from etstore.errors import EtstoreError, TopologyError
 from etstore.model import COLLECTIVE_NAMES
-from etstore.sim.topology import Topology
+from etstore.topology import Topology
 
 __all__ = [
     "COLLECTIVES",
@@ -373,7 +373,7 @@ def astra_topology(
         else f"astra-{'-'.join(kinds)}:{'x'.join(str(n) for n in dims)}"
     )
     try:
-        from etstore.sim.topology import Dim  # the shared axis model, when present
+        from etstore.topology import Dim  # the shared axis model, when present
     except ImportError:
         Dim = None
     compose = getattr(Topology, "compose", None)

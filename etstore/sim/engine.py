@@ -44,7 +44,7 @@ from etstore.model import Trace
 from etstore.sim import _templates as tpl
 from etstore.sim.config import COLLECTIVES, SimConfig, collective_name
 from etstore.sim.network import Network
-from etstore.sim.topology import GIB, Topology
+from etstore.topology import GIB, Topology
 
 try:  # the optional native loop (setup.py); _run below stays the reference and the fallback
     from etstore.sim import _simloop  # type: ignore[attr-defined]
@@ -1072,7 +1072,7 @@ def simulate(
     Examples
     --------
     >>> from etstore.model import ops_table, Trace
-    >>> from etstore.sim.topology import Topology
+    >>> from etstore.topology import Topology
     >>> ops = ops_table({"rank": [0, 1], "id": [1, 1], "type": ["COMM_SEND_NODE", "COMM_RECV_NODE"],
     ...                  "comm_dst": [1, None], "comm_src": [None, 0], "comm_tag": [0, 0],
     ...                  "comm_size": [1 << 20, 1 << 20]})

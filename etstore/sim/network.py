@@ -1,4 +1,4 @@
-"""Network models over a :class:`~etstore.sim.topology.Topology`: routes and message times.
+"""Network models over a :class:`~etstore.topology.Topology`: routes and message times.
 
 Routing is shortest-path with *dimension order* where the topology has dimensions:
 next-hop tables are computed once per destination by a vectorised breadth-first
@@ -28,7 +28,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from etstore.errors import TopologyError
-from etstore.sim.topology import GIB, Topology
+from etstore.topology import GIB, Topology
 
 __all__ = ["Network", "dims_of", "grid_topology", "link_dimensions"]
 

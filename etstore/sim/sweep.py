@@ -19,7 +19,7 @@ from etstore.errors import TopologyError
 from etstore.model import Trace, ops_table
 from etstore.sim.config import SimConfig, collective_name
 from etstore.sim.engine import SimulationError, busbw_factor, simulate
-from etstore.sim.topology import GIB, Topology
+from etstore.topology import GIB, Topology
 
 __all__ = ["SWEEP_SCHEMA", "collective_workload", "parse_sizes", "sweep"]
 
@@ -82,8 +82,8 @@ def parse_sizes(text: str) -> list[int]:
     >>> parse_sizes("1MiB, 1KiB..16KiB:4")
     [1024, 4096, 16384, 1048576]
     """
-    from etstore.collectives.et_writer import parse_size
     from etstore.errors import UnsatisfiableError
+    from etstore.units import parse_size
 
     out: set[int] = set()
     for item in (part.strip() for part in text.split(",")):
@@ -118,7 +118,7 @@ def _topology(spec: Topology | str) -> Topology:
     if isinstance(spec, Topology):
         return spec
     try:
-        from etstore.sim.topology import parse_topology  # type: ignore[attr-defined]
+        from etstore.topology import parse_topology  # type: ignore[attr-defined]
     except ImportError as exc:
         raise TopologyError(f"cannot parse topology spec {spec!r}: pass a Topology object") from exc
     return parse_topology(spec)  # type: ignore[no-any-return]

@@ -387,7 +387,7 @@ class EmbeddedStore:
                 if progress:
                     progress("warehouse", 1, 2)
                     progress("graph", 2, 2)
-                from etstore.query.dag import cycle_members
+                from etstore.dag import cycle_members
 
                 # the edges as op rows, from the uids already computed
                 rows = (deps["from"].to_numpy() - base, deps["to"].to_numpy() - base)

@@ -4,9 +4,8 @@ Nodes are ops keyed by a store-wide ``uid`` (``trace_seq << 40 | row``). Edges:
 ``DEP`` (``src → dst`` within a rank, kind ``data``/``ctrl``), ``MSG``
 (a ``COMM_SEND`` to the ``COMM_RECV`` it matches, across ranks) and ``BECOMES``
 (an op of a parent trace to the ops of a derived trace that replace it, e.g. a
-collective to its expansion). Matching follows
-ASTRA-sim: sends from rank s to rank d with tag t pair with receives on d from s
-with tag t, the n-th send with the n-th receive, in issue (file) order.
+collective to its expansion). Sends and receives pair as :func:`etstore.dag.match_messages`
+pairs them.
 """
 
 from __future__ import annotations
@@ -15,8 +14,8 @@ from collections.abc import Sequence
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
+from etstore.dag import match_messages
 from etstore.errors import StoreError
 from etstore.model import Trace, op_rows
 
@@ -94,85 +93,19 @@ def dep_edges(trace: Trace, base: int) -> pa.Table:
     return pa.table({"from": src, "to": dst, "kind": deps["kind"]})
 
 
-def _occurrence(keys: list[np.ndarray]) -> np.ndarray:
-    """For rows in file order, the index of each row among earlier rows with the same key."""
-    n = len(keys[0])
-    order = np.lexsort((np.arange(n), *reversed(keys)))  # keys[0] is the primary sort key
-    same = np.zeros(n, dtype=bool)
-    if n > 1:
-        eq = np.ones(n - 1, dtype=bool)
-        for k in keys:
-            ks = k[order]
-            eq &= ks[1:] == ks[:-1]
-        same[1:] = eq
-    starts = np.maximum.accumulate(np.where(same, 0, np.arange(n)))
-    occ = np.empty(n, dtype=np.int64)
-    occ[order] = np.arange(n) - starts
-    return occ
-
-
 def message_edges(trace: Trace, base: int) -> tuple[pa.Table, int, int]:
     """``MSG`` edge rows (``from`` send uid, ``to`` recv uid, ``tag``, ``comm_size``)
-    plus the counts of unmatched sends and receives.
-
-    Notes
-    -----
-    O(V log V): two lexsorts and a join on (src, dst, tag, occurrence).
-    """
-    ops = trace.ops
-    typ = ops["type"]
-    rows = np.arange(ops.num_rows, dtype=np.int64)
-    is_send = pc.equal(typ, "COMM_SEND_NODE").to_numpy(zero_copy_only=False)
-    is_recv = pc.equal(typ, "COMM_RECV_NODE").to_numpy(zero_copy_only=False)
-    rank = ops["rank"].to_numpy().astype(np.int64)
-
-    def peer(col: str, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        arr = ops[col].filter(pa.array(mask))
-        valid = pc.is_valid(arr).to_numpy(zero_copy_only=False)
-        return pc.fill_null(arr, -1).to_numpy().astype(np.int64), valid
-
-    s_dst, s_ok = peer("comm_dst", is_send)
-    s_tag = pc.fill_null(ops["comm_tag"].filter(pa.array(is_send)), 0).to_numpy().astype(np.int64)
-    s_src = rank[is_send]
-    s_row = rows[is_send]
-    r_src, r_ok = peer("comm_src", is_recv)
-    r_tag = pc.fill_null(ops["comm_tag"].filter(pa.array(is_recv)), 0).to_numpy().astype(np.int64)
-    r_dst = rank[is_recv]
-    r_row = rows[is_recv]
-    s_src, s_dst, s_tag, s_row = s_src[s_ok], s_dst[s_ok], s_tag[s_ok], s_row[s_ok]
-    r_src, r_dst, r_tag, r_row = r_src[r_ok], r_dst[r_ok], r_tag[r_ok], r_row[r_ok]
-    sends = pa.table(
-        {
-            "s": s_src,
-            "d": s_dst,
-            "t": s_tag,
-            "n": _occurrence([s_src, s_dst, s_tag]),
-            "send_row": s_row,
-        }
-    )
-    recvs = pa.table(
-        {
-            "s": r_src,
-            "d": r_dst,
-            "t": r_tag,
-            "n": _occurrence([r_src, r_dst, r_tag]),
-            "recv_row": r_row,
-        }
-    )
-    joined = sends.join(recvs, ["s", "d", "t", "n"], join_type="inner")
-    joined = joined.sort_by("send_row")
-    send_row = joined["send_row"].to_numpy()
-    recv_row = joined["recv_row"].to_numpy()
-    size = ops["comm_size"].take(pa.array(send_row))
+    plus the counts of unmatched sends and receives (see :func:`etstore.dag.match_messages`)."""
+    m = match_messages(trace)
     edges = pa.table(
         {
-            "from": pa.array(base + send_row, pa.int64()),
-            "to": pa.array(base + recv_row, pa.int64()),
-            "tag": pa.array(joined["t"].to_numpy().astype(np.int32)),
-            "comm_size": size,
+            "from": pa.array(base + m.send_row, pa.int64()),
+            "to": pa.array(base + m.recv_row, pa.int64()),
+            "tag": pa.array(m.tag.astype(np.int32)),
+            "comm_size": trace.ops["comm_size"].take(pa.array(m.send_row)),
         }
     )
-    return edges, int(is_send.sum()) - joined.num_rows, int(is_recv.sum()) - joined.num_rows
+    return edges, m.unmatched_sends, m.unmatched_recvs
 
 
 def lineage_edges(lineage: pa.Table, child: pa.Table, parent: pa.Table, *, what: str) -> pa.Table:

@@ -454,7 +454,7 @@ class Neo4jStore:
             return IngestReport(
                 self._info(existing[0]["t"]), created=False, seconds=time.perf_counter() - started
             )
-        from etstore.query.dag import cycle_members
+        from etstore.dag import cycle_members
 
         seq, final = self._claim(trace, name or trace.name, name is not None, parent, digest)
         try:

@@ -8,13 +8,15 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from etstore.collectives import generate, message_sizes, parse_size, write_algorithm_et
+from etstore.collectives import generate
 from etstore.errors import UnsatisfiableError
+from etstore.ingest import message_sizes, write_algorithm_et
 from etstore.ingest._frames import varint
 from etstore.ingest.et import read_et
 from etstore.ingest.msccl_xml import read_msccl_xml
 from etstore.model import CHUNK_COLUMNS
 from etstore.proto import GlobalMetadata, Node
+from etstore.units import parse_size
 from tests.conftest import fixture_path
 
 CUSTOM = ("astra-sim", "examples", "system", "custom_collectives", "custom_ring_allreduce_8npus_1MB")

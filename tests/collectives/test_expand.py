@@ -11,15 +11,16 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from etstore.collectives import generate, message_sizes
+from etstore.collectives import generate
 from etstore.collectives.expand import expand, parse_by_type, parse_generator
+from etstore.dag import cycle_members, generations, trace_edges
 from etstore.errors import EtstoreError, QueryError
+from etstore.ingest import message_sizes
 from etstore.ingest.et import read_et
 from etstore.model import Trace, deps_table, ops_table
-from etstore.query.dag import cycle_members, generations, trace_edges
 from etstore.sim import SimConfig, read_network_config, read_system_config, simulate
-from etstore.sim.topology import Topology
 from etstore.store import EmbeddedStore
+from etstore.topology import Topology
 from etstore.workloads import transformer
 
 BYTES_PER_NS_50 = 50 * 2**30 / 1e9  # 50 GB/s with GB = 2^30

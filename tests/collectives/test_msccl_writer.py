@@ -10,8 +10,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from etstore.collectives import GENERATORS, check_algorithm, generate, to_msccl_xml, write_msccl_xml
+from etstore.collectives import GENERATORS, check_algorithm, generate
 from etstore.errors import UnsatisfiableError
+from etstore.ingest import to_msccl_xml, write_msccl_xml
 from etstore.ingest.msccl_xml import parse_msccl_xml, read_msccl_xml
 from etstore.model import CHUNK_COLUMNS, Trace
 from tests.collectives.test_check import algo, two_rank_allreduce

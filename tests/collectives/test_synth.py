@@ -14,7 +14,7 @@ import pytest
 from etstore.collectives.synth import COLLECTIVES, SynthResult, synthesize
 from etstore.errors import TopologyError, UnsatisfiableError
 from etstore.model import Trace, decode_attrs
-from etstore.sim.topology import GIB, Topology, parse_topology
+from etstore.topology import GIB, Topology, parse_topology
 
 
 # ------------------------------------------------------------------ helpers
@@ -361,7 +361,7 @@ def test_threadblocks_have_one_peer_each_way() -> None:
 
 
 def test_steps_are_msccl_steps() -> None:
-    from etstore.collectives._ir import STEP_TYPES, node_semantics
+    from etstore.ir import STEP_TYPES, node_semantics
 
     for coll in ("allreduce", "alltoall"):
         r = synthesize("mesh2d:3x3", coll=coll)
@@ -434,7 +434,7 @@ def test_exports_to_et(tmp_path: Path) -> None:
 @pytest.mark.parametrize("coll", ["allgather", "reducescatter", "allreduce", "alltoall"])
 def test_exports_to_msccl_xml_and_back(coll: str, tmp_path: Path) -> None:
     from etstore.collectives.check import check_algorithm
-    from etstore.collectives.msccl_writer import write_msccl_xml
+    from etstore.ingest.msccl_writer import write_msccl_xml
     from etstore.ingest.msccl_xml import read_msccl_xml
 
     r = synthesize("mesh2d:2x2", coll=coll, chunks_per_npu=2)

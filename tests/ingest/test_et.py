@@ -93,7 +93,7 @@ def test_zero_length_node_is_not_eof(tmp_path: Path) -> None:
 
 
 def test_cycle_is_reported_not_fatal(feeder: Path) -> None:
-    from etstore.query.dag import cycle_members
+    from etstore.dag import cycle_members
 
     t = read_et(feeder)
     g = nx.DiGraph()

@@ -8,11 +8,11 @@ import networkx as nx
 import numpy as np
 import pytest
 
+from etstore.dag import break_cycles, trace_edges
 from etstore.errors import EtstoreError, UnknownTraceError
 from etstore.ingest import read_et
 from etstore.model import Trace, deps_table, ops_table
 from etstore.query import critical_path
-from etstore.query.dag import break_cycles, trace_edges
 
 
 def _diamond() -> Trace:

@@ -59,8 +59,8 @@ from etstore.query.overlap import (
     find_opportunities,
 )
 from etstore.sim import SimConfig, record_run, simulate
-from etstore.sim.topology import parse_topology
 from etstore.store import EmbeddedStore
+from etstore.topology import parse_topology
 
 MIB = 1 << 20
 HALF = MIB // 2

@@ -16,14 +16,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
+from etstore.dag import cycle_members
 from etstore.errors import UnknownTraceError
 from etstore.model import Trace, deps_table
-from etstore.query.dag import cycle_members
 from etstore.query.overlap import find_opportunities
 from etstore.query.rewrite import RewriteError, check_rewrite, rewrite, rewrite_stored
 from etstore.sim import simulate
-from etstore.sim.topology import parse_topology
 from etstore.store import EmbeddedStore
+from etstore.topology import parse_topology
 from etstore.workloads import transformer
 from tests.query.test_overlap import hand_expanded, hand_workload, stored_expanded
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from etstore.sim import SimConfig, record_run, record_sweep, simulate, sweep
-from etstore.sim.topology import Topology
 from etstore.store import EmbeddedStore
+from etstore.topology import Topology
 from etstore.workloads import transformer
 
 OPPORTUNITIES_DDL = (

@@ -25,8 +25,8 @@ from etstore.report import (
 )
 from etstore.report._data import merge_spans, run_infos
 from etstore.sim import record_run, simulate
-from etstore.sim.topology import Topology
 from etstore.store import EmbeddedStore
+from etstore.topology import Topology
 from tests.report.conftest import Recorded
 
 

@@ -24,7 +24,7 @@ from etstore.sim import (
     simulate,
     sweep,
 )
-from etstore.sim.topology import Topology
+from etstore.topology import Topology
 
 FIX = Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "astra-sim"
 RT = FIX / "tests" / "rt_template" / "inputs"

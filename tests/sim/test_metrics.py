@@ -21,7 +21,7 @@ from etstore.sim import (
     sweep,
 )
 from etstore.sim.metrics import SCHEMA_VERSION, TABLES
-from etstore.sim.topology import Topology
+from etstore.topology import Topology
 
 
 def _workload() -> Trace:

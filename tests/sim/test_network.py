@@ -10,7 +10,7 @@ import pytest
 from etstore.errors import TopologyError
 from etstore.sim import read_network_config
 from etstore.sim.network import Network, dims_of, grid_topology, link_dimensions
-from etstore.sim.topology import Topology
+from etstore.topology import Topology
 
 FIX = Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "astra-sim"
 NET = FIX / "examples" / "network" / "analytical"

@@ -25,7 +25,7 @@ from etstore.collectives.generators import generate
 from etstore.ingest.et import read_et
 from etstore.model import Trace, deps_table, ops_table
 from etstore.sim import SimConfig, SimulationError, collective_workload, engine, read_network_config
-from etstore.sim.topology import Topology
+from etstore.topology import Topology
 from tests.sim.test_engine import CUSTOM, RT, _p2p, _policy_trace
 
 pytestmark = pytest.mark.skipif(

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from etstore.errors import TopologyError
-from etstore.sim.topology import GIB, Dim, Topology, parse_topology, read_topology
+from etstore.topology import GIB, Dim, Topology, parse_topology, read_topology
 
 FIX = Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "astra-sim"
 

@@ -23,7 +23,8 @@ from pathlib import Path
 import numpy as np
 import pyarrow.compute as pc
 
-from etstore.collectives._ir import (
+from etstore.errors import UnsatisfiableError
+from etstore.ir import (
     BUF_CODE,
     BUFFERS,
     RECV,
@@ -33,7 +34,6 @@ from etstore.collectives._ir import (
     TYPE_CODE,
     node_semantics,
 )
-from etstore.errors import UnsatisfiableError
 from etstore.model import Trace
 
 __all__ = [
@@ -81,7 +81,7 @@ def _fail(trace: Trace, what: str) -> UnsatisfiableError:
 
 
 def _steps(trace: Trace) -> tuple[list[_Step], np.ndarray]:
-    """Group nodes into steps (see :func:`~etstore.collectives._ir.node_semantics`)."""
+    """Group nodes into steps (see :func:`~etstore.ir.node_semantics`)."""
     sem = node_semantics(trace)
     if sem.issues:
         raise _fail(trace, sem.issues[0])

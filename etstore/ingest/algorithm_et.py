@@ -13,8 +13,6 @@ msg_chunk_cnt`` from the workload's collective; older readers use a fixed
 from __future__ import annotations
 
 import logging
-import re
-from fractions import Fraction
 from pathlib import Path
 
 import numpy as np
@@ -22,10 +20,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from etstore.errors import UnsatisfiableError
+from etstore.ingest._frames import write_varint
+from etstore.ingest.et import write_et
 from etstore.model import CHUNK_COLUMNS, Trace, member_number
 from etstore.proto import GlobalMetadata
 
-__all__ = ["message_sizes", "parse_size", "write_algorithm_et"]
+__all__ = ["message_sizes", "write_algorithm_et"]
 
 log = logging.getLogger(__name__)
 
@@ -37,46 +37,6 @@ _I64 = member_number("int64_val")
 
 
 # binary multiples throughout: ASTRA-sim's "1MB" workloads carry 1,048,576 bytes (DESIGN.md: GB = 2^30)
-_UNITS = {"": 1, "b": 1}
-for _i, _p in enumerate("kmgt", start=1):
-    for _suffix in (_p, _p + "b", _p + "i", _p + "ib"):
-        _UNITS[_suffix] = 1 << (10 * _i)
-
-
-def parse_size(text: str | int) -> int:
-    """Bytes in a size such as ``"1MiB"``, ``"4 KB"``, ``"1.5G"`` or ``"4096"``.
-
-    K, M, G and T are binary multiples with or without ``B``/``iB`` (``1MB`` = ``1MiB`` =
-    1,048,576 bytes), as in ASTRA-sim's workloads.
-
-    Raises
-    ------
-    UnsatisfiableError
-        The text is not a non-negative size in whole bytes.
-
-    Examples
-    --------
-    >>> parse_size("1MiB"), parse_size("1MB"), parse_size("2 kB"), parse_size(512)
-    (1048576, 1048576, 2048, 512)
-    """
-    if isinstance(text, int):
-        value = text
-    else:
-        m = re.fullmatch(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([A-Za-z]*)\s*", text)
-        unit = m.group(2).lower() if m else ""
-        if m is None or unit not in _UNITS:
-            raise UnsatisfiableError(
-                f"not a size: {text!r} (expected e.g. 1MiB, 64KB, 1G or a number of bytes)"
-            )
-        exact = Fraction(m.group(1)) * _UNITS[unit]
-        if exact.denominator != 1:
-            raise UnsatisfiableError(f"size {text!r} is not a whole number of bytes")
-        value = int(exact)
-    if value < 0:
-        raise UnsatisfiableError(f"size must not be negative, got {value}")
-    return value
-
-
 def message_sizes(trace: Trace, coll_size: int, *, scale_by_ngpus: bool = True) -> np.ndarray:
     """Bytes each node moves for a collective of ``coll_size`` bytes (0 for non-data nodes).
 
@@ -184,8 +144,6 @@ def write_algorithm_et(
     O(V + E). Node ids, dependencies and every other attribute are kept, so
     :func:`~etstore.ingest.et.read_et` gives the trace back (plus ``comm_size``).
     """
-    from etstore.ingest.et import write_et  # late: ingest imports this package's siblings
-
     ops = trace.ops
     n = ops.num_rows
     coll = str(trace.params.get("collective", ""))
@@ -234,6 +192,4 @@ def write_algorithm_et(
 
 
 def _frame(blob: bytes) -> bytes:
-    from etstore.ingest._frames import write_varint
-
     return write_varint(len(blob)) + blob

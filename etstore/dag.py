@@ -1,4 +1,5 @@
-"""Vectorized DAG passes over row-indexed graphs: generations, cycles, longest path.
+"""Vectorized DAG passes over row-indexed graphs: edges, message matching, generations,
+cycles, longest path.
 
 Nodes are ``0..n-1`` (rows of an ops table); edges are two int arrays
 ``src → dst``. Each pass walks topological generations (Kahn's algorithm one
@@ -8,11 +9,23 @@ per node.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from etstore.model import Trace, op_rows
 
-__all__ = ["break_cycles", "cycle_members", "generations", "longest_path", "trace_edges"]
+__all__ = [
+    "MessageMatch",
+    "break_cycles",
+    "cycle_members",
+    "generations",
+    "longest_path",
+    "match_messages",
+    "trace_edges",
+]
 
 
 def _csr(n: int, src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -159,3 +172,97 @@ def break_cycles(n: int, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
             comp[list(members)] = i
     same = (comp[src] >= 0) & (comp[src] == comp[dst])
     return keep & ~(same & (src > dst))
+
+
+class MessageMatch(NamedTuple):
+    """Sends paired with the receives they deliver to, as rows of the ops table."""
+
+    send_row: np.ndarray
+    """Row of each matched ``COMM_SEND_NODE``, ascending."""
+    recv_row: np.ndarray
+    """Row of the ``COMM_RECV_NODE`` it pairs with."""
+    tag: np.ndarray
+    """The message tag (0 where the op has none)."""
+    unmatched_sends: int
+    unmatched_recvs: int
+
+
+def _occurrence(keys: list[np.ndarray]) -> np.ndarray:
+    """For rows in file order, the index of each row among earlier rows with the same key."""
+    n = len(keys[0])
+    order = np.lexsort((np.arange(n), *reversed(keys)))  # keys[0] is the primary sort key
+    same = np.zeros(n, dtype=bool)
+    if n > 1:
+        eq = np.ones(n - 1, dtype=bool)
+        for k in keys:
+            ks = k[order]
+            eq &= ks[1:] == ks[:-1]
+        same[1:] = eq
+    starts = np.maximum.accumulate(np.where(same, 0, np.arange(n)))
+    occ = np.empty(n, dtype=np.int64)
+    occ[order] = np.arange(n) - starts
+    return occ
+
+
+def match_messages(trace: Trace) -> MessageMatch:
+    """Pair every send with its receive as ASTRA-sim does.
+
+    Sends from rank s to rank d with tag t pair with receives on d from s with tag t,
+    the n-th send with the n-th receive, in issue (file) order. Ops without a peer
+    are never matched.
+
+    Notes
+    -----
+    O(V log V): two lexsorts and a join on (src, dst, tag, occurrence).
+    """
+    ops = trace.ops
+    typ = ops["type"]
+    rows = np.arange(ops.num_rows, dtype=np.int64)
+    is_send = pc.equal(typ, "COMM_SEND_NODE").to_numpy(zero_copy_only=False)
+    is_recv = pc.equal(typ, "COMM_RECV_NODE").to_numpy(zero_copy_only=False)
+    rank = ops["rank"].to_numpy().astype(np.int64)
+
+    def peer(col: str, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        arr = ops[col].filter(pa.array(mask))
+        valid = pc.is_valid(arr).to_numpy(zero_copy_only=False)
+        return pc.fill_null(arr, -1).to_numpy().astype(np.int64), valid
+
+    s_dst, s_ok = peer("comm_dst", is_send)
+    s_tag = pc.fill_null(ops["comm_tag"].filter(pa.array(is_send)), 0).to_numpy().astype(np.int64)
+    s_src = rank[is_send]
+    s_row = rows[is_send]
+    r_src, r_ok = peer("comm_src", is_recv)
+    r_tag = pc.fill_null(ops["comm_tag"].filter(pa.array(is_recv)), 0).to_numpy().astype(np.int64)
+    r_dst = rank[is_recv]
+    r_row = rows[is_recv]
+    s_src, s_dst, s_tag, s_row = s_src[s_ok], s_dst[s_ok], s_tag[s_ok], s_row[s_ok]
+    r_src, r_dst, r_tag, r_row = r_src[r_ok], r_dst[r_ok], r_tag[r_ok], r_row[r_ok]
+    sends = pa.table(
+        {
+            "s": s_src,
+            "d": s_dst,
+            "t": s_tag,
+            "n": _occurrence([s_src, s_dst, s_tag]),
+            "send_row": s_row,
+        }
+    )
+    recvs = pa.table(
+        {
+            "s": r_src,
+            "d": r_dst,
+            "t": r_tag,
+            "n": _occurrence([r_src, r_dst, r_tag]),
+            "recv_row": r_row,
+        }
+    )
+    joined = sends.join(recvs, ["s", "d", "t", "n"], join_type="inner")
+    joined = joined.sort_by("send_row")
+    send_row = joined["send_row"].to_numpy()
+    recv_row = joined["recv_row"].to_numpy()
+    return MessageMatch(
+        send_row,
+        recv_row,
+        joined["t"].to_numpy().astype(np.int64),
+        int(is_send.sum()) - joined.num_rows,
+        int(is_recv.sum()) - joined.num_rows,
+    )
