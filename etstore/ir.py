@@ -34,6 +34,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from etstore.collective import ALGORITHM_COLLECTIVES
 from etstore.errors import TraceFormatError
 from etstore.model import DEPS_SCHEMA, OPS_SCHEMA, Trace, decode_attrs, encode_attrs
 
@@ -75,7 +76,7 @@ STEP_NODES: dict[str, tuple[int, ...]] = {
 _SEQ_TO_TYPE: dict[tuple[int, ...], str] = {v: k for k, v in STEP_NODES.items() if v}
 BUFFERS: tuple[str, ...] = ("i", "o", "s")
 BUF_CODE: dict[str, int] = {b: i for i, b in enumerate(BUFFERS)}
-COLLECTIVES: tuple[str, ...] = ("allreduce", "allgather", "reducescatter", "alltoall", "broadcast", "reduce")
+COLLECTIVES = ALGORITHM_COLLECTIVES
 
 _NCOUNT = np.array([len(STEP_NODES[t]) for t in STEP_TYPES], dtype=np.int64)
 _KIND_TABLE = np.full((len(STEP_TYPES), 3), -1, dtype=np.int8)

@@ -34,7 +34,6 @@ from etstore.proto import COLLECTIVE_COMM_TYPES, NODE_TYPES, ONEOF_FIELDS, Attri
 __all__ = [
     "ATTR_COLUMNS",
     "CHUNK_COLUMNS",
-    "COLLECTIVE_NAMES",
     "DEPS_SCHEMA",
     "META_SCHEMA",
     "OPS_SCHEMA",
@@ -77,19 +76,6 @@ CHUNK_COLUMNS: tuple[str, ...] = (
     "local_time_step",
 )
 
-# Chakra CollectiveCommType name -> the collective's name in algorithm traces (``params["collective"]``).
-COLLECTIVE_NAMES: dict[str, str] = {
-    "ALL_REDUCE": "allreduce",
-    "REDUCE": "reduce",
-    "ALL_GATHER": "allgather",
-    "GATHER": "gather",
-    "SCATTER": "scatter",
-    "BROADCAST": "broadcast",
-    "ALL_TO_ALL": "alltoall",
-    "REDUCE_SCATTER": "reducescatter",
-    "REDUCE_SCATTER_BLOCK": "reducescatter",
-    "BARRIER": "barrier",
-}
 
 OPS_SCHEMA = pa.schema(
     [

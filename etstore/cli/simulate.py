@@ -35,8 +35,8 @@ def _algorithms(store: Store, specs: list[str] | None) -> dict[str, Any] | None:
     ``--algo allreduce=ring,allgather=NAME``, parsed and resolved as ``expand`` does."""
     if not specs:
         return None
+    from etstore.collective import COLLECTIVE_NAMES
     from etstore.collectives.expand import algorithms_by_type, parse_by_type
-    from etstore.model import COLLECTIVE_NAMES
 
     out: dict[str, Any] = {}
     for item in (p.strip() for spec in specs for p in spec.split(",") if p.strip()):

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import pyarrow.compute as pc
 
+from etstore.collective import short_name
 from etstore.errors import UnsatisfiableError
 from etstore.ir import (
     BUF_CODE,
@@ -47,12 +48,6 @@ _T_R, _T_RCS, _T_RRS, _T_RRC, _T_RRCS, _T_RE = (
 )
 _I, _O, _S = BUF_CODE["i"], BUF_CODE["o"], BUF_CODE["s"]
 _ID_MASK = (1 << 40) - 1
-_ALIASES = {
-    "all_reduce": "allreduce",
-    "all_gather": "allgather",
-    "reduce_scatter": "reducescatter",
-    "all_to_all": "alltoall",
-}
 
 
 @dataclass(frozen=True)
@@ -420,7 +415,7 @@ def _execute(
 
 def _norm_coll(params: Any) -> str:
     c = str(params.get("collective", params.get("coll", ""))).lower()
-    return _ALIASES.get(c, c)
+    return short_name(c) or c
 
 
 def _modes(params: Any, uses_output: bool) -> tuple[str, ...]:

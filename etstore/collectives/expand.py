@@ -24,10 +24,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from etstore.collective import COLLECTIVE_NAMES, chakra_name
 from etstore.collectives._parts import Parts, concat, prepare
 from etstore.collectives.generators import GENERATORS, generate
 from etstore.errors import EtstoreError, QueryError
-from etstore.model import COLLECTIVE_NAMES, DEPS_SCHEMA, OPS_SCHEMA, Trace, content_hash, deps_table, op_rows
+from etstore.model import DEPS_SCHEMA, OPS_SCHEMA, Trace, content_hash, deps_table, op_rows
 
 __all__ = [
     "EXPANDED_SCHEMA",
@@ -64,7 +65,6 @@ EXPANDED_SCHEMA = pa.schema(
 )
 
 # Chakra CollectiveCommType name -> the algorithm representation's collective name
-_SHORT: dict[str, str] = COLLECTIVE_NAMES
 _INT32_MAX = (1 << 31) - 1
 
 
@@ -105,11 +105,10 @@ class Expansion:
 
 def _chakra_type(name: str) -> str:
     """Chakra collective name for any spelling (``allreduce``, ``all-reduce``, ``ALL_REDUCE``)."""
-    key = name.replace("-", "").replace("_", "").replace(" ", "").lower()
-    for chakra, short in _SHORT.items():
-        if key in (short, chakra.replace("_", "").lower()):
-            return "REDUCE_SCATTER" if short == "reducescatter" else chakra
-    raise EtstoreError(f"unknown collective {name!r}; expected one of {', '.join(_SHORT)}")
+    chakra = chakra_name(name)
+    if chakra is not None:
+        return chakra
+    raise EtstoreError(f"unknown collective {name!r}; expected one of {', '.join(COLLECTIVE_NAMES)}")
 
 
 def parse_by_type(text: str) -> dict[str, str]:
@@ -181,11 +180,11 @@ def algorithms_by_type(algorithms: AlgorithmSpec | Mapping[str, AlgorithmSpec]) 
     if isinstance(algorithms, str):
         gen, _ = parse_generator(algorithms)
         shorts = GENERATORS[gen].collectives
-        return {c: algorithms for c, s in _SHORT.items() if s in shorts}
+        return {c: algorithms for c, s in COLLECTIVE_NAMES.items() if s in shorts}
     coll = algorithms.params.get("collective")
     if not coll:  # the caller vouches for it: every selected collective
-        return dict.fromkeys(_SHORT, algorithms)
-    return {c: algorithms for c, s in _SHORT.items() if s == str(coll)}
+        return dict.fromkeys(COLLECTIVE_NAMES, algorithms)
+    return {c: algorithms for c, s in COLLECTIVE_NAMES.items() if s == str(coll)}
 
 
 def _where_mask(ops: pa.Table, rows: np.ndarray, where: str) -> np.ndarray:
@@ -457,7 +456,7 @@ def expand(
         k = (t, n)
         if k not in alg_of:
             spec = specs[t]
-            ck = (hash(spec) if isinstance(spec, str) else id(spec), _SHORT[t], n)
+            ck = (hash(spec) if isinstance(spec, str) else id(spec), COLLECTIVE_NAMES[t], n)
             if ck not in cache:
                 alg = _algorithm(spec, t, n, wname, pg_names[inst_pg[i]], int(inst_seq[i]))
                 cache[ck] = len(prepared)
@@ -635,7 +634,7 @@ def expand(
 
 def _algorithm(spec: AlgorithmSpec, ctype: str, n: int, wname: str, pg: str, seq: int) -> Trace:
     """The algorithm trace for a collective of type ``ctype`` on ``n`` ranks (generated or checked)."""
-    short = _SHORT[ctype]
+    short = COLLECTIVE_NAMES[ctype]
     what = _describe(pg, seq, ctype)
     if isinstance(spec, str):
         gen, chunks = parse_generator(spec)

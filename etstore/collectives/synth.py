@@ -48,6 +48,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from etstore.collective import short_name
 from etstore.errors import UnsatisfiableError
 from etstore.model import Trace, deps_table, encode_attrs, ops_table
 from etstore.topology import Topology, parse_topology
@@ -57,21 +58,6 @@ __all__ = ["COLLECTIVES", "Schedule", "SynthResult", "synthesize"]
 log = logging.getLogger(__name__)
 
 COLLECTIVES = ("allgather", "reducescatter", "allreduce", "broadcast", "reduce", "alltoall")
-_ALIASES = {
-    "ag": "allgather",
-    "all_gather": "allgather",
-    "all-gather": "allgather",
-    "rs": "reducescatter",
-    "reduce_scatter": "reducescatter",
-    "reduce-scatter": "reducescatter",
-    "ar": "allreduce",
-    "all_reduce": "allreduce",
-    "all-reduce": "allreduce",
-    "bcast": "broadcast",
-    "a2a": "alltoall",
-    "all_to_all": "alltoall",
-    "all-to-all": "alltoall",
-}
 _EPS = 1e-6  # ns: events closer than this are simultaneous
 
 
@@ -228,7 +214,7 @@ def synthesize(
     import time
 
     began = time.perf_counter()
-    coll_name = _ALIASES.get(coll.lower().replace(" ", ""), coll.lower())
+    coll_name = short_name(coll) or coll.lower()
     if coll_name not in COLLECTIVES:
         names = ", ".join(COLLECTIVES)
         raise UnsatisfiableError(f"synth: unknown collective {coll!r}; expected one of {names}")

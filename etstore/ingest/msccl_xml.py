@@ -28,33 +28,26 @@ from xml.parsers import expat
 
 import numpy as np
 
+from etstore.collective import ALGORITHM_COLLECTIVES, short_name
 from etstore.errors import TraceFormatError
-from etstore.ingest.msccl_writer import to_msccl_xml, write_msccl_xml  # the writer, beside the reader
 from etstore.ir import BUF_CODE, BUFFERS, STEP_TYPES, TYPE_CODE, StepTable, build_trace
 from etstore.model import Trace
 
-__all__ = ["parse_msccl_xml", "read_msccl_xml", "to_msccl_xml", "write_msccl_xml"]
+__all__ = ["parse_msccl_xml", "read_msccl_xml"]
 
 log = logging.getLogger(__name__)
 
-_COLL_ALIASES = {
-    "allreduce": "allreduce",
-    "all_reduce": "allreduce",
-    "allgather": "allgather",
-    "all_gather": "allgather",
-    "reducescatter": "reducescatter",
-    "reduce_scatter": "reducescatter",
-    "alltoall": "alltoall",
-    "all_to_all": "alltoall",
-    "broadcast": "broadcast",
-    "reduce": "reduce",
-    # RCCL also accepts these; etstore ingests them but cannot check their postcondition
-    "send": "send",
-    "recv": "recv",
-    "gather": "gather",
-    "scatter": "scatter",
-    "alltoallv": "alltoallv",
-}
+# What an <algo coll=...> may name: the collectives etstore checks, plus those RCCL also accepts
+# (ingested, but their postcondition cannot be checked).
+_XML_COLLECTIVES = frozenset((*ALGORITHM_COLLECTIVES, "gather", "scatter", "send", "recv", "alltoallv"))
+
+
+def _collective(coll: str) -> str | None:
+    name = coll.lower()
+    if name in _XML_COLLECTIVES:
+        return name
+    short = short_name(name) if "_" in name else None  # all_reduce, reduce_scatter, ...
+    return short if short in _XML_COLLECTIVES else None
 
 
 class _Fallback(Exception):
@@ -287,12 +280,13 @@ def _header(parsed: _Parsed, where: Callable[[], str]) -> dict[str, Any]:
     coll = a.get("coll")
     if coll is None:
         raise TraceFormatError(f"{where()}: <algo> has no 'coll' attribute (the collective)")
-    if coll.lower() not in _COLL_ALIASES:
+    short = _collective(coll)
+    if short is None:
         raise TraceFormatError(
             f"{where()}: unknown collective coll={coll!r} (expected one of allreduce, allgather, "
             "reducescatter, alltoall, broadcast, reduce)"
         )
-    h["coll"] = _COLL_ALIASES[coll.lower()]
+    h["coll"] = short
     h["ngpus"] = _int(a.get("ngpus"), "ngpus", where)
     for key in ("nchannels", "nchunksperloop", "minBytes", "maxBytes"):
         if key in a:

@@ -21,12 +21,11 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from etstore.collective import COLLECTIVE_NAMES, chakra_name
 from etstore.errors import EtstoreError, TopologyError
-from etstore.model import COLLECTIVE_NAMES
 from etstore.topology import Topology
 
 __all__ = [
-    "COLLECTIVES",
     "AstraNetwork",
     "ConfigError",
     "SimConfig",
@@ -44,10 +43,6 @@ class ConfigError(EtstoreError):
     """A simulator parameter or an ASTRA-sim config file is malformed or unsupported."""
 
 
-# Chakra CollectiveCommType name -> the algorithm representation's collective name.
-COLLECTIVES: dict[str, str] = COLLECTIVE_NAMES
-_ALIASES = {name.replace("_", "").lower(): chakra for chakra, name in COLLECTIVES.items()}
-_ALIASES.update({c.replace("_", "").lower(): c for c in COLLECTIVES})
 
 
 def collective_name(name: str) -> str:
@@ -58,10 +53,10 @@ def collective_name(name: str) -> str:
     ConfigError
         The name is not a Chakra collective.
     """
-    key = name.replace("-", "").replace("_", "").replace(" ", "").lower()
-    if key not in _ALIASES:
-        raise ConfigError(f"unknown collective {name!r}; expected one of {', '.join(COLLECTIVES)}")
-    return _ALIASES[key]
+    chakra = chakra_name(name)
+    if chakra is None:
+        raise ConfigError(f"unknown collective {name!r}; expected one of {', '.join(COLLECTIVE_NAMES)}")
+    return chakra
 
 
 # ASTRA-sim implementation names -> ours ("native" = ASTRA-sim's own ring, per dimension).

@@ -38,11 +38,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from etstore.collective import COLLECTIVE_NAMES
 from etstore.collectives.generators import generate
 from etstore.errors import EtstoreError
 from etstore.model import Trace
 from etstore.sim import _templates as tpl
-from etstore.sim.config import COLLECTIVES, SimConfig, collective_name
+from etstore.sim.config import SimConfig, collective_name
 from etstore.sim.network import Network
 from etstore.topology import GIB, Topology
 
@@ -404,7 +405,7 @@ class _Algorithms:
         cache_key = ("gen", name, coll, n)
         if cache_key in self.cache:
             return self.cache[cache_key]  # type: ignore[return-value]
-        short = COLLECTIVES[coll]
+        short = COLLECTIVE_NAMES[coll]
         try:
             trace = generate(name, coll=short, ranks=n, chunks=self.config.algorithm_chunks)
         except EtstoreError as exc:
