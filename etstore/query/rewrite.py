@@ -37,7 +37,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from etstore.dag import generations
-from etstore.errors import EtstoreError
+from etstore.errors import RewriteError
 from etstore.model import Trace, deps_table
 
 __all__ = [
@@ -60,8 +60,6 @@ _MSG = ("COMM_SEND_NODE", "COMM_RECV_NODE", "COMM_COLL_NODE")
 Edge = tuple[int, int]
 
 
-class RewriteError(EtstoreError):
-    """A rewrite cannot be applied, or its result fails the dependency check."""
 
 
 # ---------------------------------------------------------------- per-rank graphs

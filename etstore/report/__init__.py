@@ -11,7 +11,7 @@ returning a plotly figure, for notebooks and dashboards.
 
 from __future__ import annotations
 
-from etstore.report._data import ReportError
+from etstore.errors import ReportError
 from etstore.report.build import latest_run, opportunities, write_report
 from etstore.report.critical import schedule_critical_path
 from etstore.report.figures import (

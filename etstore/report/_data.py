@@ -10,7 +10,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from etstore.errors import EtstoreError, UnknownTraceError
+from etstore.errors import ReportError, UnknownTraceError
 
 __all__ = [
     "COMPUTE",
@@ -30,8 +30,6 @@ IDLE = "idle"
 SEND_RECV = "send/recv"
 
 
-class ReportError(EtstoreError):
-    """A report cannot be built or written: no runs, no metrics tables, an unwritable output."""
 
 
 @dataclass(frozen=True)

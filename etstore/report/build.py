@@ -16,7 +16,8 @@ import plotly.io as pio
 from plotly.offline import get_plotlyjs
 
 from etstore import __version__
-from etstore.report._data import ReportError, RunInfo, has_table, query, run_infos
+from etstore.errors import ReportError
+from etstore.report._data import RunInfo, has_table, query, run_infos
 from etstore.report.critical import schedule_critical_path
 from etstore.report.figures import (
     breakdown_figure,

@@ -16,15 +16,15 @@ not re-exported here).
 
 from __future__ import annotations
 
+from etstore.errors import ConfigError, SimulationError
 from etstore.sim.config import (
     AstraNetwork,
-    ConfigError,
     SimConfig,
     read_comm_groups,
     read_network_config,
     read_system_config,
 )
-from etstore.sim.engine import SimResult, SimulationError, busbw_factor, simulate
+from etstore.sim.engine import SimResult, busbw_factor, simulate
 from etstore.sim.metrics import create_schema, record_run, record_sweep
 from etstore.sim.network import Network
 from etstore.sim.sweep import collective_workload, sweep

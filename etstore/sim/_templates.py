@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow.compute as pc
 
-from etstore.errors import EtstoreError
+from etstore.errors import TemplateError
 from etstore.model import Trace
 
 __all__ = ["K_DELAY", "K_RECV", "K_SEND", "Template", "native_template", "trace_template"]
@@ -28,8 +28,6 @@ __all__ = ["K_DELAY", "K_RECV", "K_SEND", "Template", "native_template", "trace_
 K_SEND, K_RECV, K_DELAY = 0, 1, 2
 
 
-class TemplateError(EtstoreError):
-    """An algorithm cannot be expanded for a collective (wrong rank count, no sizes)."""
 
 
 @dataclass(frozen=True, eq=False)

@@ -134,8 +134,8 @@ def compare(
     -----
     Two simulations, O(events log V) each, then O(ranks) rows.
     """
+    from etstore.errors import ConfigError
     from etstore.query.overlap import default_topology
-    from etstore.sim.config import ConfigError
 
     trace_a, trace_b = store.load(a), store.load(b)
     ranks_a = set(trace_a.ops["rank"].unique().to_pylist())

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from etstore.collective import COLLECTIVE_NAMES, chakra_name
-from etstore.errors import EtstoreError, TopologyError
+from etstore.errors import ConfigError, TopologyError
 from etstore.topology import Topology
 
 __all__ = [
@@ -39,8 +39,6 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 
-class ConfigError(EtstoreError):
-    """A simulator parameter or an ASTRA-sim config file is malformed or unsupported."""
 
 
 

@@ -40,7 +40,7 @@ import pyarrow.compute as pc
 
 from etstore.collective import COLLECTIVE_NAMES
 from etstore.collectives.generators import generate
-from etstore.errors import EtstoreError
+from etstore.errors import EtstoreError, SimulationError
 from etstore.model import Trace
 from etstore.sim import _templates as tpl
 from etstore.sim.config import SimConfig, collective_name
@@ -68,16 +68,6 @@ log = logging.getLogger(__name__)
 AlgorithmSpec = str | Trace
 
 
-class SimulationError(EtstoreError):
-    """The replay cannot finish or cannot start: stuck receives, dependency cycles, bad ops.
-
-    ``stuck`` holds the ops that never finished (rank, id, name, type, state, reason)
-    when the replay got stuck, else an empty table.
-    """
-
-    def __init__(self, message: str, stuck: pa.Table | None = None) -> None:
-        super().__init__(message)
-        self.stuck = stuck if stuck is not None else STUCK_SCHEMA.empty_table()
 
 
 # op kinds inside the loop

@@ -15,10 +15,10 @@ from typing import Any, Union
 import numpy as np
 import pyarrow as pa
 
-from etstore.errors import TopologyError
+from etstore.errors import SimulationError, TopologyError
 from etstore.model import Trace, ops_table
 from etstore.sim.config import SimConfig, collective_name
-from etstore.sim.engine import SimulationError, busbw_factor, simulate
+from etstore.sim.engine import busbw_factor, simulate
 from etstore.topology import GIB, Topology
 
 __all__ = ["SWEEP_SCHEMA", "collective_workload", "parse_sizes", "sweep"]

@@ -17,10 +17,10 @@ import pyarrow.compute as pc
 import pytest
 
 from etstore.dag import cycle_members
-from etstore.errors import UnknownTraceError
+from etstore.errors import RewriteError, UnknownTraceError
 from etstore.model import Trace, deps_table
 from etstore.query.overlap import find_opportunities
-from etstore.query.rewrite import RewriteError, check_rewrite, rewrite, rewrite_stored
+from etstore.query.rewrite import check_rewrite, rewrite, rewrite_stored
 from etstore.sim import simulate
 from etstore.store import EmbeddedStore
 from etstore.topology import parse_topology

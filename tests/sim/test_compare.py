@@ -8,10 +8,9 @@ from __future__ import annotations
 
 import pytest
 
-from etstore.errors import TopologyError, UnknownTraceError
+from etstore.errors import ConfigError, TopologyError, UnknownTraceError
 from etstore.query.rewrite import rewrite_stored
 from etstore.sim.compare import compare
-from etstore.sim.config import ConfigError
 from etstore.store import EmbeddedStore
 from tests.query.test_overlap import hand_workload
 
