@@ -16,6 +16,7 @@ demo: install
 # The report test renders in headless Chromium, installed from Debian's packages when missing.
 test: install
 	$(PYTHON) -m ruff check etstore tests bench
+	$(PYTHON) -m mypy
 	bash scripts/ensure-chromium.sh
 	scripts/neo4j.sh with $(PYTHON) -m pytest
 

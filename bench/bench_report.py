@@ -87,7 +87,7 @@ def prepare(layers: int) -> tuple[Path, int, int]:
     print(f"# simulated {tr.num_ops:,} ops in {time.perf_counter() - t:.1f} s", file=sys.stderr)
     with EmbeddedStore(path) as store:
         store.ingest(tr)
-        run_id = record_run(store.duck, result, trace_name=tr.name)
+        run_id = record_run(store.warehouse, result, trace_name=tr.name)
     marker.write_text(json.dumps({"run_id": run_id, "ops": tr.num_ops}))
     return path, run_id, tr.num_ops
 
@@ -101,7 +101,7 @@ def main() -> None:
     out = OUT / f"report-{args.layers}.html"
     times = []
     with EmbeddedStore(path, read_only=True) as store:
-        con = store.duck
+        con = store.warehouse
         for _ in range(args.repeat):
             t = time.perf_counter()
             write_report(con, [run_id], out)

@@ -8,17 +8,25 @@ Entry points::
     store.cypher("MATCH (o:Op) RETURN o.type, count(*)").to_pandas()
     store.sql("SELECT rank, count(*) FROM ops GROUP BY rank").to_arrow()
     etstore.critical_path(store.load(report.trace.name))
+
+The entry points are imported on first use, so ``import etstore`` (and the CLI's
+``--help``) does not load the engines; the error classes are cheap and imported at once.
 """
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
+import importlib
+from typing import TYPE_CHECKING
 
 from etstore.errors import EtstoreError, QueryError, StoreError, TraceFormatError, UnknownTraceError
-from etstore.ingest import read_trace, write_chakra_json, write_et
-from etstore.model import Trace
-from etstore.query import critical_path
-from etstore.store import Result, Store, open_store
+
+if TYPE_CHECKING:
+    from etstore.ingest import read_trace, write_chakra_json, write_et
+    from etstore.model import Trace
+    from etstore.query import critical_path
+    from etstore.store import Result, Store, open_store
+
+__version__ = "0.1.0"
 
 __all__ = [
     "EtstoreError",
@@ -36,3 +44,29 @@ __all__ = [
     "write_chakra_json",
     "write_et",
 ]
+
+# name → the module that defines it; imported by __getattr__ on first access
+_LAZY = {
+    "Result": "etstore.store",
+    "Store": "etstore.store",
+    "Trace": "etstore.model",
+    "critical_path": "etstore.query",
+    "open_store": "etstore.store",
+    "read_trace": "etstore.ingest",
+    "write_chakra_json": "etstore.ingest",
+    "write_et": "etstore.ingest",
+}
+
+
+def __getattr__(name: str) -> object:
+    """Import an entry point on first access (PEP 562) and keep it as a module global."""
+    home = _LAZY.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(home), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

@@ -21,8 +21,10 @@ written back on export, never walked).
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any
 
 import numpy as np
@@ -37,6 +39,7 @@ __all__ = [
     "DEPS_SCHEMA",
     "META_SCHEMA",
     "OPS_SCHEMA",
+    "DepKind",
     "Trace",
     "TraceKind",
     "decode_attrs",
@@ -45,8 +48,28 @@ __all__ = [
     "node_type_name",
 ]
 
-TraceKind = str  # "workload" | "algorithm" | "expanded" | "rewritten"
-TRACE_KINDS = ("workload", "algorithm", "expanded", "rewritten")
+
+class TraceKind(str, Enum):
+    """What a trace is; the store keeps the string value."""
+
+    WORKLOAD = "workload"
+    ALGORITHM = "algorithm"
+    EXPANDED = "expanded"
+    REWRITTEN = "rewritten"
+
+    def __str__(self) -> str:  # the value, as in SQL rows and messages (not "TraceKind.WORKLOAD")
+        return self.value
+
+
+class DepKind(str, Enum):
+    """What a dependency waits for (``deps.kind``): the producer's data, or only its completion."""
+
+    DATA = "data"
+    CTRL = "ctrl"
+
+    def __str__(self) -> str:  # the value, as stored in ``deps.kind``
+        return self.value
+
 
 # Promoted attributes: column name -> (arrow type, oneof member written for new nodes).
 ATTR_COLUMNS: dict[str, tuple[pa.DataType, str]] = {
@@ -196,7 +219,7 @@ class Trace:
     missing: pa.Table = field(default_factory=lambda: _empty(DEPS_SCHEMA))
     meta: pa.Table = field(default_factory=lambda: _empty(META_SCHEMA))
     name: str = "trace"
-    kind: TraceKind = "workload"
+    kind: str = TraceKind.WORKLOAD.value  # a TraceKind value
     source: str = ""
     params: Mapping[str, Any] = field(default_factory=dict)
 
@@ -358,8 +381,6 @@ def content_hash(trace: Trace) -> str:
     an empty table has an empty chunk do not count. O(bytes) over the Arrow buffers;
     copies only columns split into several chunks.
     """
-    import hashlib
-
     h = hashlib.sha1(usedforsecurity=False)
     h.update(trace.kind.encode())
     for table in (trace.ops, trace.deps, trace.missing, trace.meta):

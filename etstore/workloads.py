@@ -177,7 +177,12 @@ def transformer(
                     )
                 )
                 last = chain
-        add("optimizer_step", "COMP_NODE", dur=fwd_us * 0.3, after=[*allreduces, last])
+        add(
+            "optimizer_step",
+            "COMP_NODE",
+            dur=fwd_us * 0.3,
+            after=[*allreduces, *([] if last is None else [last])],
+        )
     ops = ops_table(cols)
     deps = deps_table(np.asarray(d_rank), np.asarray(d_src), np.asarray(d_dst))
     params = {

@@ -1,39 +1,85 @@
 """The ``etstore`` command: parses arguments, calls the library, renders the result.
 
-Each public module of this package owns one group of commands and exposes
-``register(sub)``, which adds its subparsers and binds each to a handler with
-``set_defaults(handler=...)``. A handler takes ``(args, console)`` and returns the
-exit code; library errors (:class:`~etstore.errors.EtstoreError`) become one line
-on stderr and exit code 1.
+:data:`COMMANDS` is the one list of commands: each name, the module of this package
+that implements it and its line in ``etstore --help``. The listing, ``--version`` and
+the choice of command are answered from that table alone, so they import neither the
+library nor its engines; a command's module is imported only when that command runs
+(or prints its own help).
+
+Each command module exposes ``register(sub)``, which adds its subparsers and binds each
+to a handler with ``set_defaults(handler=...)``. A handler takes ``(args, console)`` and
+returns the exit code; library errors (:class:`~etstore.errors.EtstoreError`) become one
+line on stderr and exit code 1.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
-import pkgutil
 import sys
 from collections.abc import Sequence
+from typing import NamedTuple
 
 from rich.console import Console
 
 from etstore import __version__
 from etstore.errors import EtstoreError
-from etstore.store import ENV_VAR
 
-__all__ = ["main"]
+__all__ = ["COMMANDS", "Command", "main"]
 
-
-# Help lists command groups in pipeline order; groups not named here follow.
-_ORDER = ("traces", "query", "algorithms", "topology", "simulate", "expand", "report")
-
-
-def _command_modules() -> list[str]:
-    found = {m.name for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_")}
-    return [m for m in _ORDER if m in found] + sorted(found - set(_ORDER))
+# etstore.store.ENV_VAR and DEFAULT_STORE, spelled out: importing etstore.store loads the engines
+# (tests/cli/test_startup.py checks the two agree)
+_STORE_ENV_VAR = "ETSTORE_STORE"
+_DEFAULT_STORE = ".etstore"
 
 
-def _parser() -> argparse.ArgumentParser:
+class Command(NamedTuple):
+    """One command: where it lives and what the listing says about it."""
+
+    module: str
+    """Module of :mod:`etstore.cli` whose ``register(sub)`` adds the command."""
+    help: str
+    """Its line in ``etstore --help``."""
+
+
+# In listing order (the pipeline's); a module's commands in the order its register() adds them,
+# with the help its register() gives (tests/cli/test_startup.py compares the two listings).
+COMMANDS: dict[str, Command] = {
+    "ingest": Command("traces", "read traces or algorithms into the store"),
+    "ls": Command("traces", "list stored traces"),
+    "show": Command("traces", "counts per type and rank, collectives by type and size"),
+    "rm": Command("traces", "remove traces"),
+    "export": Command("traces", "write a stored trace back to files"),
+    "workload": Command("traces", "generate a synthetic transformer training step (data x tensor parallel)"),
+    "demo": Command("traces", "run the end-to-end demo on shipped examples"),
+    "cypher": Command("query", "run a Cypher query on the graph"),
+    "sql": Command("query", "run SQL on the DuckDB tables"),
+    "critical-path": Command("query", "duration-weighted longest dependency path"),
+    "check": Command("algorithms", "prove an algorithm delivers its collective (exit 1 if not)"),
+    "algo": Command("algorithms", "built-in collective algorithms"),
+    "topo": Command("topology", "network topologies"),
+    "synth": Command("topology", "synthesize a topology-aware collective algorithm and store it"),
+    "sim": Command("simulate", "replay a trace over a network; metrics into DuckDB"),
+    "sweep": Command("simulate", "bus bandwidth over sizes x algorithms x topologies"),
+    "expand": Command(
+        "expand", "replace collective nodes by an algorithm's send/recv/reduce ops (stores a new trace)"
+    ),
+    "report": Command(
+        "report", "write an HTML report (timelines, breakdowns, bandwidth, links) of simulation runs"
+    ),
+    "overlap": Command("analysis", "find overlap, chunk and reorder opportunities with estimated gains"),
+    "rewrite": Command("analysis", "store a new trace applying overlap, reorder or chunk-split"),
+    "compare": Command("analysis", "simulate two traces and record per-rank and total differences"),
+}
+
+
+def _parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The ``etstore`` parser, complete for ``command``'s module only.
+
+    Every other command is a placeholder that takes its help line from :data:`COMMANDS`
+    and leaves its arguments unparsed: enough to list the commands, print the version
+    and tell which command was asked for.
+    """
     p = argparse.ArgumentParser(
         prog="etstore",
         description="Store, query, expand and simulate Chakra execution traces and collective algorithms.",
@@ -42,17 +88,44 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--store",
         default=None,
-        help=f"store directory or neo4j://user:pass@host:7687 URL (default: ${ENV_VAR} or ./.etstore)",
+        help=f"store directory or neo4j://user:pass@host:7687 URL "
+        f"(default: ${_STORE_ENV_VAR} or ./{_DEFAULT_STORE})",
     )
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for name in _command_modules():
-        importlib.import_module(f"{__name__}.{name}").register(sub)
+    module = COMMANDS[command].module if command is not None else None
+    registered = False
+    for name, cmd in COMMANDS.items():
+        if cmd.module != module:
+            sub.add_parser(name, help=cmd.help, add_help=False)
+        elif not registered:  # the module adds all of its commands at once
+            importlib.import_module(f"{__name__}.{module}").register(sub)
+            registered = True
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``etstore`` console script."""
-    args = _parser().parse_args(argv)
+    """Entry point of the ``etstore`` console script.
+
+    Parameters
+    ----------
+    argv
+        The arguments after the program name (default: ``sys.argv[1:]``).
+
+    Returns
+    -------
+    int
+        The exit code: 0 on success, 1 when the library refused (one line on stderr),
+        130 when interrupted. Bad usage exits with argparse's code 2.
+
+    Notes
+    -----
+    The arguments are parsed twice: once against the placeholders, which answers
+    ``--help`` and ``--version`` and names the command, then against the parser its
+    module completes.
+    """
+    arg_list = list(sys.argv[1:] if argv is None else argv)
+    chosen, _ = _parser().parse_known_args(arg_list)
+    args = _parser(chosen.command).parse_args(arg_list)
     # piped output is read by scripts and wide terminals alike: do not fold tables at 80 columns
     console = Console(soft_wrap=False, width=None if sys.stdout.isatty() else 200)
     try:
@@ -67,7 +140,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("etstore: interrupted; nothing partial was kept", file=sys.stderr)
         return 130
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())

@@ -5,12 +5,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from etstore._render import FORMATS
-from etstore.errors import EtstoreError
+from etstore.cli._render import FORMATS
+from etstore.errors import OptionError
+from etstore.ingest import read_trace
 from etstore.model import Trace
 from etstore.store import Store, open_store
 
@@ -24,7 +28,7 @@ def add_format(sp: argparse.ArgumentParser) -> None:
 
 def _parse_param(text: str) -> tuple[str, Any]:
     if "=" not in text:
-        raise EtstoreError(f"--param {text!r}: expected NAME=VALUE")
+        raise OptionError(f"--param {text!r}: expected NAME=VALUE")
     key, raw = text.split("=", 1)
     try:
         value = json.loads(raw)
@@ -39,6 +43,7 @@ def params(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def open_from_args(args: argparse.Namespace, *, read_only: bool = False) -> Store:
+    """The store ``--store`` names (default: ``$ETSTORE_STORE``, then ``./.etstore``)."""
     return open_store(args.store, read_only=read_only)
 
 
@@ -46,8 +51,6 @@ def progress(console: Console) -> Any:
     """A rich progress bar on a terminal, nothing when piped."""
     if not console.is_terminal or os.environ.get("CI"):
         return None
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
     return Progress(
         TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(), console=console, transient=True
     )
@@ -55,19 +58,13 @@ def progress(console: Console) -> Any:
 
 def trace_from(store: Store, spec: str) -> Trace:
     """A stored trace by name, or, when ``spec`` names an existing file or directory, read it."""
-    from pathlib import Path
-
     if spec in {t.name for t in store.traces()}:
         return store.load(spec)
     if Path(spec).exists() or "/" in spec or any(ch in spec for ch in "*?["):
-        from etstore.ingest import read_trace
-
         return read_trace(spec)
     return store.load(spec)  # raises UnknownTraceError naming what is stored
 
 
 def print_json(doc: Any) -> None:
     """Stable, indented JSON on stdout (for ``--format json``)."""
-    import sys
-
     sys.stdout.write(json.dumps(doc, indent=1, default=str) + "\n")

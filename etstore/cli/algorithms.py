@@ -8,20 +8,22 @@ from typing import Any
 import pyarrow as pa
 from rich.console import Console
 
-from etstore._render import render
 from etstore.cli._common import add_format, open_from_args, print_json, trace_from
-from etstore.errors import EtstoreError
+from etstore.cli._render import render
+from etstore.collectives.check import check_algorithm
+from etstore.collectives.generators import GENERATORS, generate
+from etstore.errors import OptionError
+
+__all__ = ["register"]
 
 
 def _check(args: argparse.Namespace, console: Console) -> int:
-    from etstore.collectives.check import check_algorithm
-
     docs, failed = [], 0
     with open_from_args(args, read_only=True) as store:
         for spec in args.algos:
             trace = trace_from(store, spec)
             if trace.kind != "algorithm":
-                raise EtstoreError(f"check needs an algorithm trace; {trace.name!r} is a {trace.kind}")
+                raise OptionError(f"check needs an algorithm trace; {trace.name!r} is a {trace.kind}")
             report = check_algorithm(trace, max_problems=args.max_problems)
             failed += not report.ok
             if args.format == "json":
@@ -39,8 +41,6 @@ def _check(args: argparse.Namespace, console: Console) -> int:
 
 
 def _gen(args: argparse.Namespace, console: Console) -> int:
-    from etstore.collectives.generators import generate
-
     trace = generate(args.generator, coll=args.coll, ranks=args.ranks, chunks=args.chunks)
     name = args.name or f"{args.generator}-{args.coll}-{args.ranks}r-{args.chunks}c"
     with open_from_args(args) as store:
@@ -61,8 +61,6 @@ def _gen(args: argparse.Namespace, console: Console) -> int:
 
 
 def _gen_list(args: argparse.Namespace, console: Console) -> int:
-    from etstore.collectives.generators import GENERATORS
-
     rows = [
         {"generator": name, "collectives": ", ".join(info.collectives), "about": info.description}
         for name, info in GENERATORS.items()
@@ -72,6 +70,7 @@ def _gen_list(args: argparse.Namespace, console: Console) -> int:
 
 
 def register(sub: Any) -> None:
+    """Add ``check`` and ``algo gen|list`` to the subparsers ``sub``."""
     sp = sub.add_parser("check", help="prove an algorithm delivers its collective (exit 1 if not)")
     sp.add_argument(
         "algos", nargs="+", metavar="ALGO", help="stored algorithm trace, or an MSCCL-IR .xml file"

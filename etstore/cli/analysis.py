@@ -10,20 +10,22 @@ from typing import Any
 import pyarrow as pa
 from rich.console import Console
 
-from etstore._render import render
 from etstore.cli._common import add_format, open_from_args
-from etstore.errors import EtstoreError
+from etstore.cli._render import render
+from etstore.errors import OptionError
+from etstore.query.overlap import explain, find_opportunities
+from etstore.query.rewrite import rewrite_stored
+from etstore.sim import SimConfig
+from etstore.sim.compare import compare
+
+__all__ = ["register"]
 
 
 def _config(congestion: str | None) -> Any:
-    from etstore.sim import SimConfig
-
     return SimConfig(congestion=congestion) if congestion else None
 
 
 def _overlap(args: argparse.Namespace, console: Console) -> int:
-    from etstore.query.overlap import explain, find_opportunities
-
     if args.explain:
         for finder, engine, text in explain():
             if args.format == "table":
@@ -34,7 +36,7 @@ def _overlap(args: argparse.Namespace, console: Console) -> int:
         if args.trace is None:
             return 0
     if args.trace is None:
-        raise EtstoreError("overlap: name a trace (or pass --explain alone to print the queries)")
+        raise OptionError("overlap: name a trace (or pass --explain alone to print the queries)")
     with open_from_args(args) as store:
         found = find_opportunities(
             store,
@@ -63,8 +65,6 @@ def _overlap(args: argparse.Namespace, console: Console) -> int:
 
 
 def _rewrite(args: argparse.Namespace, console: Console) -> int:
-    from etstore.query.rewrite import rewrite_stored
-
     with open_from_args(args) as store:
         report = rewrite_stored(
             store,
@@ -91,8 +91,6 @@ def _rewrite(args: argparse.Namespace, console: Console) -> int:
 
 
 def _compare(args: argparse.Namespace, console: Console) -> int:
-    from etstore.sim.compare import compare
-
     with open_from_args(args) as store:
         cmp = compare(store, args.a, args.b, args.topo, congestion=args.congestion)
     if args.format == "json":
@@ -132,6 +130,7 @@ def _topo_arg(sp: argparse.ArgumentParser) -> None:
 
 
 def register(sub: Any) -> None:
+    """Add ``overlap``, ``rewrite`` and ``compare`` to the subparsers ``sub``."""
     sp = sub.add_parser("overlap", help="find overlap, chunk and reorder opportunities with estimated gains")
     sp.add_argument("trace", nargs="?", help="stored trace")
     sp.add_argument("--explain", action="store_true", help="print the Cypher and SQL queries the finders run")

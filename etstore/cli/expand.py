@@ -8,23 +8,23 @@ from typing import Any
 import pyarrow as pa
 from rich.console import Console
 
-from etstore._render import render
 from etstore.cli._common import add_format, open_from_args
-from etstore.errors import EtstoreError
+from etstore.cli._render import render
+from etstore.collectives.specs import algorithms_by_type, parse_by_type
+from etstore.collectives.stored import expand_stored, resolve_algorithm
+from etstore.errors import OptionError
+
+__all__ = ["register"]
 
 
 def _expand(args: argparse.Namespace, console: Console) -> int:
-    from etstore.collectives.expand import algorithms_by_type, expand_stored, parse_by_type
-
     if args.algo is None and args.by_type is None:
-        raise EtstoreError("expand: give --algo ALGORITHM and/or --by-type COLLECTIVE=ALGORITHM,...")
+        raise OptionError("expand: give --algo ALGORITHM and/or --by-type COLLECTIVE=ALGORITHM,...")
     with open_from_args(args) as store:
         algorithms: Any = args.algo
         if args.by_type is not None:
             algorithms = parse_by_type(args.by_type)
             if args.algo is not None:  # --algo covers the types --by-type does not name
-                from etstore.collectives.expand import resolve_algorithm
-
                 base = resolve_algorithm(store, args.algo)
                 algorithms = {**algorithms_by_type(base), **algorithms}
         done = expand_stored(
@@ -59,6 +59,7 @@ def _expand(args: argparse.Namespace, console: Console) -> int:
 
 
 def register(sub: Any) -> None:
+    """Add ``expand`` to the subparsers ``sub``."""
     sp = sub.add_parser(
         "expand",
         help="replace collective nodes by an algorithm's send/recv/reduce ops (stores a new trace)",

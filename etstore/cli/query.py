@@ -9,8 +9,11 @@ from typing import Any
 
 from rich.console import Console
 
-from etstore._render import render
 from etstore.cli._common import add_format, open_from_args, params
+from etstore.cli._render import render
+from etstore.query import critical_path
+
+__all__ = ["register"]
 
 
 def _cypher(args: argparse.Namespace, console: Console) -> int:
@@ -28,8 +31,6 @@ def _sql(args: argparse.Namespace, console: Console) -> int:
 
 
 def _critical_path(args: argparse.Namespace, console: Console) -> int:
-    from etstore.query import critical_path
-
     with open_from_args(args, read_only=True) as store:
         trace = store.load(args.trace)
     cp = critical_path(trace, rank=args.rank)
@@ -62,6 +63,7 @@ def _critical_path(args: argparse.Namespace, console: Console) -> int:
 
 
 def register(sub: Any) -> None:
+    """Add ``cypher``, ``sql`` and ``critical-path`` to the subparsers ``sub``."""
     for name, helptext, handler in (
         ("cypher", "run a Cypher query on the graph", _cypher),
         ("sql", "run SQL on the DuckDB tables", _sql),

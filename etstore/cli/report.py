@@ -8,16 +8,17 @@ from typing import Any
 from rich.console import Console
 
 from etstore.cli._common import open_from_args
-from etstore.errors import EtstoreError
+from etstore.errors import OptionError
+from etstore.report import latest_run, write_report
+
+__all__ = ["register"]
 
 
 def _report(args: argparse.Namespace, console: Console) -> int:
-    from etstore.report import latest_run, write_report
-
     if not args.runs and not args.latest and not args.sweep:
-        raise EtstoreError("report: name at least one run id, or pass --latest or --sweep ID")
+        raise OptionError("report: name at least one run id, or pass --latest or --sweep ID")
     with open_from_args(args, read_only=True) as store:
-        con = store.duck
+        con = store.warehouse
         runs = list(args.runs)
         if args.latest:
             runs.append(latest_run(con))
@@ -27,6 +28,7 @@ def _report(args: argparse.Namespace, console: Console) -> int:
 
 
 def register(sub: Any) -> None:
+    """Add ``report`` to the subparsers ``sub``."""
     sp = sub.add_parser(
         "report",
         help="write an HTML report (timelines, breakdowns, bandwidth, links) of simulation runs",

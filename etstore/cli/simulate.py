@@ -8,25 +8,31 @@ from typing import Any
 
 from rich.console import Console
 
-from etstore._render import render
 from etstore.cli._common import add_format, open_from_args, print_json, progress, trace_from
+from etstore.cli._render import render
 from etstore.cli.topology import add_topology_options, topology_from
-from etstore.errors import EtstoreError
+from etstore.collective import COLLECTIVE_NAMES
+from etstore.collectives.specs import algorithms_by_type, parse_by_type
+from etstore.collectives.stored import resolve_algorithm
+from etstore.collectives.synth import synthesize
+from etstore.errors import OptionError
+from etstore.sim import BUILTIN_ALGORITHMS, simulate
+from etstore.sim.config import SimConfig, read_comm_groups, read_network_config, read_system_config
+from etstore.sim.metrics import record_run, record_sweep
+from etstore.sim.sweep import parse_sizes, sweep
 from etstore.store import Store
 
-_BUILTIN = {"native", "replay", "ring", "direct", "halving-doubling", "tree", "alltoall-direct"}
+__all__ = ["register"]
 
 
 def _algorithm(store: Store, spec: str) -> Any:
     """A built-in name stays a name; anything else is a stored algorithm (or an error naming both)."""
-    if spec in _BUILTIN:
+    if spec in BUILTIN_ALGORITHMS:
         return spec
-    from etstore.collectives.expand import resolve_algorithm
-
     algo = resolve_algorithm(store, spec)
     if isinstance(algo, str):  # a generator with chunks: the simulator takes them from --chunks
         name, chunks = algo.partition(":")[0], algo.partition(":")[2]
-        raise EtstoreError(f"--algo {spec!r}: write --algo {name} --chunks {chunks} for the simulator")
+        raise OptionError(f"--algo {spec!r}: write --algo {name} --chunks {chunks} for the simulator")
     return algo
 
 
@@ -35,9 +41,6 @@ def _algorithms(store: Store, specs: list[str] | None) -> dict[str, Any] | None:
     ``--algo allreduce=ring,allgather=NAME``, parsed and resolved as ``expand`` does."""
     if not specs:
         return None
-    from etstore.collective import COLLECTIVE_NAMES
-    from etstore.collectives.expand import algorithms_by_type, parse_by_type
-
     out: dict[str, Any] = {}
     for item in (p.strip() for spec in specs for p in spec.split(",") if p.strip()):
         if "=" in item:
@@ -55,8 +58,6 @@ def _algorithms(store: Store, specs: list[str] | None) -> dict[str, Any] | None:
 
 
 def _config(args: argparse.Namespace) -> Any:
-    from etstore.sim.config import SimConfig, read_system_config
-
     overrides: dict[str, Any] = {}
     if args.congestion:
         overrides["congestion"] = args.congestion
@@ -72,20 +73,14 @@ def _config(args: argparse.Namespace) -> Any:
 def _network(args: argparse.Namespace) -> tuple[Any, Any]:
     """(topology, dims) from ``--network-config`` (ASTRA-sim YAML) or ``--topo``."""
     if args.network_config:
-        from etstore.sim.config import read_network_config
-
         net = read_network_config(args.network_config)
         return net.topology, net.dims
     if not args.topo:
-        raise EtstoreError("sim: give --topo SPEC or --network-config FILE")
+        raise OptionError("sim: give --topo SPEC or --network-config FILE")
     return topology_from(args), None
 
 
 def _sim(args: argparse.Namespace, console: Console) -> int:
-    from etstore.sim import simulate
-    from etstore.sim.config import read_comm_groups
-    from etstore.sim.metrics import record_run
-
     topo, dims = _network(args)
     config = _config(args)
     groups = read_comm_groups(args.comm_groups) if args.comm_groups else None
@@ -96,7 +91,10 @@ def _sim(args: argparse.Namespace, console: Console) -> int:
         run_id = None
         if not args.no_record:
             run_id = record_run(
-                store.duck, result, trace_name=trace.name, params={"algo": args.algo or [], "argv": "sim"}
+                store.warehouse,
+                result,
+                trace_name=trace.name,
+                params={"algo": args.algo or [], "argv": "sim"},
             )
     summary = {"run_id": run_id, **result.summary()}
     if args.format == "json":
@@ -148,9 +146,6 @@ def _sim(args: argparse.Namespace, console: Console) -> int:
 
 
 def _sweep(args: argparse.Namespace, console: Console) -> int:
-    from etstore.sim.metrics import record_sweep
-    from etstore.sim.sweep import parse_sizes, sweep
-
     sizes = parse_sizes(args.sizes)
     config = _config(args)
     topos = [topology_from(args, spec) for spec in args.topo]
@@ -177,7 +172,7 @@ def _sweep(args: argparse.Namespace, console: Console) -> int:
             points = sweep(sizes, algos, topos, collective=args.coll, config=config)
         sweep_id = None
         if not args.no_record:
-            sweep_id = record_sweep(store.duck, points, params={"algo": args.algo, "topo": args.topo})
+            sweep_id = record_sweep(store.warehouse, points, params={"algo": args.algo, "topo": args.topo})
     if args.format == "json":
         print_json({"sweep_id": sweep_id, "points": points.to_pylist()})
         return 0
@@ -195,8 +190,6 @@ def _sweep(args: argparse.Namespace, console: Console) -> int:
 
 
 def _synth_factory(chunks: int, seed: int) -> Any:
-    from etstore.collectives.synth import synthesize
-
     def build(topo: Any, coll: str) -> Any:
         return synthesize(topo, coll=coll, chunks_per_npu=chunks, seed=seed).trace
 
@@ -214,6 +207,7 @@ def _common(sp: argparse.ArgumentParser) -> None:
 
 
 def register(sub: Any) -> None:
+    """Add ``sim`` and ``sweep`` to the subparsers ``sub``."""
     sp = sub.add_parser("sim", help="replay a trace over a network; metrics into DuckDB")
     sp.add_argument("trace", help="stored trace name or trace files")
     add_topology_options(sp, required=False)

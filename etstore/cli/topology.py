@@ -9,8 +9,13 @@ from typing import Any
 import pyarrow as pa
 from rich.console import Console
 
-from etstore._render import render
 from etstore.cli._common import add_format, open_from_args, print_json
+from etstore.cli._render import render
+from etstore.collectives.synth import synthesize
+from etstore.topology import DEFAULT_BANDWIDTH_GB_PER_S, DEFAULT_LATENCY_NS, parse_topology
+from etstore.units import parse_size
+
+__all__ = ["add_topology_options", "register", "topology_from"]
 
 
 def add_topology_options(sp: argparse.ArgumentParser, *, required: bool = True) -> None:
@@ -26,8 +31,7 @@ def add_topology_options(sp: argparse.ArgumentParser, *, required: bool = True) 
 
 
 def topology_from(args: argparse.Namespace, spec: str | None = None) -> Any:
-    from etstore.topology import DEFAULT_BANDWIDTH_GB_PER_S, DEFAULT_LATENCY_NS, parse_topology
-
+    """The topology ``spec`` (default ``--topo``) names, links defaulting to ``--bw`` / ``--lat``."""
     return parse_topology(
         spec or args.topo,
         bandwidth_gb_per_s=DEFAULT_BANDWIDTH_GB_PER_S if args.bw is None else args.bw,
@@ -47,9 +51,6 @@ def _topo_show(args: argparse.Namespace, console: Console) -> int:
 
 
 def _synth(args: argparse.Namespace, console: Console) -> int:
-    from etstore.collectives.synth import synthesize
-    from etstore.units import parse_size
-
     topo = topology_from(args)
     res = synthesize(
         topo,
@@ -88,6 +89,7 @@ def _synth(args: argparse.Namespace, console: Console) -> int:
 
 
 def register(sub: Any) -> None:
+    """Add ``topo show`` and ``synth`` to the subparsers ``sub``."""
     sp = sub.add_parser("topo", help="network topologies")
     topo = sp.add_subparsers(dest="topo_command", required=True, metavar="ACTION")
     show = topo.add_parser("show", help="NPUs, links, diameter and bisection bandwidth of a topology")

@@ -11,61 +11,67 @@ from typing import Any
 import pyarrow as pa
 from rich.console import Console
 
-from etstore._render import render
 from etstore.cli._common import add_format, open_from_args, progress
+from etstore.cli._render import render
+from etstore.cli.demo import run_demo
 from etstore.errors import EtstoreError
-from etstore.ingest.export import EXPORT_FORMATS
+from etstore.ingest import write_et
+from etstore.ingest.export import EXPORT_FORMATS, export_trace
+from etstore.query.summary import summarize
+from etstore.store.base import IngestReport
+from etstore.store.batch import BatchProgressFn, OnError, ingest_paths
+from etstore.workloads import transformer
+
+__all__ = ["register"]
 
 
 def _ingest(args: argparse.Namespace, console: Console) -> int:
     if args.name and len(args.paths) > 1:
         raise EtstoreError("ingest: --name names one trace; give one path with it")
-    rows: list[dict[str, Any]] = []
+    on_error: OnError = "skip" if args.keep_going else "raise"
     with open_from_args(args) as store:
-        try:
-            _ingest_each(args, console, store, rows)
-        except EtstoreError as exc:
-            if rows:  # each path is its own atomic ingest: say which ones landed before the failure
-                done = ", ".join(r["trace"] for r in rows)
-                raise EtstoreError(f"{exc} (stored before this failure: {done})") from exc
-            raise
-    render(pa.Table.from_pylist(rows), args.format, console=console)
-    return 0
-
-
-def _ingest_each(args: argparse.Namespace, console: Console, store: Any, rows: list[dict[str, Any]]) -> None:
-    """Ingest each path in turn (each atomic on its own), appending a summary row per trace."""
-    from etstore.ingest import read_trace
-
-    bar = progress(console)
-    for spec in args.paths:
+        bar = progress(console)
         if bar:
             with bar:
-                task = bar.add_task(f"ingest {spec}", total=3)
-                trace = read_trace(spec, name=args.name)
-                bar.advance(task)
-                report = store.ingest(
-                    trace, name=args.name, progress=lambda _s, _d, _t, task=task: bar.advance(task)
+                stats = ingest_paths(
+                    store, args.paths, name=args.name, on_error=on_error, progress=_bar_step(bar)
                 )
         else:
-            trace = read_trace(spec, name=args.name)
-            report = store.ingest(trace, name=args.name)
-        info = report.trace
-        rows.append(
-            {
-                "trace": info.name,
-                "kind": info.kind,
-                "status": "new" if report.created else "already stored",
-                "ranks": info.ranks,
-                "ops": info.ops,
-                "deps": info.deps,
-                "missing": info.missing,
-                "messages": info.messages,
-                "cycles": report.cycles,
-                "unmatched": report.unmatched_sends + report.unmatched_recvs,
-                "seconds": round(report.seconds, 3),
-            }
-        )
+            stats = ingest_paths(store, args.paths, name=args.name, on_error=on_error)
+    render(pa.Table.from_pylist([_report_row(r) for r in stats.reports]), args.format, console=console)
+    for _path, message in stats.skipped:  # on stderr, beside errors: stdout may be JSON
+        sys.stderr.write(f"etstore: skipped {message}\n")
+    return 1 if stats.skipped else 0
+
+
+def _bar_step(bar: Any) -> BatchProgressFn:
+    """A batch progress callback drawing one bar per input."""
+    tasks: dict[str, Any] = {}
+
+    def step(path: str, stage: str, done: int, total: int) -> None:
+        if path not in tasks:
+            tasks[path] = bar.add_task(f"ingest {path}", total=total)
+        bar.update(tasks[path], description=f"ingest {path} ({stage})", completed=done, total=total)
+
+    return step
+
+
+def _report_row(report: IngestReport) -> dict[str, Any]:
+    """One row of the ingest summary."""
+    info = report.trace
+    return {
+        "trace": info.name,
+        "kind": info.kind,
+        "status": "new" if report.created else "already stored",
+        "ranks": info.ranks,
+        "ops": info.ops,
+        "deps": info.deps,
+        "missing": info.missing,
+        "messages": info.messages,
+        "cycles": report.cycles,
+        "unmatched": report.unmatched_sends + report.unmatched_recvs,
+        "seconds": round(report.seconds, 3),
+    }
 
 
 def _ls(args: argparse.Namespace, console: Console) -> int:
@@ -85,8 +91,6 @@ def _ls(args: argparse.Namespace, console: Console) -> int:
 
 
 def _show(args: argparse.Namespace, console: Console) -> int:
-    from etstore.query.summary import summarize
-
     with open_from_args(args, read_only=True) as store:
         info = store.info(args.trace)
         s = summarize(store, args.trace)
@@ -120,8 +124,6 @@ def _rm(args: argparse.Namespace, console: Console) -> int:
 
 
 def _export(args: argparse.Namespace, console: Console) -> int:
-    from etstore.ingest.export import export_trace
-
     with open_from_args(args, read_only=True) as store:
         trace = store.load(args.trace)
     paths = export_trace(
@@ -133,9 +135,6 @@ def _export(args: argparse.Namespace, console: Console) -> int:
 
 
 def _workload(args: argparse.Namespace, console: Console) -> int:
-    from etstore.ingest import write_et
-    from etstore.workloads import transformer
-
     trace = transformer(
         ranks=args.ranks,
         layers=args.layers,
@@ -162,8 +161,6 @@ def _workload(args: argparse.Namespace, console: Console) -> int:
 
 
 def _demo(args: argparse.Namespace, console: Console) -> int:
-    from etstore.demo import run_demo
-
     run_demo(store_location=args.store, console=console, out_dir=Path(args.out))
     return 0
 
@@ -174,6 +171,11 @@ def register(sub: Any) -> None:
         "paths", nargs="+", help=".et/.json file, directory, glob or <dir>/<prefix>; .xml for MSCCL-IR"
     )
     sp.add_argument("--name", help="trace name (default: the file prefix)")
+    sp.add_argument(
+        "--keep-going",
+        action="store_true",
+        help="skip inputs that fail (listed after the summary; exit 1) instead of stopping at the first",
+    )
     add_format(sp)
     sp.set_defaults(handler=_ingest)
 

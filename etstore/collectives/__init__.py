@@ -8,7 +8,10 @@ of ``docs/algorithms.md``, whoever produced it: the MSCCL-IR reader
   collective's postcondition, matched messages and freedom from deadlock;
 * :func:`generate` and :data:`GENERATORS` — ring, direct, halving-doubling, double
   binary tree, all-to-all direct;
-* :func:`expand` — replace a workload's collective nodes by an algorithm's per-rank ops.
+* :func:`synthesize` — TACOS-style synthesis for a topology, with a lower bound;
+* :func:`expand` — replace a workload's collective nodes by an algorithm's per-rank ops
+  (:mod:`etstore.collectives.stored` does it against a store; it is not imported
+  here, so that importing this package does not open the store layer).
 
 Writers (MSCCL-IR XML, ASTRA-sim custom-collective ``.et``) live with the other
 writers in :mod:`etstore.ingest`.
@@ -19,14 +22,17 @@ from __future__ import annotations
 from etstore.collectives.check import CheckReport, check_algorithm, ensure_valid
 from etstore.collectives.expand import Expansion, expand
 from etstore.collectives.generators import GENERATORS, GeneratorInfo, generate
+from etstore.collectives.synth import SynthResult, synthesize
 
 __all__ = [
     "GENERATORS",
     "CheckReport",
     "Expansion",
     "GeneratorInfo",
+    "SynthResult",
     "check_algorithm",
     "ensure_valid",
     "expand",
     "generate",
+    "synthesize",
 ]

@@ -13,12 +13,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from etstore.errors import EtstoreError
+from etstore.errors import ExpansionError
 from etstore.model import CHUNK_COLUMNS, OPS_SCHEMA, Trace, op_rows
 
 __all__ = ["Parts", "concat", "prepare"]
@@ -91,7 +92,7 @@ def prepare(trace: Trace, label: str) -> Parts:
 
     Raises
     ------
-    EtstoreError
+    ExpansionError
         The trace breaks one of the rules above, holds collective nodes, or has
         dependencies on absent nodes; the message names the rank and node.
 
@@ -103,11 +104,11 @@ def prepare(trace: Trace, label: str) -> Parts:
     nops = ops.num_rows
     where = f"algorithm {label!r}"
     if nops == 0:
-        raise EtstoreError(f"{where} has no ops")
+        raise ExpansionError(f"{where} has no ops")
     rank = ops["rank"].to_numpy().astype(np.int64)
     n = int(trace.params.get("ngpus") or 0) or int(rank.max()) + 1
     if rank.min() < 0 or rank.max() >= n:
-        raise EtstoreError(f"{where}: ranks {int(rank.min())}..{int(rank.max())} exceed its {n} gpus")
+        raise ExpansionError(f"{where}: ranks {int(rank.min())}..{int(rank.max())} exceed its {n} gpus")
     order = np.argsort(rank, kind="stable")
     if (order != np.arange(nops)).any():
         ops = ops.take(pa.array(order))
@@ -115,91 +116,40 @@ def prepare(trace: Trace, label: str) -> Parts:
     counts = np.bincount(rank, minlength=n)
     if (counts == 0).any():
         p = int(np.flatnonzero(counts == 0)[0])
-        raise EtstoreError(
+        raise ExpansionError(
             f"{where} has no ops on rank {p} of {n}; every member of a group needs its part of the collective"
         )
     op_start = _starts(counts)
     local = np.arange(nops, dtype=np.int64) - op_start[rank]
-    types = ops["type"].to_numpy(zero_copy_only=False)
-    bad = ~np.isin(types, list(_ALLOWED_TYPES))
-    if bad.any():
-        i = int(np.argmax(bad))
-        raise EtstoreError(
-            f"{where}: rank {int(rank[i])} node {ops['id'][i].as_py()} is a {types[i]}; an algorithm "
-            "expands into sends, receives and compute only"
-        )
-    is_send = types == "COMM_SEND_NODE"
-    is_recv = types == "COMM_RECV_NODE"
-    is_comp = types == "COMP_NODE"
-    comm = is_send | is_recv
-    dst, has_dst = _int(ops, "comm_dst", -1)
-    src, has_src = _int(ops, "comm_src", -1)
-    peer = np.where(is_send, dst, np.where(is_recv, src, -1))
-    bad = comm & ((is_send & ~has_dst) | (is_recv & ~has_src) | (peer < 0) | (peer >= n) | (peer == rank))
-    if bad.any():
-        i = int(np.argmax(bad))
-        raise EtstoreError(
-            f"{where}: rank {int(rank[i])} node {ops['id'][i].as_py()} ({types[i]}) names peer "
-            f"{int(peer[i])}, not another of its {n} ranks"
-        )
-    tag, _ = _int(ops, "comm_tag", 0)
-    tag = np.where(comm, tag, 0)
-    if (tag < 0).any():
-        i = int(np.argmax(tag < 0))
-        raise EtstoreError(
-            f"{where}: rank {int(rank[i])} node {ops['id'][i].as_py()} has a negative comm_tag"
-        )
-    cnt, has_cnt = _int(ops, "msg_chunk_cnt", 1)
-    total, has_total = _int(ops, "total_chunk_cnt", 1)
-    first, _ = _int(ops, "msg_chunk_idx", 0)
-    fixed, has_fixed = _int(ops, "comm_size", 0)
-    chunked = has_total & (total > 0)
-    cnt = np.where(has_cnt, cnt, 1)
-    bad = comm & ~chunked & ~has_fixed
-    if bad.any():
-        i = int(np.argmax(bad))
-        raise EtstoreError(
-            f"{where}: rank {int(rank[i])} node {ops['id'][i].as_py()} has neither chunk columns "
-            "(total_chunk_cnt) nor comm_size, so its message size is unknown"
-        )
+    msg = _messages(ops, rank, n, where)
     if trace.num_missing:
-        raise EtstoreError(f"{where} has {trace.num_missing} dependencies on absent nodes; fix it first")
-    deps = trace.deps
-    if deps.num_rows:
-        drank = deps["rank"].to_numpy().astype(np.int64)
-        srow = op_rows(ops, drank, deps["src"].to_numpy())
-        drow = op_rows(ops, drank, deps["dst"].to_numpy())
-        eorder = np.lexsort((drow, srow, drank))
-        srow, drow, drank = srow[eorder], drow[eorder], drank[eorder]
-        ekind = deps["kind"].take(pa.array(eorder)).combine_chunks()
-        epos = deps["pos"].to_numpy().astype(np.int32)[eorder]
-    else:
-        srow = drow = drank = np.zeros(0, dtype=np.int64)
-        ekind = pa.array([], pa.string())
-        epos = np.zeros(0, dtype=np.int32)
+        raise ExpansionError(f"{where} has {trace.num_missing} dependencies on absent nodes; fix it first")
+    srow, drow, drank, ekind, epos = _rank_edges(trace.deps, ops)
     has_in = np.zeros(nops, dtype=bool)
     has_in[drow] = True
     has_out = np.zeros(nops, dtype=bool)
     has_out[srow] = True
     entry_rows = np.flatnonzero(~has_in)
     exit_rows = np.flatnonzero(~has_out)
-    ms = np.where(comm & chunked, total, 0)
+    is_send, is_recv, total = msg.is_send, msg.is_recv, msg.total
+    ms = np.where((is_send | is_recv) & msg.chunked, total, 0)
+    tag = msg.tag
     return Parts(
         labels=[label],
         ranks=np.array([n], dtype=np.int64),
         part_base=np.array([0, n], dtype=np.int64),
         op_start=op_start,
         local=local,
-        peer=peer,
+        peer=msg.peer,
         tag=tag,
         is_send=is_send,
         is_recv=is_recv,
-        is_comp=is_comp,
-        chunked=chunked,
-        cnt=cnt,
+        is_comp=msg.is_comp,
+        chunked=msg.chunked,
+        cnt=msg.cnt,
         total=np.maximum(total, 1),
-        first=first,
-        fixed_size=fixed,
+        first=msg.first,
+        fixed_size=msg.fixed,
         duration=ops["duration_micros"].to_numpy().astype(np.uint64),
         max_chunks=np.array([int(ms.max()) if len(ms) else 0], dtype=np.int64),
         tag_span=int(tag.max()) + 1 if len(tag) else 1,
@@ -214,6 +164,93 @@ def prepare(trace: Trace, label: str) -> Parts:
         exit=local[exit_rows],
         columns={c: ops[c].combine_chunks() for c in COPIED},
     )
+
+
+class _Messages(NamedTuple):
+    """Per op of an algorithm: node kind, peer (algorithm rank), tag and the chunk columns for sizing."""
+
+    is_send: np.ndarray
+    is_recv: np.ndarray
+    is_comp: np.ndarray
+    peer: np.ndarray
+    tag: np.ndarray
+    cnt: np.ndarray
+    total: np.ndarray
+    first: np.ndarray
+    fixed: np.ndarray
+    chunked: np.ndarray
+
+
+def _messages(ops: pa.Table, rank: np.ndarray, n: int, where: str) -> _Messages:
+    """Node kinds, peers, tags and sizes of the ops; raises on a node an expansion cannot place."""
+    types = ops["type"].to_numpy(zero_copy_only=False)
+    bad = ~np.isin(types, list(_ALLOWED_TYPES))
+    if bad.any():
+        i = int(np.argmax(bad))
+        raise ExpansionError(
+            f"{where}: rank {int(rank[i])} node {ops['id'][i].as_py()} is a {types[i]}; an algorithm "
+            "expands into sends, receives and compute only"
+        )
+    is_send = types == "COMM_SEND_NODE"
+    is_recv = types == "COMM_RECV_NODE"
+    comm = is_send | is_recv
+    dst, has_dst = _int(ops, "comm_dst", -1)
+    src, has_src = _int(ops, "comm_src", -1)
+    peer = np.where(is_send, dst, np.where(is_recv, src, -1))
+    bad = comm & ((is_send & ~has_dst) | (is_recv & ~has_src) | (peer < 0) | (peer >= n) | (peer == rank))
+    if bad.any():
+        i = int(np.argmax(bad))
+        raise ExpansionError(
+            f"{where}: rank {int(rank[i])} node {ops['id'][i].as_py()} ({types[i]}) names peer "
+            f"{int(peer[i])}, not another of its {n} ranks"
+        )
+    tag, _ = _int(ops, "comm_tag", 0)
+    tag = np.where(comm, tag, 0)
+    if (tag < 0).any():
+        i = int(np.argmax(tag < 0))
+        raise ExpansionError(
+            f"{where}: rank {int(rank[i])} node {ops['id'][i].as_py()} has a negative comm_tag"
+        )
+    cnt, has_cnt = _int(ops, "msg_chunk_cnt", 1)
+    total, has_total = _int(ops, "total_chunk_cnt", 1)
+    first, _ = _int(ops, "msg_chunk_idx", 0)
+    fixed, has_fixed = _int(ops, "comm_size", 0)
+    chunked = has_total & (total > 0)
+    bad = comm & ~chunked & ~has_fixed
+    if bad.any():
+        i = int(np.argmax(bad))
+        raise ExpansionError(
+            f"{where}: rank {int(rank[i])} node {ops['id'][i].as_py()} has neither chunk columns "
+            "(total_chunk_cnt) nor comm_size, so its message size is unknown"
+        )
+    return _Messages(
+        is_send,
+        is_recv,
+        types == "COMP_NODE",
+        peer,
+        tag,
+        np.where(has_cnt, cnt, 1),
+        total,
+        first,
+        fixed,
+        chunked,
+    )
+
+
+def _rank_edges(
+    deps: pa.Table, ops: pa.Table
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, pa.Array, np.ndarray]:
+    """The algorithm's edges as op rows sorted by (rank, src, dst): (src, dst, rank, kind, pos)."""
+    if not deps.num_rows:
+        empty = np.zeros(0, dtype=np.int64)
+        return empty, empty, empty, pa.array([], pa.string()), np.zeros(0, dtype=np.int32)
+    drank = deps["rank"].to_numpy().astype(np.int64)
+    srow = op_rows(ops, drank, deps["src"].to_numpy())
+    drow = op_rows(ops, drank, deps["dst"].to_numpy())
+    eorder = np.lexsort((drow, srow, drank))
+    ekind = deps["kind"].take(pa.array(eorder)).combine_chunks()
+    epos = deps["pos"].to_numpy().astype(np.int32)[eorder]
+    return srow[eorder], drow[eorder], drank[eorder], ekind, epos
 
 
 def _cat_starts(starts: Sequence[np.ndarray]) -> np.ndarray:

@@ -9,12 +9,14 @@ from etstore.ingest.chakra_json import read_chakra_json, write_chakra_json
 from etstore.ingest.et import read_et, write_et
 from etstore.ingest.files import resolve_rank_files
 from etstore.ingest.msccl_writer import to_msccl_xml, write_msccl_xml
+from etstore.ingest.msccl_xml import read_msccl_xml
 from etstore.model import Trace
 
 __all__ = [
     "message_sizes",
     "read_chakra_json",
     "read_et",
+    "read_msccl_xml",
     "read_trace",
     "resolve_rank_files",
     "to_msccl_xml",
@@ -30,8 +32,6 @@ def read_trace(spec: str | Path, *, name: str | None = None) -> Trace:
     Chakra JSON, anything else Chakra ``.et`` (plain or gzip)."""
     text = str(spec)
     if text.endswith(".xml"):
-        from etstore.ingest.msccl_xml import read_msccl_xml
-
         return read_msccl_xml(spec, name=name)
     _, files = resolve_rank_files(spec)
     if files and files[0][1].name.endswith((".json", ".json.gz")):

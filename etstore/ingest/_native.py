@@ -55,13 +55,12 @@ def _array(typ: pa.DataType, length: int, parts: tuple[Any, ...]) -> pa.Array:
     )
 
 
-def decode_rank(data: bytes, rank: int, path: Path) -> tuple[pa.Table, pa.Table, bytes]:
-    """Same contract as ``et._decode_py``: ``(ops, deps, metadata)`` for one rank's bytes."""
+def decode_rank(data: bytes, rank: int, path: Path) -> tuple[pa.Table, pa.Table, bytes] | None:
+    """``(ops, deps, metadata)`` for one rank's bytes, as the reference decoder gives them;
+    None when a string column would pass 2 GiB (the reference decoder then chunks it)."""
     result = _etcodec.decode(data, str(path))
-    if result is None:  # a string column would pass 2 GiB: let the reference path chunk it
-        from etstore.ingest.et import _decode_py
-
-        return _decode_py(data, rank, path)
+    if result is None:
+        return None
     n, m, meta, ops_cols, deps_cols = result
     arrays = []
     for f in OPS_SCHEMA:

@@ -20,7 +20,15 @@ from etstore.errors import TraceFormatError
 from etstore.ingest._frames import read_bytes
 from etstore.ingest.et import duplicate_ids, split_missing
 from etstore.ingest.files import resolve_rank_files
-from etstore.model import ATTR_COLUMNS, DEPS_SCHEMA, META_SCHEMA, OPS_SCHEMA, Trace, node_type_name
+from etstore.model import (
+    ATTR_COLUMNS,
+    DEPS_SCHEMA,
+    META_SCHEMA,
+    OPS_SCHEMA,
+    Trace,
+    member_number,
+    node_type_name,
+)
 from etstore.proto import COLLECTIVE_COMM_TYPES, Node
 
 __all__ = ["read_chakra_json", "write_chakra_json"]
@@ -69,8 +77,6 @@ def _extras(node: dict[str, Any], where: str) -> tuple[bytes | None, str]:
 
 
 def _member_number(column: str) -> int:
-    from etstore.model import member_number
-
     return member_number(ATTR_COLUMNS[column][1])
 
 

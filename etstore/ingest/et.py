@@ -40,7 +40,7 @@ __all__ = ["decode_rank", "encode_rank", "read_et", "split_missing", "write_et"]
 
 log = logging.getLogger(__name__)
 
-try:  # the native codec is optional; the pure-Python path is the reference
+try:  # the native codec is an optional C build; the pure-Python path is the reference
     from etstore.ingest import _native
 except ImportError:  # pragma: no cover - depends on the build
     _native = None  # type: ignore[assignment]
@@ -282,7 +282,9 @@ def decode_rank(data: bytes, rank: int, path: Path) -> tuple[pa.Table, pa.Table,
     Raises :class:`TraceFormatError` naming the file and byte offset of a bad frame.
     """
     if _native is not None:
-        return _native.decode_rank(data, rank, path)
+        decoded = _native.decode_rank(data, rank, path)
+        if decoded is not None:
+            return decoded
     return _decode_py(data, rank, path)
 
 
@@ -385,7 +387,7 @@ def read_et(
         prefix = files[0][1].name.split(".")[0] if files else "trace"
         source = ",".join(str(p) for _, p in files)
 
-    def one(item: tuple[int, Path]) -> tuple[pa.Table, pa.Table, bytes, int]:
+    def one(item: tuple[int, Path]) -> tuple[pa.Table, pa.Table, bytes | None, int]:
         rank, path = item
         data = read_bytes(path)
         ops, deps, meta = decode_rank(data, rank, path)

@@ -452,19 +452,19 @@ def to_msccl_xml(
 
     out = ["<algo " + " ".join(f'{k}="{v}"' for k, v in attrs) + ">"]
     by_rank: dict[int, list[tuple[int, int]]] = {}
-    for key in sorted(per_tb):
-        by_rank.setdefault(key[0], []).append(key)
+    for tb_key in sorted(per_tb):
+        by_rank.setdefault(tb_key[0], []).append(tb_key)
     for r in range(ngpus):
         out.append(
             f'  <gpu id="{r}" i_chunks="{size[(r, 0)]}" o_chunks="{size[(r, 1)]}" s_chunks="{size[(r, 2)]}">'
         )
-        for key in by_rank.get(r, []):
-            info = tbs[key]
+        for tb_key in by_rank.get(r, []):
+            info = tbs[tb_key]
             out.append(
-                f'    <tb id="{key[1]}" send="{info["send"]}" recv="{info["recv"]}" chan="{info["chan"]}">'
+                f'    <tb id="{tb_key[1]}" send="{info["send"]}" recv="{info["recv"]}" chan="{info["chan"]}">'
             )
             s = 0
-            for i in per_tb[key]:
+            for i in per_tb[tb_key]:
                 st = steps[i]
                 waits = sorted(st.deps, key=lambda a: (steps[a].tb, steps[a].s))
                 for a in waits[:-1]:

@@ -22,6 +22,7 @@ import logging
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 from xml.parsers import expat
@@ -299,13 +300,25 @@ def _header(parsed: _Parsed, where: Callable[[], str]) -> dict[str, Any]:
     return h
 
 
+def _gpu_where(at: Callable[[str, int], str], i: int) -> str:
+    return f"{at('gpu', i)}: <gpu>"
+
+
+def _tb_where(at: Callable[[str, int], str], i: int, gpu: int) -> str:
+    return f"{at('tb', i)}: gpu {gpu} <tb>"
+
+
 def _assemble(
     parsed: _Parsed, source: str, data: bytes
 ) -> tuple[StepTable, dict[str, Any], Callable[[str, int], str]]:
     def at(kind: str, index: int) -> str:
-        pos = {"gpu": parsed.gpu_at, "tb": parsed.tb_at, "step": parsed.step_at, "algo": [parsed.algo_at]}[
-            kind
-        ][index]
+        positions: dict[str, Any] = {
+            "gpu": parsed.gpu_at,
+            "tb": parsed.tb_at,
+            "step": parsed.step_at,
+            "algo": [parsed.algo_at],
+        }
+        pos = positions[kind][index]
         line = int(pos) if parsed.at_is_line else data.count(b"\n", 0, int(pos)) + 1
         return f"{source}:{line}"
 
@@ -316,7 +329,7 @@ def _assemble(
     gpu_cols = {k: np.zeros(g, dtype=np.int64) for k in ("id", "i_chunks", "o_chunks", "s_chunks")}
     for i, attrs in enumerate(parsed.gpus):
         for k, col in gpu_cols.items():
-            col[i] = _int(attrs.get(k), k, lambda i=i: f"{at('gpu', i)}: <gpu>")
+            col[i] = _int(attrs.get(k), k, partial(_gpu_where, at, i))
     t = len(parsed.tbs)
     tb_cols = {k: np.zeros(t, dtype=np.int64) for k in ("id", "send", "recv", "chan")}
     for i, attrs in enumerate(parsed.tbs):
@@ -324,7 +337,7 @@ def _assemble(
             col[i] = _int(
                 attrs.get(k),
                 k,
-                lambda i=i: f"{at('tb', i)}: gpu {int(gpu_cols['id'][parsed.tb_gpu[i]])} <tb>",
+                partial(_tb_where, at, i, int(gpu_cols["id"][parsed.tb_gpu[i]])),
             )
     tb_rank = gpu_cols["id"][np.asarray(parsed.tb_gpu, dtype=np.int64)] if t else np.zeros(0, np.int64)
     steps = parsed.steps
@@ -407,7 +420,7 @@ def parse_msccl_xml(
     -----
     O(len(data) + S log S) for S steps.
     """
-    raw = data.encode("utf-8") if isinstance(data, str) else data
+    raw = data.encode("utf-8") if isinstance(data, str) else bytes(data)
     _refuse_dtd(raw, source)
     if not raw or raw.isspace():  # isspace stops at the first other byte; strip would copy
         raise TraceFormatError(f"{source}:1: empty file; an MSCCL-IR document starts with <algo ...>")

@@ -9,6 +9,8 @@ message factory, an API every protobuf runtime since 3.20 offers.
 
 from __future__ import annotations
 
+from typing import Any
+
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
 __all__ = [
@@ -146,7 +148,7 @@ def file_descriptor_proto() -> descriptor_pb2.FileDescriptorProto:
     return fd
 
 
-def _build() -> dict[str, type]:
+def _build() -> dict[str, Any]:  # generated message classes: attributes made at run time
     # A private pool: never clashes with an upstream ``et_def_pb2`` in the same process.
     pool = descriptor_pool.DescriptorPool()
     pool.Add(file_descriptor_proto())

@@ -1,8 +1,13 @@
-"""Critical path: the duration-weighted longest dependency chain of a trace."""
+"""Critical path: the duration-weighted longest dependency chain of a trace.
+
+:func:`path_table` is the one shape of a path, shared with the critical path of a
+simulated schedule (:func:`etstore.report.schedule_critical_path`).
+"""
 
 from __future__ import annotations
 
 import itertools
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -10,17 +15,69 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from etstore.dag import break_cycles, generations, longest_path, match_messages, trace_edges
-from etstore.errors import EtstoreError, UnknownTraceError
+from etstore.errors import EtstoreError, OptionError, UnknownTraceError
 from etstore.model import Trace
 
-__all__ = ["CriticalPath", "critical_path"]
+__all__ = ["PATH_COLUMNS", "PATH_VIA", "CriticalPath", "critical_path", "path_table"]
+
+# the columns every path table starts with; timing columns follow, then ``via``
+PATH_COLUMNS = ("step", "rank", "id", "name", "type")
+# how a step is reached from the one before: first step; a dependency (or the rank's slot);
+# a message (the send a receive waited for); the collective member that joined last
+PATH_VIA = ("start", "dep", "msg", "peer")
+
+
+def path_table(
+    ops: pa.Table,
+    rows: np.ndarray,
+    via: Sequence[str],
+    **timing: pa.Array | pa.ChunkedArray | np.ndarray,
+) -> pa.Table:
+    """A path through ``ops`` as a table, one row per step in path order.
+
+    Parameters
+    ----------
+    ops
+        Table with at least ``rank``, ``id``, ``name`` and ``type``.
+    rows
+        Row of ``ops`` of each step (int), first step first.
+    via
+        Per step, how it is reached from the step before (one of :data:`PATH_VIA`).
+    **timing
+        Further columns, one value per step, in the order given (their names carry the unit).
+
+    Returns
+    -------
+    pyarrow.Table
+        :data:`PATH_COLUMNS` (``step`` counts from 0; the others are taken from ``ops``),
+        the ``timing`` columns, then ``via``.
+
+    Raises
+    ------
+    OptionError
+        ``via`` does not have one entry per step.
+
+    Notes
+    -----
+    O(path) takes; the column types follow ``ops`` even when the path is empty.
+    """
+    take = pa.array(np.asarray(rows, dtype=np.int64))
+    if len(via) != len(take):
+        raise OptionError(f"a path of {len(take)} steps needs {len(take)} via entries, not {len(via)}")
+    cols: dict[str, pa.Array | pa.ChunkedArray | np.ndarray] = {
+        "step": pa.array(np.arange(len(take), dtype=np.int64))
+    }
+    cols.update({c: ops[c].take(take) for c in PATH_COLUMNS[1:]})
+    cols.update(timing)
+    cols["via"] = pa.array(list(via), pa.string())
+    return pa.table(cols)
 
 
 @dataclass(frozen=True)
 class CriticalPath:
     """The longest path and, per rank, the longest path within that rank.
 
-    ``path`` columns: ``step``, ``rank``, ``id``, ``name``, ``type``,
+    ``path`` columns (a :func:`path_table`): ``step``, ``rank``, ``id``, ``name``, ``type``,
     ``duration_micros``, ``start_micros`` (path-relative start, µs), ``via``
     (``start``, ``dep`` or ``msg``: how the step is reached from the previous one).
     ``per_rank`` columns: ``rank``, ``length_micros``, ``ops``.
@@ -89,20 +146,15 @@ def critical_path(trace: Trace, *, rank: int | None = None, on_cycle: str = "bre
     weight = ops["duration_micros"].to_numpy().astype(np.float64)
     length, rows, _ = longest_path(n, src, dst, weight)
     msg_pairs = set(zip(msrc.tolist(), mdst.tolist(), strict=True))
-    via = ["start"] + ["msg" if (int(a), int(b)) in msg_pairs else "dep" for a, b in itertools.pairwise(rows)]
-    take = pa.array(rows)
-    durations = weight[rows]
-    path = pa.table(
-        {
-            "step": pa.array(np.arange(len(rows), dtype=np.int64)),
-            "rank": ops["rank"].take(take),
-            "id": ops["id"].take(take),
-            "name": ops["name"].take(take),
-            "type": ops["type"].take(take),
-            "duration_micros": ops["duration_micros"].take(take),
-            "start_micros": pa.array(np.concatenate([[0.0], np.cumsum(durations)[:-1]]) if len(rows) else []),
-            "via": pa.array(via if len(rows) else [], pa.string()),
-        }
+    via = ["msg" if (int(a), int(b)) in msg_pairs else "dep" for a, b in itertools.pairwise(rows)]
+    take = np.asarray(rows, dtype=np.int64)
+    starts = np.concatenate([[0.0], np.cumsum(weight[take])[:-1]]) if len(take) else np.zeros(0)
+    path = path_table(
+        ops,
+        take,
+        ["start", *via] if len(take) else [],
+        duration_micros=ops["duration_micros"].take(pa.array(take)),
+        start_micros=pa.array(starts, pa.float64()),
     )
     per_rank = _per_rank(trace)
     return CriticalPath(length, path, per_rank, dropped)

@@ -19,25 +19,24 @@ Three finders (``docs/overlap.md`` has the worked 2-rank example):
 
 Candidates come from Cypher on the graph (the edge shapes above; lineage
 ``BECOMES`` edges for chunks); independence is bitset reachability per rank
-(:mod:`etstore.query.rewrite`, the same code the rewrites use, so what is found is
+(:mod:`etstore.query._rankgraph`, the same code the rewrites use, so what is found is
 what gets applied); timings and gains come from SQL over the simulated op timings.
 :func:`explain` lists every query. Results land in DuckDB table ``opportunities``
-(:data:`OPPORTUNITIES_DDL`), replacing the trace's earlier rows.
+(:data:`~etstore.store.warehouse.OPPORTUNITIES_DDL`), replacing the trace's earlier rows.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from typing import Any
 
 import pyarrow as pa
 
 from etstore.errors import EtstoreError, StoreError, UnknownTraceError
 from etstore.model import Trace
-from etstore.query.rewrite import (
+from etstore.query._rankgraph import (
     chunk_consumers,
     group_slots,
     overlap_rank,
@@ -46,11 +45,14 @@ from etstore.query.rewrite import (
     reorder_rank,
     split_durations,
 )
+from etstore.sim import SimConfig, simulate
+from etstore.store.base import Store
+from etstore.store.warehouse import OPPORTUNITIES_DDL, Warehouse
+from etstore.topology import Topology, default_topology, parse_topology
 
 __all__ = [
     "CHUNK_CONSUMERS_CYPHER",
     "EXPANSIONS_SQL",
-    "OPPORTUNITIES_DDL",
     "OPPORTUNITIES_SCHEMA",
     "OPPORTUNITY_KINDS",
     "OVERLAP_GAIN_SQL",
@@ -58,7 +60,6 @@ __all__ = [
     "REORDER_GAIN_SQL",
     "REORDER_SEEDS_CYPHER",
     "TIMINGS_SQL",
-    "default_topology",
     "explain",
     "find_opportunities",
     "opportunity_timings",
@@ -68,10 +69,6 @@ log = logging.getLogger(__name__)
 
 OPPORTUNITY_KINDS = ("overlap", "chunk", "reorder")
 
-OPPORTUNITIES_DDL = (
-    "CREATE TABLE IF NOT EXISTS opportunities (trace VARCHAR, kind VARCHAR, rank INTEGER, "
-    "op_id UBIGINT, other_id UBIGINT, gain_ns DOUBLE, detail VARCHAR)"
-)
 OPPORTUNITIES_SCHEMA = pa.schema(
     [
         ("trace", pa.string()),
@@ -163,24 +160,17 @@ def explain() -> list[tuple[str, str, str]]:
     ]
 
 
-def default_topology(trace: Trace) -> str:
-    """The topology spec used when none is given: a ring over the trace's ranks (≥ 2),
-    50 GB/s and 500 ns links (ASTRA-sim's regression-case network)."""
-    ranks = trace.ranks
-    return f"ring:{max(2, (max(ranks) + 1) if ranks else 2)}"
-
-
 def opportunity_timings(
-    store: Any,
+    store: Store,
     trace: Trace,
     *,
-    topo: Any = None,
-    config: Any = None,
+    topo: Topology | str | None = None,
+    config: SimConfig | None = None,
     run_id: int | None = None,
 ) -> pa.Table:
     """Per-op ``rank, id, ready_ns, start_ns, end_ns`` of ``trace``: from run ``run_id``
     in DuckDB (:data:`TIMINGS_SQL`), else from a fresh simulation on ``topo`` (a
-    :class:`~etstore.topology.Topology` or spec; default :func:`default_topology`).
+    :class:`~etstore.topology.Topology` or spec; default :func:`~etstore.sim.compare.default_topology`).
 
     Raises
     ------
@@ -194,30 +184,16 @@ def opportunity_timings(
         if t.num_rows == 0:
             raise UnknownTraceError(f"run {run_id} has no op timings of trace {trace.name!r}")
         return t
-    from etstore.sim import simulate
-    from etstore.topology import Topology, parse_topology
-
     topology = topo if isinstance(topo, Topology) else parse_topology(topo or default_topology(trace))
     res = simulate(trace, topology, config=config)
     return res.ops.select(["rank", "id", "ready_ns", "start_ns", "end_ns"])
 
 
-@contextmanager
-def _registered(con: Any, **tables: pa.Table) -> Iterator[None]:
-    for name, table in tables.items():
-        con.register(name, table)
-    try:
-        yield
-    finally:
-        for name in tables:
-            con.unregister(name)
-
-
-def _ranks(store: Any, query: str, trace: str) -> set[int]:
+def _ranks(store: Store, query: str, trace: str) -> set[int]:
     return {int(r) for r in store.cypher(query, {"trace": trace}).to_arrow()["rank"].to_pylist()}
 
 
-def _overlap_rows(store: Any, trace: Trace, timings: pa.Table) -> list[dict[str, Any]]:
+def _overlap_rows(store: Store, trace: Trace, timings: pa.Table) -> list[dict[str, Any]]:
     ranks = _ranks(store, OVERLAP_SEEDS_CYPHER, trace.name)
     pairs: dict[str, list[int]] = {"rank": [], "coll_id": [], "compute_id": [], "compute_row": []}
     for g in rank_graphs(trace):
@@ -229,8 +205,8 @@ def _overlap_rows(store: Any, trace: Trace, timings: pa.Table) -> list[dict[str,
     if not pairs["rank"]:
         return []
     table = _pairs_table(pairs, "coll_id")
-    with _registered(store.duck, _etstore_pairs=table, _etstore_timings=timings):
-        rows = store.sql(OVERLAP_GAIN_SQL).to_pylist()
+    with store.warehouse.registered(_etstore_pairs=table, _etstore_timings=timings):
+        rows = store.warehouse.query(OVERLAP_GAIN_SQL).to_pylist()
     return _opportunity_rows("overlap", rows, ("collective_ns", "compute_ns", "compute_ids"))
 
 
@@ -262,7 +238,7 @@ def _opportunity_rows(kind: str, rows: list[dict[str, Any]], detail: tuple[str, 
     ]
 
 
-def _reorder_rows(store: Any, trace: Trace, timings: pa.Table) -> list[dict[str, Any]]:
+def _reorder_rows(store: Store, trace: Trace, timings: pa.Table) -> list[dict[str, Any]]:
     ranks = _ranks(store, REORDER_SEEDS_CYPHER, trace.name)
     pairs: dict[str, list[int]] = {"rank": [], "comm_id": [], "compute_id": [], "compute_row": []}
     preds: dict[str, list[int]] = {"rank": [], "comm_id": [], "pred_id": []}
@@ -289,15 +265,15 @@ def _reorder_rows(store: Any, trace: Trace, timings: pa.Table) -> list[dict[str,
             "pred_id": pa.array(preds["pred_id"], pa.uint64()),
         }
     )
-    with _registered(
-        store.duck, _etstore_pairs=pair_table, _etstore_preds=pred_table, _etstore_timings=timings
+    with store.warehouse.registered(
+        _etstore_pairs=pair_table, _etstore_preds=pred_table, _etstore_timings=timings
     ):
-        rows = store.sql(REORDER_GAIN_SQL).to_pylist()
+        rows = store.warehouse.query(REORDER_GAIN_SQL).to_pylist()
     return _opportunity_rows("reorder", rows, ("issued_ns", "ready_ns", "compute_ids"))
 
 
 def _chunk_rows(
-    store: Any, trace: Trace, timings: pa.Table, *, max_pieces: int, unit_ns: float
+    store: Store, trace: Trace, timings: pa.Table, *, max_pieces: int, unit_ns: float
 ) -> list[dict[str, Any]]:
     expansions = store.sql(EXPANSIONS_SQL, {"trace": trace.name}).to_arrow()
     if expansions.num_rows == 0:
@@ -366,11 +342,11 @@ def _chunk_rows(
 
 
 def find_opportunities(
-    store: Any,
+    store: Store,
     trace: str,
     *,
-    topo: Any = None,
-    config: Any = None,
+    topo: Topology | str | None = None,
+    config: SimConfig | None = None,
     run_id: int | None = None,
     kinds: Sequence[str] = OPPORTUNITY_KINDS,
     max_pieces: int = 8,
@@ -386,7 +362,7 @@ def find_opportunities(
         Name of the stored trace.
     topo
         Topology (object, spec or file) to simulate on; default
-        :func:`default_topology`. Ignored with ``run_id``.
+        :func:`~etstore.sim.compare.default_topology`. Ignored with ``run_id``.
     config
         :class:`~etstore.sim.SimConfig` for the simulation (default ASTRA-sim's).
     run_id
@@ -424,7 +400,7 @@ def find_opportunities(
         raise EtstoreError(f"unknown opportunity kind {bad[0]!r}; expected {', '.join(OPPORTUNITY_KINDS)}")
     tr = store.load(trace)
     timings = opportunity_timings(store, tr, topo=topo, config=config, run_id=run_id)
-    unit_ns = float(getattr(config, "duration_unit_ns", 1000.0))
+    unit_ns = float((config or SimConfig()).duration_unit_ns)
     rows: list[dict[str, Any]] = []
     if "overlap" in kinds:
         rows += _overlap_rows(store, tr, timings)
@@ -447,26 +423,17 @@ def find_opportunities(
         schema=OPPORTUNITIES_SCHEMA,
     )
     if record:
-        _record(store, trace, table)
+        _record(store.warehouse, trace, table)
     log.debug("found %d opportunities in %s", table.num_rows, trace)
     return table
 
 
-def _record(store: Any, trace: str, table: pa.Table) -> None:
+def _record(warehouse: Warehouse, trace: str, table: pa.Table) -> None:
     """Replace ``trace``'s rows of ``opportunities`` in one transaction."""
-    import duckdb
-
-    con = store.duck
     try:
-        con.execute(OPPORTUNITIES_DDL)
-        con.execute("BEGIN TRANSACTION")
-        try:
-            con.execute("DELETE FROM opportunities WHERE trace = $trace", {"trace": trace})
-            with _registered(con, _etstore_found=table):
-                con.execute(_RECORD_SQL)
-            con.execute("COMMIT")
-        except BaseException:
-            con.execute("ROLLBACK")
-            raise
-    except duckdb.Error as exc:
+        with warehouse.transaction():
+            warehouse.execute("DELETE FROM opportunities WHERE trace = $trace", {"trace": trace})
+            with warehouse.registered(_etstore_found=table):
+                warehouse.execute(_RECORD_SQL)
+    except StoreError as exc:
         raise StoreError(f"cannot record opportunities of {trace!r}: {exc}") from exc

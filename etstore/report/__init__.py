@@ -1,11 +1,12 @@
-"""Reports: the simulator's DuckDB metrics as one self-contained HTML file, and the figures in it.
+"""Reports: the simulator's metrics in the warehouse as one self-contained HTML file, and its figures.
 
 Entry points::
 
     from etstore.report import write_report
-    write_report(store.duck, [run_id], "report.html", sweep_ids=[sweep_id])
+    write_report(store.warehouse, [run_id], "report.html", sweep_ids=[sweep_id])
+    write_report("warehouse.duckdb", [run_id], "report.html")  # a metrics file, read-only
 
-Each figure is also a function of its own (``timeline_figure(con, run_id)``, ...)
+Each figure is also a function of its own (``timeline_figure(warehouse, run_id)``, ...)
 returning a plotly figure, for notebooks and dashboards.
 """
 

@@ -1,8 +1,10 @@
-"""Reading a run's metrics out of DuckDB as Arrow/numpy, and downsampling op intervals to spans."""
+"""Reading a run's metrics out of the warehouse as Arrow/numpy, and downsampling op intervals to spans."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import os
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -10,7 +12,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from etstore.errors import ReportError, UnknownTraceError
+from etstore.errors import QueryError, ReportError, StoreError, UnknownTraceError
+from etstore.store.warehouse import Warehouse
 
 __all__ = [
     "COMPUTE",
@@ -18,8 +21,10 @@ __all__ = [
     "ReportError",
     "RunInfo",
     "Spans",
+    "categories",
     "has_table",
     "merge_spans",
+    "metrics_warehouse",
     "query",
     "run_infos",
     "timeline_ops",
@@ -28,8 +33,6 @@ __all__ = [
 COMPUTE = "compute"
 IDLE = "idle"
 SEND_RECV = "send/recv"
-
-
 
 
 @dataclass(frozen=True)
@@ -53,28 +56,47 @@ class RunInfo:
         return f"run {self.run_id} ({self.trace}, {self.topology}, {self.congestion})"
 
 
-def query(con: Any, sql: str, params: Mapping[str, Any] | None = None) -> pa.Table:
-    """Run SQL and return Arrow; DuckDB errors become :class:`ReportError` naming the query."""
-    import duckdb
+@contextmanager
+def metrics_warehouse(source: Warehouse | str | os.PathLike[str]) -> Iterator[Warehouse]:
+    """``source`` itself when it is a warehouse, else its metrics file opened read-only for the block.
 
+    Raises
+    ------
+    ReportError
+        The file cannot be opened as a DuckDB database (missing, locked, not DuckDB).
+    """
+    if isinstance(source, Warehouse):
+        yield source
+        return
     try:
-        return con.sql(sql, params=dict(params) if params else None).to_arrow_table()  # type: ignore[no-any-return]
-    except duckdb.Error as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        warehouse = Warehouse.open(os.fspath(source), read_only=True)
+    except StoreError as exc:
+        raise ReportError(f"cannot read the metrics: {exc}") from exc
+    with warehouse:
+        yield warehouse
+
+
+def query(warehouse: Warehouse, sql: str, params: Mapping[str, Any] | None = None) -> pa.Table:
+    """Run SQL and return Arrow; the engine's errors become :class:`ReportError` naming the query."""
+    try:
+        return warehouse.query(sql, params).to_arrow()
+    except QueryError as exc:
+        cause = str(exc.__cause__ or exc).strip()
+        first = cause.splitlines()[0] if cause else type(exc).__name__
         raise ReportError(f"cannot read metrics: {first} (query: {' '.join(sql.split())[:200]!r})") from exc
 
 
-def has_table(con: Any, name: str) -> bool:
+def has_table(warehouse: Warehouse, name: str) -> bool:
     """Whether a table or view of that name exists (in any schema of the main database)."""
     t = query(
-        con,
+        warehouse,
         "SELECT count(*) AS n FROM information_schema.tables WHERE table_name = $n",
         {"n": name},
     )
     return bool(t["n"][0].as_py())
 
 
-def run_infos(con: Any, run_ids: Sequence[int]) -> list[RunInfo]:
+def run_infos(warehouse: Warehouse, run_ids: Sequence[int]) -> list[RunInfo]:
     """The ``runs`` rows of ``run_ids``, in the order given.
 
     Raises
@@ -86,13 +108,13 @@ def run_infos(con: Any, run_ids: Sequence[int]) -> list[RunInfo]:
     """
     if not run_ids:
         raise ReportError("no runs given: name at least one run id (see the runs table)")
-    if not has_table(con, "runs"):
+    if not has_table(warehouse, "runs"):
         raise ReportError(
             "the database holds no simulation metrics (no runs table): simulate and record first"
         )
     ids = [int(r) for r in run_ids]
     t = query(
-        con,
+        warehouse,
         "SELECT run_id, trace, topology, num_npus, congestion, scheduling_policy, total_ns, num_ops, "
         "sim_ops, events FROM runs WHERE list_contains($ids, run_id)",
         {"ids": ids},
@@ -100,7 +122,8 @@ def run_infos(con: Any, run_ids: Sequence[int]) -> list[RunInfo]:
     found = {row["run_id"]: row for row in t.to_pylist()}
     missing = [r for r in ids if r not in found]
     if missing:
-        known = query(con, "SELECT run_id FROM runs ORDER BY run_id DESC LIMIT 10")["run_id"].to_pylist()
+        latest = query(warehouse, "SELECT run_id FROM runs ORDER BY run_id DESC LIMIT 10")
+        known = latest["run_id"].to_pylist()
         hint = f"latest runs: {', '.join(map(str, known))}" if known else "no runs are recorded"
         raise UnknownTraceError(f"no run {missing[0]} in the metrics ({hint})")
     out = []
@@ -123,7 +146,7 @@ def run_infos(con: Any, run_ids: Sequence[int]) -> list[RunInfo]:
     return out
 
 
-def timeline_ops(con: Any, run: RunInfo) -> pa.Table:
+def timeline_ops(warehouse: Warehouse, run: RunInfo) -> pa.Table:
     """The run's op intervals with a display category, ordered by ``(rank, id)``.
 
     Columns: ``rank`` (int32), ``id``, ``name``, ``start_ns``, ``end_ns``, ``category``
@@ -131,11 +154,11 @@ def timeline_ops(con: Any, run: RunInfo) -> pa.Table:
     no time or slot). The category of a collective comes from the store's ``ops`` when
     the trace is there, else it is ``collective``.
     """
-    with_ops = has_table(con, "ops")
+    with_ops = has_table(warehouse, "ops")
     coll = "coalesce(o.comm_type, 'collective')" if with_ops else "'collective'"
     join = "LEFT JOIN ops o ON o.trace = t.trace AND o.rank = t.rank AND o.id = t.id" if with_ops else ""
     return query(
-        con,
+        warehouse,
         f"""SELECT t.rank, t.id, t.name, t.start_ns, t.end_ns,
             CASE WHEN t.type = 'COMM_COLL_NODE' THEN {coll}
                  WHEN t.type IN ('COMM_SEND_NODE', 'COMM_RECV_NODE') THEN '{SEND_RECV}'

@@ -1,4 +1,4 @@
-"""One self-contained HTML report from the metrics in DuckDB (plotly.js inlined once, opens offline)."""
+"""One self-contained HTML report from the warehouse's metrics (plotly.js inlined once, opens offline)."""
 
 from __future__ import annotations
 
@@ -13,11 +13,12 @@ from typing import Any
 import numpy as np
 import plotly.graph_objects as go
 import plotly.io as pio
+import pyarrow as pa
 from plotly.offline import get_plotlyjs
 
 from etstore import __version__
 from etstore.errors import ReportError
-from etstore.report._data import RunInfo, has_table, query, run_infos
+from etstore.report._data import RunInfo, has_table, metrics_warehouse, query, run_infos
 from etstore.report.critical import schedule_critical_path
 from etstore.report.figures import (
     breakdown_figure,
@@ -27,6 +28,7 @@ from etstore.report.figures import (
     sweep_busbw_figure,
     timeline_figure,
 )
+from etstore.store.warehouse import Warehouse
 
 __all__ = ["OPPORTUNITY_ROWS", "ReportError", "latest_run", "opportunities", "write_report"]
 
@@ -111,7 +113,7 @@ class _Page:
         )
 
 
-def latest_run(con: Any) -> int:
+def latest_run(warehouse: Warehouse) -> int:
     """The largest run id (the most recent run).
 
     Raises
@@ -119,15 +121,17 @@ def latest_run(con: Any) -> int:
     ReportError
         No run is recorded.
     """
-    if not has_table(con, "runs"):
+    if not has_table(warehouse, "runs"):
         raise ReportError("no runs are recorded: simulate a trace and record it first")
-    v = query(con, "SELECT max(run_id) AS r FROM runs")["r"][0].as_py()
+    v = query(warehouse, "SELECT max(run_id) AS r FROM runs")["r"][0].as_py()
     if v is None:
         raise ReportError("no runs are recorded: simulate a trace and record it first")
     return int(v)
 
 
-def opportunities(con: Any, trace: str, *, limit: int = OPPORTUNITY_ROWS) -> tuple[Any, Any] | None:
+def opportunities(
+    warehouse: Warehouse, trace: str, *, limit: int = OPPORTUNITY_ROWS
+) -> tuple[pa.Table, pa.Table] | None:
     """The trace's recorded overlap/chunk/reorder opportunities: (top rows, totals per kind), or None.
 
     Rows (largest ``gain_ns`` first): ``kind``, ``rank``, ``op_id``, ``op`` (name, when
@@ -135,17 +139,17 @@ def opportunities(con: Any, trace: str, *, limit: int = OPPORTUNITY_ROWS) -> tup
     ``kind``, ``n``, ``gain_ns``. None when the ``opportunities`` table is absent or
     holds nothing for the trace.
     """
-    if not has_table(con, "opportunities"):
+    if not has_table(warehouse, "opportunities"):
         return None
     totals = query(
-        con,
+        warehouse,
         "SELECT kind, count(*) AS n, sum(gain_ns) AS gain_ns FROM opportunities WHERE trace = $t "
         "GROUP BY kind ORDER BY gain_ns DESC",
         {"t": trace},
     )
     if totals.num_rows == 0:
         return None
-    if has_table(con, "ops"):
+    if has_table(warehouse, "ops"):
         sql = """SELECT p.kind, p.rank, p.op_id, a.name AS op, p.other_id, b.name AS other, p.gain_ns,
                 p.detail
             FROM opportunities p
@@ -156,12 +160,12 @@ def opportunities(con: Any, trace: str, *, limit: int = OPPORTUNITY_ROWS) -> tup
         sql = """SELECT kind, rank, op_id, NULL AS op, other_id, NULL AS other, gain_ns, detail
             FROM opportunities
             WHERE trace = $t ORDER BY gain_ns DESC NULLS LAST, rank, op_id LIMIT $n"""
-    return query(con, sql, {"t": trace, "n": int(limit)}), totals
+    return query(warehouse, sql, {"t": trace, "n": int(limit)}), totals
 
 
-def _summary(page: _Page, runs: Sequence[RunInfo], con: Any) -> None:
+def _summary(page: _Page, runs: Sequence[RunInfo], warehouse: Warehouse) -> None:
     stats = query(
-        con,
+        warehouse,
         """SELECT run_id, avg(exposed_comm_ns) AS exposed, max(exposed_comm_ns) AS max_exposed,
             avg(idle_ns) AS idle,
             avg(compute_ns) AS compute, avg(overlap_ns) AS overlap FROM rank_breakdown
@@ -210,11 +214,11 @@ def _summary(page: _Page, runs: Sequence[RunInfo], con: Any) -> None:
     )
 
 
-def _differences(page: _Page, runs: Sequence[RunInfo], con: Any) -> None:
+def _differences(page: _Page, runs: Sequence[RunInfo], warehouse: Warehouse) -> None:
     """Headline metrics of each run against the first, with Δ and Δ%."""
     ids = [r.run_id for r in runs]
     t = query(
-        con,
+        warehouse,
         """WITH b AS (SELECT run_id, avg(exposed_comm_ns) AS exposed, max(exposed_comm_ns) AS max_exposed,
                 avg(idle_ns) AS idle, avg(overlap_ns) AS hidden FROM rank_breakdown GROUP BY run_id),
             c AS (SELECT run_id, avg(busbw_gb_per_s) AS busbw, sum(time_ns) AS coll_time FROM collectives
@@ -270,7 +274,7 @@ def _differences(page: _Page, runs: Sequence[RunInfo], con: Any) -> None:
     page.add(_table(header, rows))
 
 
-def _critical_section(page: _Page, runs: Sequence[RunInfo], paths: dict[int, Any]) -> None:
+def _critical_section(page: _Page, runs: Sequence[RunInfo], paths: dict[int, pa.Table]) -> None:
     rows = []
     for r in runs:
         cp = paths[r.run_id]
@@ -317,9 +321,9 @@ def _critical_section(page: _Page, runs: Sequence[RunInfo], paths: dict[int, Any
     )
 
 
-def _opportunities_section(page: _Page, runs: Sequence[RunInfo], con: Any) -> None:
+def _opportunities_section(page: _Page, runs: Sequence[RunInfo], warehouse: Warehouse) -> None:
     for trace in dict.fromkeys(r.trace for r in runs):
-        found = opportunities(con, trace)
+        found = opportunities(warehouse, trace)
         if found is None:
             page.add(
                 f'<p class="note">No overlap, chunk or reorder opportunities are recorded for trace '
@@ -364,7 +368,7 @@ def _opportunities_section(page: _Page, runs: Sequence[RunInfo], con: Any) -> No
 
 
 def write_report(
-    con: Any,
+    source: Warehouse | str | os.PathLike[str],
     run_ids: Sequence[int],
     out: str | os.PathLike[str],
     *,
@@ -383,8 +387,9 @@ def write_report(
 
     Parameters
     ----------
-    con
-        DuckDB connection holding the metrics (``store.duck``, or a metrics file).
+    source
+        The warehouse holding the metrics (``store.warehouse``), or the path of a
+        DuckDB metrics file (opened read-only for the call).
     run_ids
         Runs to show (``runs.run_id``), compared against the first.
     out
@@ -404,7 +409,8 @@ def write_report(
     Raises
     ------
     ReportError
-        No run ids, no metrics in the database, or ``out`` cannot be written.
+        No run ids, no metrics in the database, a metrics file that cannot be opened,
+        or ``out`` cannot be written.
     UnknownTraceError
         A run or sweep id is not recorded.
 
@@ -420,9 +426,26 @@ def write_report(
         raise ReportError(f"{out_path}: is a directory; give a file name such as {out_path / 'report.html'}")
     if not out_path.parent.exists():
         raise ReportError(f"{out_path}: directory {out_path.parent} does not exist")
-    if not run_ids and sweep_ids:  # bandwidth curves alone
-        return _sweep_report(con, list(sweep_ids), out_path, title=title, started=started)
-    runs = run_infos(con, run_ids)
+    with metrics_warehouse(source) as warehouse:
+        if not run_ids and sweep_ids:  # bandwidth curves alone
+            page, heading = _sweep_page(warehouse, list(sweep_ids), title=title)
+        else:
+            page, heading = _runs_page(
+                warehouse, run_ids, sweep_ids=sweep_ids, title=title, critical_path=critical_path
+            )
+    return _write(page, heading, out_path, started)
+
+
+def _runs_page(
+    warehouse: Warehouse,
+    run_ids: Sequence[int],
+    *,
+    sweep_ids: Sequence[int],
+    title: str | None,
+    critical_path: bool,
+) -> tuple[_Page, str]:
+    """The report of runs (and sweeps): the page and its heading."""
+    runs = run_infos(warehouse, run_ids)
     page = _Page()
     heading = title or (
         f"etstore report: {runs[0].label}"
@@ -434,36 +457,27 @@ def write_report(
         f'<p class="sub">etstore {html.escape(__version__)} · times in simulated ns/µs/ms · bandwidth '
         "GB/s with GB = 2^30 (nccl-tests busbw) · drag to zoom, double-click to reset</p>"
     )
-    _summary(page, runs, con)
+    _summary(page, runs, warehouse)
     if len(runs) >= 2:
         page.add("<h2>Differences</h2>")
-        _differences(page, runs, con)
-        diff = compare_figure(con, [r.run_id for r in runs])
+        _differences(page, runs, warehouse)
+        diff = compare_figure(warehouse, [r.run_id for r in runs])
         if diff is not None:
             page.figures_row([diff])
     page.add("<h2>Timeline</h2>")
-    paths = {r.run_id: schedule_critical_path(con, r) for r in runs}
+    paths = {r.run_id: schedule_critical_path(warehouse, r) for r in runs}
     timelines = [
-        timeline_figure(con, r.run_id, critical_path=paths[r.run_id] if critical_path else False)
+        timeline_figure(warehouse, r.run_id, critical_path=paths[r.run_id] if critical_path else False)
         for r in runs
     ]
     for k in range(0, len(timelines), 2):
         page.figures_row(timelines[k : k + 2])
     page.add("<h2>Per-rank breakdown</h2>")
-    page.figures_row([breakdown_figure(con, [r.run_id for r in runs])])
+    page.figures_row([breakdown_figure(warehouse, [r.run_id for r in runs])])
     page.add("<h2>Bus bandwidth</h2>")
-    sweep_fig = sweep_busbw_figure(con, list(sweep_ids))
-    coll_fig = collective_busbw_figure(con, [r.run_id for r in runs])
-    if sweep_fig is not None:
-        page.figures_row([sweep_fig])
-    if coll_fig is not None:
-        page.figures_row([coll_fig])
-    if sweep_fig is None and coll_fig is None:
-        page.add(
-            '<p class="note">No collectives in these runs and no sweep given (<code>--sweep ID</code>).</p>'
-        )
+    _bandwidth_section(page, runs, sweep_ids, warehouse)
     page.add("<h2>Link utilization</h2>")
-    links = link_heatmap_figure(con, [r.run_id for r in runs])
+    links = link_heatmap_figure(warehouse, [r.run_id for r in runs])
     if links is not None:
         page.figures_row([links])
     else:
@@ -471,14 +485,26 @@ def write_report(
     page.add("<h2>Critical path</h2>")
     _critical_section(page, runs, paths)
     page.add("<h2>Overlap and reorder opportunities</h2>")
-    _opportunities_section(page, runs, con)
-    return _write(page, heading, out_path, started)
+    _opportunities_section(page, runs, warehouse)
+    return page, heading
 
 
-def _sweep_report(
-    con: Any, sweep_ids: list[int], out_path: Path, *, title: str | None, started: float
-) -> Path:
-    """A report of sweeps only: the bus-bandwidth curves, one line per topology × algorithm."""
+def _bandwidth_section(
+    page: _Page, runs: Sequence[RunInfo], sweep_ids: Sequence[int], warehouse: Warehouse
+) -> None:
+    """The sweeps' bandwidth curves and the runs' collectives, or a note when there are neither."""
+    sweep_fig = sweep_busbw_figure(warehouse, list(sweep_ids))
+    coll_fig = collective_busbw_figure(warehouse, [r.run_id for r in runs])
+    if sweep_fig is not None:
+        page.figures_row([sweep_fig])
+    if coll_fig is not None:
+        page.figures_row([coll_fig])
+    if sweep_fig is None and coll_fig is None:
+        page.add('<p class="note">No collectives in these runs and no sweep given.</p>')
+
+
+def _sweep_page(warehouse: Warehouse, sweep_ids: list[int], *, title: str | None) -> tuple[_Page, str]:
+    """The report of sweeps only (bus-bandwidth curves, a line per topology × algorithm) and its heading."""
     page = _Page()
     heading = title or "etstore report: sweep " + ", ".join(str(i) for i in sweep_ids)
     page.add(f"<h1>{html.escape(heading)}</h1>")
@@ -487,12 +513,12 @@ def _sweep_report(
         "(nccl-tests busbw) · drag to zoom, double-click to reset</p>"
     )
     page.add("<h2>Bus bandwidth</h2>")
-    fig = sweep_busbw_figure(con, sweep_ids)
+    fig = sweep_busbw_figure(warehouse, sweep_ids)
     if fig is None:
         page.add('<p class="note">These sweeps recorded no points.</p>')
     else:
         page.figures_row([fig])
-    return _write(page, heading, out_path, started)
+    return page, heading
 
 
 def _write(page: _Page, heading: str, out_path: Path, started: float) -> Path:

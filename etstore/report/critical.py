@@ -11,12 +11,13 @@ when the op waited for its NPU slot, the op that freed it) that ended last.
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
+from etstore.query.critical_path import path_table
 from etstore.report._data import RunInfo, has_table, query
+from etstore.store.warehouse import Warehouse
 
 __all__ = ["schedule_critical_path"]
 
@@ -29,24 +30,24 @@ _ROWS = (
 
 
 def _edges(
-    con: Any, run: RunInfo
+    warehouse: Warehouse, run: RunInfo
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Rows of (dep src, dep dst), (send, recv) and (collective op, instance) from the store's tables."""
     p = {"run": run.run_id, "trace": run.trace}
     empty = np.zeros(0, dtype=np.int64)
     dsrc = ddst = msend = mrecv = crow = cinst = empty
-    if has_table(con, "deps"):
+    if has_table(warehouse, "deps"):
         d = query(
-            con,
+            warehouse,
             f"""{_ROWS} SELECT a.row AS src, b.row AS dst FROM deps d
             JOIN t a ON a.rank = d.rank AND a.id = d.src JOIN t b ON b.rank = d.rank AND b.id = d.dst
             WHERE d.trace = $trace""",
             p,
         )
         dsrc, ddst = d["src"].to_numpy().astype(np.int64), d["dst"].to_numpy().astype(np.int64)
-    if has_table(con, "messages") and has_table(con, "ops"):
+    if has_table(warehouse, "messages") and has_table(warehouse, "ops"):
         m = query(
-            con,
+            warehouse,
             f"""{_ROWS}, o AS (SELECT uid, rank, id FROM ops WHERE trace = $trace)
             SELECT a.row AS send, b.row AS recv FROM messages m
             JOIN o so ON so.uid = m.send_uid JOIN o ro ON ro.uid = m.recv_uid
@@ -55,9 +56,9 @@ def _edges(
             p,
         )
         msend, mrecv = m["send"].to_numpy().astype(np.int64), m["recv"].to_numpy().astype(np.int64)
-    if has_table(con, "ops"):
+    if has_table(warehouse, "ops"):
         c = query(
-            con,
+            warehouse,
             f"""{_ROWS}, c AS (
                 SELECT rank, id, uid,
                     CASE WHEN pg_name IS NULL OR pg_name IN ('', '0') THEN '' ELSE pg_name END AS grp
@@ -82,13 +83,13 @@ def _best_by(target: np.ndarray, cand: np.ndarray, key: np.ndarray, n: int) -> n
     return best
 
 
-def schedule_critical_path(con: Any, run: RunInfo, *, tolerance_ns: float = 1e-6) -> pa.Table:
+def schedule_critical_path(warehouse: Warehouse, run: RunInfo, *, tolerance_ns: float = 1e-6) -> pa.Table:
     """Walk the run's binding constraints back from the op that ends last.
 
     Parameters
     ----------
-    con
-        DuckDB connection with the run's ``op_timings`` and, when the trace is
+    warehouse
+        The metrics: the run's ``op_timings`` and, when the trace is
         stored, its ``ops``, ``deps`` and ``messages`` (without them only the
         slot order on each rank is followed).
     run
@@ -99,7 +100,8 @@ def schedule_critical_path(con: Any, run: RunInfo, *, tolerance_ns: float = 1e-6
     Returns
     -------
     pyarrow.Table
-        In time order: ``step``, ``rank``, ``id``, ``name``, ``type``, ``start_ns``, ``end_ns``,
+        A path table (:func:`~etstore.query.critical_path.path_table`) in time order:
+        ``step``, ``rank``, ``id``, ``name``, ``type``, ``start_ns``, ``end_ns``,
         ``row`` (the op's position in the run's ``op_timings`` ordered by ``(rank, id)``),
         ``via`` (``start``, ``dep`` — a dependency or the slot, ``msg`` — the send a
         receive waited for, ``peer`` — the collective member that joined last).
@@ -109,29 +111,17 @@ def schedule_critical_path(con: Any, run: RunInfo, *, tolerance_ns: float = 1e-6
     O(V + E) numpy passes plus O(path) for the walk; V ops, E deps + messages.
     """
     t = query(
-        con,
+        warehouse,
         "SELECT rank, id, name, type, start_ns, end_ns FROM op_timings WHERE run_id = $run ORDER BY rank, id",
         {"run": run.run_id},
     )
     n = t.num_rows
     if n == 0:
-        return pa.table(
-            {
-                "step": pa.array([], pa.int64()),
-                "rank": pa.array([], pa.int32()),
-                "id": pa.array([], pa.uint64()),
-                "name": pa.array([], pa.string()),
-                "type": pa.array([], pa.string()),
-                "start_ns": pa.array([], pa.float64()),
-                "end_ns": pa.array([], pa.float64()),
-                "row": pa.array([], pa.int64()),
-                "via": pa.array([], pa.string()),
-            }
-        )
+        return _as_path(t, np.zeros(0, dtype=np.int64), [])
     rank = t["rank"].to_numpy().astype(np.int64)
     start = t["start_ns"].to_numpy()
     end = t["end_ns"].to_numpy()
-    dsrc, ddst, msend, mrecv, crow, cinst = _edges(con, run)
+    dsrc, ddst, msend, mrecv, crow, cinst = _edges(warehouse, run)
 
     dep_pred = _best_by(ddst, dsrc, end[dsrc], n)
     # slot predecessor: the op of the same rank that ended last at or before this op started
@@ -181,18 +171,18 @@ def schedule_critical_path(con: Any, run: RunInfo, *, tolerance_ns: float = 1e-6
     rows.reverse()
     # the reason a step is reached is recorded on the op found before it in the walk
     reached = ["start", *via[::-1][:-1]]
-    take = pa.array(np.asarray(rows, dtype=np.int64))
     log.debug("critical path of run %d: %d ops", run.run_id, len(rows))
-    return pa.table(
-        {
-            "step": pa.array(np.arange(len(rows), dtype=np.int64)),
-            "rank": t["rank"].take(take),
-            "id": t["id"].take(take),
-            "name": t["name"].take(take),
-            "type": t["type"].take(take),
-            "start_ns": t["start_ns"].take(take),
-            "end_ns": t["end_ns"].take(take),
-            "row": take,
-            "via": pa.array(reached, pa.string()),
-        }
+    return _as_path(t, np.asarray(rows, dtype=np.int64), reached)
+
+
+def _as_path(timings: pa.Table, rows: np.ndarray, via: list[str]) -> pa.Table:
+    """The path table of ``rows`` of the run's timings, with their simulated start, end and row."""
+    take = pa.array(rows)
+    return path_table(
+        timings,
+        rows,
+        via,
+        start_ns=timings["start_ns"].take(take),
+        end_ns=timings["end_ns"].take(take),
+        row=take,
     )

@@ -1,7 +1,7 @@
 """One plotly figure per question, each built from DuckDB for given run (or sweep) ids.
 
-Every function takes a DuckDB connection holding the metrics tables of
-:mod:`etstore.sim.metrics` and returns a :class:`plotly.graph_objects.Figure`, or
+Every function takes a :class:`~etstore.store.warehouse.Warehouse` holding the
+metrics tables of :mod:`etstore.sim.metrics` and returns a :class:`plotly.graph_objects.Figure`, or
 ``None`` when the runs hold nothing to draw (no collectives, no links, ...).
 Times are shown in µs, sizes in bytes (log axes), bandwidth in GB/s with GB = 2^30.
 Large runs are downsampled in numpy before plotting: intervals closer than about
@@ -18,9 +18,11 @@ import plotly.graph_objects as go
 import pyarrow as pa
 from plotly.subplots import make_subplots
 
+from etstore.errors import UnknownTraceError
 from etstore.report._data import (
     COMPUTE,
     IDLE,
+    Spans,
     categories,
     has_table,
     merge_spans,
@@ -29,6 +31,7 @@ from etstore.report._data import (
     timeline_ops,
 )
 from etstore.report.critical import schedule_critical_path
+from etstore.store.warehouse import Warehouse
 
 __all__ = [
     "breakdown_figure",
@@ -86,7 +89,7 @@ def _hover_text(labels: list[str]) -> np.ndarray:
 
 
 def timeline_figure(
-    con: Any,
+    warehouse: Warehouse,
     run_id: int,
     *,
     critical_path: bool | pa.Table = True,
@@ -112,8 +115,8 @@ def timeline_figure(
     UnknownTraceError
         No such run.
     """
-    (run,) = run_infos(con, [run_id])
-    ops = timeline_ops(con, run)
+    (run,) = run_infos(warehouse, [run_id])
+    ops = timeline_ops(warehouse, run)
     names, codes = categories(ops)
     keep = codes >= 0
     rank = ops["rank"].to_numpy().astype(np.int64)[keep]
@@ -195,7 +198,7 @@ def timeline_figure(
             )
         )
     if critical_path is not False:
-        cp = critical_path if isinstance(critical_path, pa.Table) else schedule_critical_path(con, run)
+        cp = critical_path if isinstance(critical_path, pa.Table) else schedule_critical_path(warehouse, run)
         _add_critical_path(fig, cp, ops, gap)
     fig.update_layout(
         template=TEMPLATE,
@@ -220,7 +223,7 @@ def timeline_figure(
     return fig
 
 
-def _gaps(busy: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _gaps(busy: Spans) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Idle intervals: before each rank's first busy span and between consecutive spans."""
     if len(busy) == 0:
         z = np.zeros(0)
@@ -277,15 +280,15 @@ def _add_critical_path(fig: go.Figure, cp: pa.Table, ops: pa.Table, gap: float) 
     )
 
 
-def breakdown_figure(con: Any, run_ids: Sequence[int]) -> go.Figure:
+def breakdown_figure(warehouse: Warehouse, run_ids: Sequence[int]) -> go.Figure:
     """Per rank, stacked compute / exposed communication / idle (= the rank's finish time), one panel per run.
 
     Diamonds mark communication hidden under compute (``overlap_ns``). Panels share
     the y axis so runs compare at a glance.
     """
-    runs = run_infos(con, run_ids)
+    runs = run_infos(warehouse, run_ids)
     t = query(
-        con,
+        warehouse,
         "SELECT run_id, rank, compute_ns, exposed_comm_ns, idle_ns, overlap_ns, total_ns FROM rank_breakdown "
         "WHERE list_contains($ids, run_id) ORDER BY run_id, rank",
         {"ids": [r.run_id for r in runs]},
@@ -345,14 +348,14 @@ def breakdown_figure(con: Any, run_ids: Sequence[int]) -> go.Figure:
     return fig
 
 
-def collective_busbw_figure(con: Any, run_ids: Sequence[int]) -> go.Figure | None:
+def collective_busbw_figure(warehouse: Warehouse, run_ids: Sequence[int]) -> go.Figure | None:
     """Bus bandwidth of the runs' collective instances vs message size, per type and algorithm.
 
     Points are the median over instances of one size, bars span min to max.
     """
-    runs = run_infos(con, run_ids)
+    runs = run_infos(warehouse, run_ids)
     t = query(
-        con,
+        warehouse,
         """SELECT run_id, comm_type, algorithm, size_bytes, median(busbw_gb_per_s) AS busbw,
             min(busbw_gb_per_s) AS lo, max(busbw_gb_per_s) AS hi, count(*) AS n, median(time_ns) AS time_ns
         FROM collectives WHERE list_contains($ids, run_id) AND busbw_gb_per_s IS NOT NULL AND size_bytes > 0
@@ -404,7 +407,7 @@ def collective_busbw_figure(con: Any, run_ids: Sequence[int]) -> go.Figure | Non
     return fig
 
 
-def sweep_busbw_figure(con: Any, sweep_ids: Sequence[int]) -> go.Figure | None:
+def sweep_busbw_figure(warehouse: Warehouse, sweep_ids: Sequence[int]) -> go.Figure | None:
     """Bus-bandwidth curves of sweeps: busbw vs size, a line per topology × algorithm (× collective...).
 
     Raises
@@ -412,15 +415,13 @@ def sweep_busbw_figure(con: Any, sweep_ids: Sequence[int]) -> go.Figure | None:
     UnknownTraceError
         A sweep id has no points.
     """
-    from etstore.errors import UnknownTraceError
-
     if not sweep_ids:
         return None
-    if not has_table(con, "sweep_points"):
+    if not has_table(warehouse, "sweep_points"):
         raise UnknownTraceError(f"no sweep {sweep_ids[0]}: no sweeps are recorded")
     ids = [int(s) for s in sweep_ids]
     t = query(
-        con,
+        warehouse,
         """SELECT sweep_id, topology, collective, algorithm, congestion, size_bytes, busbw_gb_per_s, time_ns
         FROM sweep_points WHERE list_contains($ids, sweep_id)
         ORDER BY sweep_id, topology, collective, algorithm, congestion, size_bytes""",
@@ -473,15 +474,15 @@ def sweep_busbw_figure(con: Any, sweep_ids: Sequence[int]) -> go.Figure | None:
     return fig
 
 
-def link_heatmap_figure(con: Any, run_ids: Sequence[int]) -> go.Figure | None:
+def link_heatmap_figure(warehouse: Warehouse, run_ids: Sequence[int]) -> go.Figure | None:
     """Link utilization (busy / makespan) as an NPU × NPU heatmap, source rows, destination columns, per run.
 
     Congestion-unaware runs show the load offered, which may exceed 100%. Cells
     without a link are blank; one colour scale spans all panels.
     """
-    runs = run_infos(con, run_ids)
+    runs = run_infos(warehouse, run_ids)
     t = query(
-        con,
+        warehouse,
         "SELECT run_id, src, dst, utilization, bytes, busy_ns FROM link_util "
         "WHERE list_contains($ids, run_id)",
         {"ids": [r.run_id for r in runs]},
@@ -539,14 +540,14 @@ def link_heatmap_figure(con: Any, run_ids: Sequence[int]) -> go.Figure | None:
     return fig
 
 
-def compare_figure(con: Any, run_ids: Sequence[int]) -> go.Figure | None:
+def compare_figure(warehouse: Warehouse, run_ids: Sequence[int]) -> go.Figure | None:
     """Per-rank differences against the first run: Δ finish time, Δ exposed communication, Δ idle (µs)."""
-    runs = run_infos(con, run_ids)
+    runs = run_infos(warehouse, run_ids)
     if len(runs) < 2:
         return None
     base = runs[0]
     t = query(
-        con,
+        warehouse,
         """SELECT b.run_id, b.rank, b.total_ns - a.total_ns AS d_total,
             b.exposed_comm_ns - a.exposed_comm_ns AS d_exposed,
             b.idle_ns - a.idle_ns AS d_idle, b.compute_ns - a.compute_ns AS d_compute

@@ -17,6 +17,7 @@ not re-exported here).
 from __future__ import annotations
 
 from etstore.errors import ConfigError, SimulationError
+from etstore.sim._algorithms import BUILTIN_ALGORITHMS
 from etstore.sim.config import (
     AstraNetwork,
     SimConfig,
@@ -24,12 +25,14 @@ from etstore.sim.config import (
     read_network_config,
     read_system_config,
 )
-from etstore.sim.engine import SimResult, busbw_factor, simulate
+from etstore.sim.engine import simulate
 from etstore.sim.metrics import create_schema, record_run, record_sweep
 from etstore.sim.network import Network
+from etstore.sim.result import SimResult, busbw_factor
 from etstore.sim.sweep import collective_workload, sweep
 
 __all__ = [
+    "BUILTIN_ALGORITHMS",
     "AstraNetwork",
     "ConfigError",
     "Network",

@@ -1,7 +1,7 @@
 /*
  * Native event loop of the simulator (etstore.sim._simloop).
  *
- * Why this exists: the reference loop, `_run` in engine.py, is pure CPython and
+ * Why this exists: the reference loop, `_run` in etstore/sim/_loop.py, is pure CPython and
  * costs about 1.5 us per event on traces whose ops are spread out in time; the
  * simulator's budget is >= 1M events/s. This module runs the same loop over the
  * same integer-indexed arrays (numpy buffers, CSR successors) and must produce
@@ -37,7 +37,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* op kinds, as K_* in engine.py */
+/* op kinds, as K_* in etstore/sim/_kinds.py */
 enum { K_COMP, K_CPU, K_SEND, K_RECV, K_COLL, K_JOIN, K_DELAY, K_MEM };
 
 /* ------------------------------------------------------------------ heap */

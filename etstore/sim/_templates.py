@@ -23,11 +23,18 @@ import pyarrow.compute as pc
 from etstore.errors import TemplateError
 from etstore.model import Trace
 
-__all__ = ["K_DELAY", "K_RECV", "K_SEND", "Template", "native_template", "trace_template"]
+__all__ = [
+    "K_DELAY",
+    "K_RECV",
+    "K_SEND",
+    "Template",
+    "buffer_bytes",
+    "mem_cost_ns",
+    "native_template",
+    "trace_template",
+]
 
 K_SEND, K_RECV, K_DELAY = 0, 1, 2
-
-
 
 
 @dataclass(frozen=True, eq=False)

@@ -2,7 +2,8 @@
 
 Typical use: a trace against its rewrite (``etstore rewrite``), both on the same
 network and configuration. Both runs land in the metrics tables through
-:func:`~etstore.sim.metrics.record_run`; the differences land in ``comparisons``:
+:func:`~etstore.sim.metrics.record_run`; the differences land in ``comparisons``
+(:data:`~etstore.store.warehouse.COMPARISONS_DDL`):
 
 ``comparisons`` (one row per rank, plus a total row with ``rank`` NULL)
     ``comparison_id``, ``trace_a``, ``trace_b``, ``run_a``, ``run_b`` (ids in
@@ -18,26 +19,20 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any
 
 import pyarrow as pa
 
-from etstore.errors import StoreError
+from etstore.errors import ConfigError, QueryError, StoreError
 from etstore.sim.config import SimConfig
 from etstore.sim.engine import simulate
-from etstore.sim.metrics import TABLES, record_run
-from etstore.topology import Topology, parse_topology
+from etstore.sim.metrics import record_run
+from etstore.store.base import Store
+from etstore.store.warehouse import TABLES, Warehouse
+from etstore.topology import Topology, default_topology, parse_topology
 
-__all__ = ["COMPARISONS_DDL", "Comparison", "compare"]
+__all__ = ["Comparison", "compare", "default_topology"]
 
 log = logging.getLogger(__name__)
-
-COMPARISONS_DDL = """CREATE TABLE IF NOT EXISTS comparisons (
-    comparison_id BIGINT NOT NULL, trace_a VARCHAR, trace_b VARCHAR, run_a BIGINT, run_b BIGINT,
-    topology VARCHAR, congestion VARCHAR, rank INTEGER, total_a_ns DOUBLE, total_b_ns DOUBLE,
-    diff_ns DOUBLE, speedup DOUBLE, exposed_comm_a_ns DOUBLE, exposed_comm_b_ns DOUBLE,
-    idle_a_ns DOUBLE, idle_b_ns DOUBLE, overlap_a_ns DOUBLE, overlap_b_ns DOUBLE,
-    created_at TIMESTAMP DEFAULT (now()::TIMESTAMP))"""
 
 _INSERT_SQL = """\
 INSERT INTO comparisons (comparison_id, trace_a, trace_b, run_a, run_b, topology, congestion, rank,
@@ -91,7 +86,7 @@ class Comparison:
 
 
 def compare(
-    store: Any,
+    store: Store,
     a: str,
     b: str,
     topo: Topology | str | None = None,
@@ -109,7 +104,7 @@ def compare(
         Names of stored traces (``b`` is usually a rewrite of ``a``).
     topo
         Topology or spec/file; default a ring over the ranks
-        (:func:`~etstore.query.overlap.default_topology` of ``a``).
+        (:func:`default_topology` of ``a``).
     config
         Simulation parameters (default :class:`SimConfig`).
     congestion
@@ -134,9 +129,6 @@ def compare(
     -----
     Two simulations, O(events log V) each, then O(ranks) rows.
     """
-    from etstore.errors import ConfigError
-    from etstore.query.overlap import default_topology
-
     trace_a, trace_b = store.load(a), store.load(b)
     ranks_a = set(trace_a.ops["rank"].unique().to_pylist())
     ranks_b = set(trace_b.ops["rank"].unique().to_pylist())
@@ -153,47 +145,45 @@ def compare(
     topology = topo if isinstance(topo, Topology) else parse_topology(topo or default_topology(trace_a))
     res_a = simulate(trace_a, topology, config=cfg)
     res_b = simulate(trace_b, topology, config=cfg)
-    con = store.duck
-    ra = record_run(con, res_a, trace_name=a, params={"compare": [a, b]})
+    warehouse = store.warehouse
+    ra = record_run(warehouse, res_a, trace_name=a, params={"compare": [a, b]})
     try:
-        rb = record_run(con, res_b, trace_name=b, params={"compare": [a, b]})
+        rb = record_run(warehouse, res_b, trace_name=b, params={"compare": [a, b]})
     except BaseException:
-        _drop_runs(con, [ra])
+        _drop_runs(warehouse, [ra])
         raise
-    import duckdb
-
     try:
-        con.execute(COMPARISONS_DDL)
-        cid = int(con.execute("SELECT coalesce(max(comparison_id), 0) + 1 FROM comparisons").fetchall()[0][0])
-        con.execute(
-            _INSERT_SQL,
-            {
-                "cid": cid,
-                "ta": a,
-                "tb": b,
-                "ra": ra,
-                "rb": rb,
-                "topo": topology.name,
-                "cong": cfg.congestion,
-            },
-        )
-        table = con.sql(_SELECT_SQL, params={"cid": cid}).to_arrow_table()
-    except duckdb.Error as exc:
-        _drop_runs(con, [ra, rb])
+        with warehouse.transaction():
+            cid = warehouse.next_id("comparisons", "comparison_id")
+            warehouse.execute(
+                _INSERT_SQL,
+                {
+                    "cid": cid,
+                    "ta": a,
+                    "tb": b,
+                    "ra": ra,
+                    "rb": rb,
+                    "topo": topology.name,
+                    "cong": cfg.congestion,
+                },
+            )
+        table = warehouse.query(_SELECT_SQL, {"cid": cid}).to_arrow()
+    except (StoreError, QueryError) as exc:
+        _drop_runs(warehouse, [ra, rb])
         raise StoreError(f"cannot record the comparison of {a!r} and {b!r}: {exc}") from exc
     except BaseException:
-        _drop_runs(con, [ra, rb])
+        _drop_runs(warehouse, [ra, rb])
         raise
     log.debug("compared %s (run %d) and %s (run %d): comparison %d", a, ra, b, rb, cid)
     return Comparison(cid, a, b, ra, rb, topology.name, res_a.total_ns, res_b.total_ns, table)
 
 
-def _drop_runs(con: Any, run_ids: list[int]) -> None:
+def _drop_runs(warehouse: Warehouse, run_ids: list[int]) -> None:
     """Remove runs (and their rows in every metrics table) written by a failed compare."""
     for table in TABLES:
         if table == "sweep_points":
             continue
         try:
-            con.execute(f"DELETE FROM {table} WHERE run_id IN (SELECT unnest($ids))", {"ids": run_ids})
-        except Exception:  # best-effort cleanup while another error propagates
+            warehouse.execute(f"DELETE FROM {table} WHERE run_id IN (SELECT unnest($ids))", {"ids": run_ids})
+        except StoreError:  # best-effort cleanup while another error propagates
             log.warning("could not remove run(s) %s from %s", run_ids, table)

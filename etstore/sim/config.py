@@ -3,9 +3,12 @@
 ASTRA-sim describes a run with three files: a *system* JSON (scheduling policy,
 endpoint delay, chunking, collective implementations, local memory bandwidth), an
 analytical *network* YAML (one entry per dimension: topology, NPU count, bandwidth,
-latency) and optionally a *communicator group* JSON. :func:`read_system_config`,
-:func:`read_network_config` and :func:`read_comm_groups` turn them into a
-:class:`SimConfig`, a :class:`~etstore.topology.Topology` and a group mapping.
+latency) and optionally a *communicator group* JSON. :func:`read_system_config`
+and :func:`read_comm_groups` turn the first and the last into a :class:`SimConfig`
+and a group mapping. The network file describes a topology, so the topology
+package reads it (:func:`etstore.topology.read_network_config`, re-exported here
+with :class:`~etstore.topology.AstraNetwork` and
+:func:`~etstore.topology.astra_topology`).
 
 Units: time in ns, sizes in bytes. Network bandwidth is GB/s with GB = 2^30
 (ASTRA-sim's analytical network); ``local-mem-bw`` is GB/s with GB = 10^9, which is
@@ -19,11 +22,11 @@ import logging
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 from etstore.collective import COLLECTIVE_NAMES, chakra_name
-from etstore.errors import ConfigError, TopologyError
-from etstore.topology import Topology
+from etstore.errors import ConfigError
+from etstore.topology import AstraNetwork, astra_topology, read_network_config
 
 __all__ = [
     "AstraNetwork",
@@ -37,10 +40,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-
-
-
 
 
 def collective_name(name: str) -> str:
@@ -290,102 +289,6 @@ def read_system_config(path: str | Path, **overrides: Any) -> SimConfig:
         return SimConfig.from_astra(data, **overrides)
     except ConfigError as exc:
         raise ConfigError(f"{path}: {exc}") from exc
-
-
-class AstraNetwork(NamedTuple):
-    """An analytical network config: the topology and its dimensions."""
-
-    topology: Topology
-    """Directed links between NPUs (NPU id = Σ coordinate_d · stride_d, dimension 0 fastest)."""
-    kinds: tuple[str, ...]
-    """ASTRA-sim topology kind per dimension (``Ring``, ``FullyConnected``, ``Switch``)."""
-    dims: tuple[int, ...]
-    """NPUs per dimension."""
-
-
-def read_network_config(path: str | Path) -> AstraNetwork:
-    """Read an ASTRA-sim analytical network YAML into a :class:`Topology`.
-
-    Each dimension ``d`` of ``n_d`` NPUs becomes links between NPUs that differ only
-    in coordinate ``d``: ``Ring`` links each NPU to its two ring neighbours,
-    ``FullyConnected`` links every pair, and ``Switch`` links every pair with twice
-    the latency (a message crosses two hops; exact for the congestion-unaware model,
-    and for the congestion-aware model it ignores the sharing of switch ports).
-    Bandwidth is GB/s with GB = 2^30, latency ns.
-
-    Raises
-    ------
-    TopologyError
-        The file is missing, malformed, or its lists differ in length.
-
-    Notes
-    -----
-    O(Σ_d N · n_d) links for rings, O(N · Σ_d n_d) for fully connected dimensions.
-    """
-    import yaml  # pyyaml is a dependency; imported here to keep import time low
-
-    path = Path(path)
-    try:
-        data = yaml.safe_load(path.read_text())
-    except FileNotFoundError as exc:
-        raise TopologyError(f"{path}: no such network config file") from exc
-    except yaml.YAMLError as exc:
-        raise TopologyError(f"{path}: not valid YAML ({exc})") from exc
-    if not isinstance(data, dict):
-        raise TopologyError(f"{path}: expected keys topology, npus_count, bandwidth, latency")
-    missing = [k for k in ("topology", "npus_count", "bandwidth", "latency") if k not in data]
-    if missing:
-        raise TopologyError(f"{path}: missing key(s) {', '.join(missing)}")
-    lists = {
-        k: data[k] if isinstance(data[k], list) else [data[k]]
-        for k in ("topology", "npus_count", "bandwidth", "latency")
-    }
-    lengths = {k: len(v) for k, v in lists.items()}
-    if len(set(lengths.values())) != 1:
-        raise TopologyError(f"{path}: one entry per dimension expected, got {lengths}")
-    try:
-        kinds = tuple(str(k) for k in lists["topology"])
-        dims = tuple(int(n) for n in lists["npus_count"])
-        bws = [float(b) for b in lists["bandwidth"]]
-        lats = [float(x) for x in lists["latency"]]
-        topo = astra_topology(kinds, dims, bws, lats)
-    except (TypeError, ValueError) as exc:
-        raise TopologyError(f"{path}: {exc}") from exc
-    except TopologyError as exc:
-        raise TopologyError(f"{path}: {exc}") from exc
-    return AstraNetwork(topo, kinds, dims)
-
-
-def astra_topology(
-    kinds: tuple[str, ...], dims: tuple[int, ...], bandwidth_gb_per_s: list[float], latency_ns: list[float]
-) -> Topology:
-    """The topology of an analytical network config (see :func:`read_network_config`)."""
-    name = (
-        f"{kinds[0].lower()}:{dims[0]}"
-        if len(dims) == 1
-        else f"astra-{'-'.join(kinds)}:{'x'.join(str(n) for n in dims)}"
-    )
-    try:
-        from etstore.topology import Dim  # the shared axis model, when present
-    except ImportError:
-        Dim = None
-    compose = getattr(Topology, "compose", None)
-    if Dim is not None and compose is not None and all(n >= 2 for n in dims):
-        axes = []
-        for kind, n, bw, lat in zip(kinds, dims, bandwidth_gb_per_s, latency_ns, strict=True):
-            k = kind.lower()
-            if k == "ring":
-                axes.append(Dim("ring", n, bw, lat))
-            elif k == "fullyconnected":
-                axes.append(Dim("fc", n, bw, lat))
-            elif k == "switch":  # the simulator times it at full port bandwidth over two hops
-                axes.append(Dim("switch", n, bw, lat))
-            else:
-                raise TopologyError(f"unknown topology {kind!r}; expected Ring, FullyConnected or Switch")
-        return compose(axes, name=name)
-    from etstore.sim.network import grid_topology
-
-    return grid_topology(kinds, dims, bandwidth_gb_per_s=bandwidth_gb_per_s, latency_ns=latency_ns, name=name)
 
 
 def read_comm_groups(path: str | Path) -> dict[str, list[int]]:

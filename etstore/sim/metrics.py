@@ -1,7 +1,8 @@
 """Simulation metrics in DuckDB: a documented, stable schema that dashboards can read.
 
-Tables (created by :func:`create_schema`; every time is ns, every size bytes,
-bandwidth GB/s with GB = 2^30):
+Tables (declared in :mod:`etstore.store.warehouse`, created when a writable store
+opens and by :func:`create_schema`; every time is ns, every size bytes, bandwidth
+GB/s with GB = 2^30):
 
 ``runs``
     one row per simulation: ``run_id`` (primary key), ``trace``, ``topology``,
@@ -52,10 +53,10 @@ The schema version is kept in ``etstore_sim_schema``; columns are only ever adde
 
 Examples
 --------
+>>> run = record_run(store.warehouse, result, trace_name="allreduce", params={"note": "x"})  # doctest: +SKIP
 >>> import duckdb  # doctest: +SKIP
->>> con = duckdb.connect("warehouse.duckdb")  # doctest: +SKIP
->>> create_schema(con)  # doctest: +SKIP
->>> run = record_run(con, result, trace_name="allreduce", params={"note": "baseline"})  # doctest: +SKIP
+>>> wh = Warehouse(duckdb.connect("metrics.duckdb"))  # doctest: +SKIP
+>>> create_schema(wh)  # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -66,124 +67,88 @@ from collections.abc import Mapping
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
-from etstore.errors import StoreError
-from etstore.sim.engine import SimResult
+from etstore.errors import QueryError, StoreError
+from etstore.sim.result import SimResult
+from etstore.store.warehouse import SCHEMA_VERSION, TABLES, VIEWS, Warehouse
 
 __all__ = ["SCHEMA_VERSION", "TABLES", "VIEWS", "create_schema", "record_run", "record_sweep"]
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 1
-
-TABLES: dict[str, str] = {
-    "runs": """CREATE TABLE IF NOT EXISTS runs (
-        run_id BIGINT PRIMARY KEY, trace VARCHAR NOT NULL, topology VARCHAR, num_npus INTEGER,
-        congestion VARCHAR, scheduling_policy VARCHAR, params VARCHAR, total_ns DOUBLE, wall_s DOUBLE,
-        loop_s DOUBLE, events BIGINT, events_per_s DOUBLE, num_ops BIGINT, sim_ops BIGINT,
-        created_at TIMESTAMP DEFAULT (now()::TIMESTAMP))""",
-    "op_timings": """CREATE TABLE IF NOT EXISTS op_timings (
-        run_id BIGINT NOT NULL, trace VARCHAR NOT NULL, rank INTEGER, id UBIGINT, name VARCHAR,
-        type VARCHAR, ready_ns DOUBLE, start_ns DOUBLE, end_ns DOUBLE, duration_ns DOUBLE, wait_ns DOUBLE)""",
-    "rank_breakdown": """CREATE TABLE IF NOT EXISTS rank_breakdown (
-        run_id BIGINT NOT NULL, trace VARCHAR NOT NULL, rank INTEGER, total_ns DOUBLE, compute_ns DOUBLE,
-        comm_ns DOUBLE, exposed_comm_ns DOUBLE, overlap_ns DOUBLE, idle_ns DOUBLE)""",
-    "collectives": """CREATE TABLE IF NOT EXISTS collectives (
-        run_id BIGINT NOT NULL, trace VARCHAR NOT NULL, coll_seq BIGINT, pg_name VARCHAR, comm_type VARCHAR,
-        algorithm VARCHAR, group_size INTEGER, size_bytes BIGINT, start_ns DOUBLE, end_ns DOUBLE,
-        time_ns DOUBLE, algbw_gb_per_s DOUBLE, busbw_gb_per_s DOUBLE, busbw_factor DOUBLE)""",
-    "link_util": """CREATE TABLE IF NOT EXISTS link_util (
-        run_id BIGINT NOT NULL, link INTEGER, src INTEGER, dst INTEGER, latency_ns DOUBLE,
-        bandwidth_gb_per_s DOUBLE, bytes DOUBLE, messages BIGINT, busy_ns DOUBLE, utilization DOUBLE)""",
-    "sweep_points": """CREATE TABLE IF NOT EXISTS sweep_points (
-        sweep_id BIGINT NOT NULL, topology VARCHAR, num_npus INTEGER, collective VARCHAR, algorithm VARCHAR,
-        congestion VARCHAR, size_bytes BIGINT, time_ns DOUBLE, algbw_gb_per_s DOUBLE, busbw_gb_per_s DOUBLE,
-        events BIGINT, wall_s DOUBLE, params VARCHAR)""",
-}
-
-# Views answer the common dashboard questions; their columns, like the tables', are only ever added.
-VIEWS: dict[str, str] = {
-    "v_collective_busbw": """CREATE OR REPLACE VIEW v_collective_busbw AS
-        SELECT c.run_id, c.trace, r.topology, r.num_npus, r.congestion, c.coll_seq, c.pg_name,
-            c.comm_type, c.algorithm, c.group_size, c.size_bytes, c.size_bytes / 2^20 AS size_mib,
-            c.start_ns, c.end_ns, c.time_ns, c.time_ns / 1e3 AS time_us, c.algbw_gb_per_s,
-            c.busbw_gb_per_s, c.busbw_factor
-        FROM collectives c JOIN runs r USING (run_id)""",
-    "v_rank_exposed_comm": """CREATE OR REPLACE VIEW v_rank_exposed_comm AS
-        SELECT run_id, trace, rank, total_ns, compute_ns, comm_ns, exposed_comm_ns, overlap_ns, idle_ns,
-            CASE WHEN total_ns > 0 THEN exposed_comm_ns / total_ns END AS exposed_share,
-            CASE WHEN total_ns > 0 THEN idle_ns / total_ns END AS idle_share,
-            CASE WHEN comm_ns > 0 THEN overlap_ns / comm_ns END AS hidden_share
-        FROM rank_breakdown""",
-    "v_link_utilization": """CREATE OR REPLACE VIEW v_link_utilization AS
-        SELECT l.run_id, r.trace, r.topology, l.link, l.src, l.dst, l.latency_ns, l.bandwidth_gb_per_s,
-            l.bytes, l.bytes / 2^20 AS mib, l.messages, l.busy_ns, l.utilization, r.total_ns,
-            CASE WHEN r.total_ns > 0 THEN l.bytes / 2^30 / (r.total_ns / 1e9) END AS gib_per_s
-        FROM link_util l JOIN runs r USING (run_id)""",
-    "v_sweep_busbw": """CREATE OR REPLACE VIEW v_sweep_busbw AS
-        SELECT sweep_id, topology, num_npus, collective, algorithm, congestion, size_bytes,
-            size_bytes / 2^20 AS size_mib, time_ns, time_ns / 1e3 AS time_us, algbw_gb_per_s, busbw_gb_per_s
-        FROM sweep_points""",
-}
+_SWEEP_COLUMNS = (
+    "topology",
+    "num_npus",
+    "collective",
+    "algorithm",
+    "congestion",
+    "size_bytes",
+    "time_ns",
+    "algbw_gb_per_s",
+    "busbw_gb_per_s",
+    "events",
+    "wall_s",
+)
 
 
-def _duck_error() -> type[Exception]:
-    import duckdb
+def create_schema(warehouse: Warehouse) -> None:
+    """Create every warehouse table (if absent) and (re)create the views.
 
-    return duckdb.Error  # type: ignore[no-any-return]
-
-
-def create_schema(con: Any) -> None:
-    """Create the metrics tables (if absent) and (re)create the views on a DuckDB connection.
-
-    Idempotent; views are replaced so a database written by an older etstore gains
-    the views (and their newer columns) the first time this version writes to it.
+    A writable store's warehouse already has them; this is for a warehouse over
+    another DuckDB database (``Warehouse(duckdb.connect(path))``). Idempotent.
 
     Raises
     ------
     StoreError
         The database holds a newer metrics schema, or DuckDB refuses the DDL.
     """
-    err = _duck_error()
     try:
-        con.execute("CREATE TABLE IF NOT EXISTS etstore_sim_schema (version INTEGER)")
-        row = con.execute("SELECT max(version) FROM etstore_sim_schema").fetchall()[0]
-        have = row[0] if row else None
-        if have is not None and have > SCHEMA_VERSION:
-            raise StoreError(
-                f"the metrics tables are schema version {have}; this etstore writes version "
-                f"{SCHEMA_VERSION}: "
-                "upgrade etstore"
-            )
-        for ddl in TABLES.values():
-            con.execute(ddl)
-        for ddl in VIEWS.values():
-            con.execute(ddl)
-        if have is None:
-            con.execute("INSERT INTO etstore_sim_schema VALUES ($v)", {"v": SCHEMA_VERSION})
-    except err as exc:
+        warehouse.create_schema()
+    except StoreError as exc:
         raise StoreError(f"cannot create the simulator metrics tables: {exc}") from exc
 
 
-def _next_id(con: Any, table: str, column: str) -> int:
-    row = con.execute(f"SELECT coalesce(max({column}), 0) + 1 FROM {table}").fetchall()[0]
-    return int(row[0])
+def _tagged(table: pa.Table, run_id: int, trace: str | None) -> pa.Table:
+    """``table`` with a leading ``run_id`` column, then ``trace`` unless None."""
+    out = table.add_column(0, "run_id", pa.array([run_id] * table.num_rows, pa.int64()))
+    if trace is not None:
+        out = out.add_column(1, "trace", pa.array([trace] * table.num_rows, pa.string()))
+    return out
 
 
-def _insert(con: Any, table: str, data: pa.Table) -> None:
-    """Append an Arrow table whose columns are a subset of the table's, by name."""
-    if data.num_rows == 0:
-        return
-    con.register("_etstore_incoming", data)
-    try:
-        cols = ", ".join(data.column_names)
-        con.execute(f"INSERT INTO {table} ({cols}) SELECT {cols} FROM _etstore_incoming")
-    finally:
-        con.unregister("_etstore_incoming")
+def _run_row(result: SimResult, run_id: int, name: str, params: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The ``runs`` row of one simulation."""
+    all_params = result.params()
+    if params:
+        all_params["user"] = dict(params)
+    return {
+        "rid": run_id,
+        "trace": name,
+        "topo": result.topology,
+        "npus": result.num_npus,
+        "cong": result.config.congestion,
+        "sched": result.config.scheduling_policy,
+        "params": json.dumps(all_params, sort_keys=True, default=str),
+        "total": result.total_ns,
+        "wall": result.wall_s,
+        "loop": result.loop_s,
+        "events": result.events,
+        "eps": result.events_per_s if result.loop_s > 0 else None,
+        "ops": result.ops.num_rows,
+        "sim_ops": result.sim_ops,
+    }
+
+
+_INSERT_RUN = (
+    "INSERT INTO runs (run_id, trace, topology, num_npus, congestion, scheduling_policy, params, "
+    "total_ns, wall_s, loop_s, events, events_per_s, num_ops, sim_ops) VALUES ($rid, $trace, $topo, "
+    "$npus, $cong, $sched, $params, $total, $wall, $loop, $events, $eps, $ops, $sim_ops)"
+)
 
 
 def record_run(
-    con: Any,
+    warehouse: Warehouse,
     result: SimResult,
     *,
     trace_name: str | None = None,
@@ -194,8 +159,9 @@ def record_run(
 
     Parameters
     ----------
-    con
-        A DuckDB connection (the store's warehouse, or any database).
+    warehouse
+        Where to write: a store's ``warehouse``, or a :class:`~etstore.store.warehouse.Warehouse`
+        over any DuckDB database (its tables are created if absent).
     result
         What :func:`~etstore.sim.simulate` returned.
     trace_name
@@ -203,7 +169,7 @@ def record_run(
     params
         Extra JSON-able parameters kept in ``runs.params`` under ``"user"``.
     run_id
-        Use this id (e.g. the catalog's run id); default: one more than the largest.
+        Use this id; default: one more than the largest.
 
     Returns
     -------
@@ -219,99 +185,60 @@ def record_run(
     -----
     O(ops + ranks + collectives + links) rows, inserted from Arrow in one transaction.
     """
-    create_schema(con)
-    err = _duck_error()
+    create_schema(warehouse)
     name = trace_name or result.trace_name
-    all_params = result.params()
-    if params:
-        all_params["user"] = dict(params)
+    ops = result.ops
+    ops = ops.append_column("duration_ns", pc.subtract(ops["end_ns"], ops["start_ns"]))
+    ops = ops.append_column("wait_ns", pc.subtract(ops["start_ns"], ops["ready_ns"]))
     try:
-        con.execute("BEGIN TRANSACTION")
-        rid = int(run_id) if run_id is not None else _next_id(con, "runs", "run_id")
-        con.execute(
-            "INSERT INTO runs (run_id, trace, topology, num_npus, congestion, scheduling_policy, params, "
-            "total_ns, wall_s, loop_s, events, events_per_s, num_ops, sim_ops) VALUES ($rid, $trace, $topo, "
-            "$npus, $cong, $sched, $params, $total, $wall, $loop, $events, $eps, $ops, $sim_ops)",
-            {
-                "rid": rid,
-                "trace": name,
-                "topo": result.topology,
-                "npus": result.num_npus,
-                "cong": result.config.congestion,
-                "sched": result.config.scheduling_policy,
-                "params": json.dumps(all_params, sort_keys=True, default=str),
-                "total": result.total_ns,
-                "wall": result.wall_s,
-                "loop": result.loop_s,
-                "events": result.events,
-                "eps": result.events_per_s if result.loop_s > 0 else None,
-                "ops": result.ops.num_rows,
-                "sim_ops": result.sim_ops,
-            },
-        )
-        n = result.ops.num_rows
-
-        def tagged(t: pa.Table, with_trace: bool = True) -> pa.Table:
-            t = t.add_column(0, "run_id", pa.array([rid] * t.num_rows, pa.int64()))
-            if with_trace:
-                t = t.add_column(1, "trace", pa.array([name] * t.num_rows, pa.string()))
-            return t
-
-        ops = result.ops
-        import pyarrow.compute as pc
-
-        ops = ops.append_column("duration_ns", pc.subtract(ops["end_ns"], ops["start_ns"]))
-        ops = ops.append_column("wait_ns", pc.subtract(ops["start_ns"], ops["ready_ns"]))
-        _insert(con, "op_timings", tagged(ops))
-        _insert(con, "rank_breakdown", tagged(result.ranks))
-        _insert(con, "collectives", tagged(result.collectives))
-        _insert(con, "link_util", tagged(result.links, with_trace=False))
-        con.execute("COMMIT")
-    except err as exc:
-        con.execute("ROLLBACK")
+        with warehouse.transaction():
+            rid = int(run_id) if run_id is not None else warehouse.next_id("runs", "run_id")
+            warehouse.execute(_INSERT_RUN, _run_row(result, rid, name, params))
+            warehouse.append("op_timings", _tagged(ops, rid, name))
+            warehouse.append("rank_breakdown", _tagged(result.ranks, rid, name))
+            warehouse.append("collectives", _tagged(result.collectives, rid, name))
+            warehouse.append("link_util", _tagged(result.links, rid, None))
+    except (StoreError, QueryError) as exc:
         raise StoreError(f"cannot record simulation run of {name!r}: {exc}") from exc
-    log.debug("recorded run %d of %s: %d op timings", rid, name, n)
+    log.debug("recorded run %d of %s: %d op timings", rid, name, ops.num_rows)
     return rid
 
 
-def record_sweep(con: Any, points: pa.Table, *, params: Mapping[str, Any] | None = None) -> int:
-    """Store a :func:`~etstore.sim.sweep` result in ``sweep_points``; returns the sweep id.
+def record_sweep(warehouse: Warehouse, points: pa.Table, *, params: Mapping[str, Any] | None = None) -> int:
+    """Store a :func:`~etstore.sim.sweep` result in ``sweep_points``, atomically.
+
+    Parameters
+    ----------
+    warehouse
+        Where to write (see :func:`record_run`).
+    points
+        The sweep's points; columns absent from ``sweep_points`` are ignored.
+    params
+        JSON-able parameters kept in every row's ``params``.
+
+    Returns
+    -------
+    int
+        The sweep id (one more than the largest).
 
     Raises
     ------
     StoreError
         DuckDB refuses the insert; nothing is written.
+
+    Notes
+    -----
+    O(points), one columnar insert.
     """
-    create_schema(con)
-    err = _duck_error()
+    create_schema(warehouse)
+    data = points.select([c for c in _SWEEP_COLUMNS if c in points.column_names])
+    encoded = json.dumps(dict(params or {}), sort_keys=True, default=str)
+    data = data.append_column("params", pa.array([encoded] * data.num_rows, pa.string()))
     try:
-        con.execute("BEGIN TRANSACTION")
-        sid = _next_id(con, "sweep_points", "sweep_id")
-        cols = [
-            c
-            for c in (
-                "topology",
-                "num_npus",
-                "collective",
-                "algorithm",
-                "congestion",
-                "size_bytes",
-                "time_ns",
-                "algbw_gb_per_s",
-                "busbw_gb_per_s",
-                "events",
-                "wall_s",
-            )
-            if c in points.column_names
-        ]
-        data = points.select(cols)
-        data = data.add_column(0, "sweep_id", pa.array([sid] * data.num_rows, pa.int64()))
-        data = data.append_column(
-            "params", pa.array([json.dumps(dict(params or {}), sort_keys=True, default=str)] * data.num_rows)
-        )
-        _insert(con, "sweep_points", data)
-        con.execute("COMMIT")
-    except err as exc:
-        con.execute("ROLLBACK")
+        with warehouse.transaction():
+            sid = warehouse.next_id("sweep_points", "sweep_id")
+            data = data.add_column(0, "sweep_id", pa.array([sid] * data.num_rows, pa.int64()))
+            warehouse.append("sweep_points", data)
+    except (StoreError, QueryError) as exc:
         raise StoreError(f"cannot record sweep: {exc}") from exc
     return sid

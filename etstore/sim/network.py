@@ -22,148 +22,16 @@ Bandwidth is GB/s with GB = 2^30 bytes; times are ns.
 from __future__ import annotations
 
 import logging
-import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 
 from etstore.errors import TopologyError
-from etstore.topology import GIB, Topology
+from etstore.topology import GIB, Topology, dims_of, link_dimensions
 
-__all__ = ["Network", "dims_of", "grid_topology", "link_dimensions"]
+__all__ = ["Network"]
 
 log = logging.getLogger(__name__)
-
-_DIMS_RE = re.compile(r":(\d+(?:x\d+)*)$")
-
-
-def dims_of(topo: Topology) -> tuple[int, ...]:
-    """The dimensions of a topology: its ``dims`` attribute, else parsed from its name.
-
-    ``mesh2d:8x8`` → ``(8, 8)``, ``ring:8`` → ``(8,)``; a name without sizes, or
-    sizes whose product is not ``num_npus``, gives ``(num_npus,)``.
-    """
-    dims = getattr(topo, "dims", None)
-    if dims:
-        sizes = tuple(int(getattr(d, "size", d)) for d in dims)
-        if int(np.prod(sizes)) == topo.num_npus:
-            return sizes
-    m = _DIMS_RE.search(topo.name or "")
-    if m:
-        parsed = tuple(int(x) for x in m.group(1).split("x"))
-        if int(np.prod(parsed)) == topo.num_npus:
-            return parsed
-    return (topo.num_npus,)
-
-
-def _coords(num: int, dims: Sequence[int]) -> np.ndarray:
-    """Coordinates (num × len(dims)) of NPU ids, dimension 0 fastest."""
-    ids = np.arange(num, dtype=np.int64)
-    out = np.empty((num, len(dims)), dtype=np.int64)
-    stride = 1
-    for d, n in enumerate(dims):
-        out[:, d] = (ids // stride) % n
-        stride *= n
-    return out
-
-
-def link_dimensions(topo: Topology, dims: Sequence[int] | None = None) -> np.ndarray:
-    """Per link, the one dimension whose coordinate it changes (``len(dims)`` if several or none)."""
-    dims = tuple(dims) if dims is not None else dims_of(topo)
-    if len(dims) == 1 or topo.num_links == 0:
-        return np.zeros(topo.num_links, dtype=np.int64)
-    c = _coords(topo.num_npus, dims)
-    diff = c[topo.src] != c[topo.dst]
-    one = diff.sum(axis=1) == 1
-    return np.where(one, np.argmax(diff, axis=1), len(dims)).astype(np.int64)
-
-
-def grid_topology(
-    kinds: Sequence[str],
-    dims: Sequence[int],
-    *,
-    bandwidth_gb_per_s: Sequence[float],
-    latency_ns: Sequence[float],
-    name: str | None = None,
-) -> Topology:
-    """A multi-dimensional topology, one kind per dimension (ASTRA-sim's analytical network).
-
-    Parameters
-    ----------
-    kinds
-        Per dimension: ``Ring``, ``FullyConnected``, ``Switch`` (every pair linked
-        with twice the latency: two hops) or ``Mesh`` (a line, no wrap-around).
-    dims
-        NPUs per dimension; NPU id = Σ coordinate_d · stride_d, dimension 0 fastest.
-    bandwidth_gb_per_s, latency_ns
-        Per dimension; GB = 2^30 bytes.
-    name
-        Defaults to ``ring:8`` for one dimension, else ``astra-Ring-Switch:8x4``.
-
-    Raises
-    ------
-    TopologyError
-        Unknown kind, lists of different lengths, or a dimension below 1.
-
-    Notes
-    -----
-    O(N · Σ_d n_d) links at most (fully connected dimensions), built with numpy.
-    """
-    k = len(dims)
-    if not (len(kinds) == len(bandwidth_gb_per_s) == len(latency_ns) == k) or k == 0:
-        raise TopologyError("kinds, dims, bandwidth and latency need one entry per dimension")
-    if any(int(n) < 1 for n in dims):
-        raise TopologyError(f"every dimension needs at least one NPU, got {list(dims)}")
-    num = int(np.prod(dims))
-    c = _coords(num, dims)
-    ids = np.arange(num, dtype=np.int64)
-    srcs, dsts, lats, bws = [], [], [], []
-    stride = 1
-    for d, (kind, n) in enumerate(zip(kinds, dims, strict=True)):
-        n = int(n)
-        kind_l = kind.lower()
-        pairs: list[tuple[np.ndarray, np.ndarray]] = []
-        lat = float(latency_ns[d])
-        if n > 1:
-            if kind_l == "ring":
-                pairs.append((ids, ids + (((c[:, d] + 1) % n) - c[:, d]) * stride))
-                if n > 2:
-                    pairs.append((ids, ids + (((c[:, d] - 1) % n) - c[:, d]) * stride))
-            elif kind_l in ("mesh", "line"):
-                up = c[:, d] < n - 1
-                pairs.append((ids[up], ids[up] + stride))
-                down = c[:, d] > 0
-                pairs.append((ids[down], ids[down] - stride))
-            elif kind_l in ("fullyconnected", "switch"):
-                for off in range(1, n):
-                    pairs.append((ids, ids + (((c[:, d] + off) % n) - c[:, d]) * stride))
-                if kind_l == "switch":
-                    lat *= 2.0
-            else:
-                raise TopologyError(
-                    f"unknown topology kind {kind!r} in dimension {d}; expected Ring, FullyConnected, "
-                    "Switch or Mesh"
-                )
-        for s, t in pairs:
-            srcs.append(s)
-            dsts.append(t)
-            lats.append(np.full(len(s), lat))
-            bws.append(np.full(len(s), float(bandwidth_gb_per_s[d])))
-        stride *= n
-    if name is None:
-        name = (
-            f"{kinds[0].lower()}:{dims[0]}"
-            if k == 1
-            else f"astra-{'-'.join(kinds)}:{'x'.join(str(int(n)) for n in dims)}"
-        )
-
-    def cat(parts: list[np.ndarray], dtype: type) -> np.ndarray:
-        return np.concatenate(parts).astype(dtype) if parts else np.zeros(0, dtype=dtype)
-
-    topo = Topology(
-        num, cat(srcs, np.int32), cat(dsts, np.int32), cat(lats, np.float64), cat(bws, np.float64), name
-    )
-    return topo
 
 
 class Network:
@@ -174,7 +42,9 @@ class Network:
     topo
         The links.
     dims
-        Dimensions for dimension-order routing; default :func:`dims_of`.
+        Dimensions for dimension-order routing by this model's own BFS; by default
+        :func:`~etstore.topology.dims_of`, with the topology's own routes
+        (:meth:`~etstore.topology.Topology.next_link`).
 
     Notes
     -----
@@ -195,9 +65,8 @@ class Network:
         n = self.num_nodes
         self._nh = np.full((n, n), -2, dtype=np.int32)  # [dst, src] -> link; -2 unknown, -1 none
         self._done = np.zeros(n, dtype=bool)
-        self._shared = self._shared_routes(topo) if dims is None else None
-        if self._shared is not None:
-            self._nh = self._shared
+        if dims is None:  # no explicit dimensions: route exactly as the topology does
+            self._nh = self._shared_routes(topo)
             self._done[:] = True
 
     def _switch_ports(self) -> None:
@@ -208,7 +77,7 @@ class Network:
         moves at the full port bandwidth over two hops, as ASTRA-sim's analytical
         network times it. Only full, unfailed built-in shapes carry their axes.
         """
-        axes = getattr(self.topo, "dims", ())
+        axes = self.topo.dims
         if not axes or self.topo.labels is not None:
             return
         if tuple(int(d.size) for d in axes) != self.dims:
@@ -218,24 +87,13 @@ class Network:
                 self.bytes_per_ns[self.label == k] *= d.size - 1
 
     @staticmethod
-    def _shared_routes(topo: Topology) -> np.ndarray | None:
-        """The topology's own next-link table, as ``[dst, src]``, when it offers one.
+    def _shared_routes(topo: Topology) -> np.ndarray:
+        """The topology's own next-link table, as ``[dst, src]``.
 
         ``Topology.next_link()`` (fewest hops, lowest link id, dimension-ordered for
         built-in shapes) is used as is so the simulator and the synthesizer route alike.
         """
-        fn = getattr(topo, "next_link", None)
-        if not callable(fn):
-            return None
-        try:
-            table = np.asarray(fn(), dtype=np.int32)
-        except Exception as exc:  # a foreign implementation: fall back to our BFS
-            log.debug("Topology.next_link unusable (%s); using etstore.sim.network routing", exc)
-            return None
-        n = topo.num_npus
-        if table.shape != (n, n):
-            return None
-        return np.ascontiguousarray(table.T)
+        return np.ascontiguousarray(topo.next_link().T)
 
     # ------------------------------------------------------------ routing
 
@@ -297,7 +155,7 @@ class Network:
             cur = int(self.dst[link])
         return out
 
-    def _walk(self, src: np.ndarray, dst: np.ndarray):  # type: ignore[no-untyped-def]
+    def _walk(self, src: np.ndarray, dst: np.ndarray) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         """Yield (message positions, link indices) hop by hop for many messages at once."""
         self.prepare(dst)
         cur = np.asarray(src, dtype=np.int64).copy()

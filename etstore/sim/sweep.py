@@ -15,11 +15,13 @@ from typing import Any, Union
 import numpy as np
 import pyarrow as pa
 
-from etstore.errors import SimulationError, TopologyError
+from etstore.errors import SimulationError, UnsatisfiableError
 from etstore.model import Trace, ops_table
 from etstore.sim.config import SimConfig, collective_name
-from etstore.sim.engine import busbw_factor, simulate
-from etstore.topology import GIB, Topology
+from etstore.sim.engine import simulate
+from etstore.sim.result import busbw_factor
+from etstore.topology import GIB, Topology, parse_topology
+from etstore.units import parse_size
 
 __all__ = ["SWEEP_SCHEMA", "collective_workload", "parse_sizes", "sweep"]
 
@@ -82,9 +84,6 @@ def parse_sizes(text: str) -> list[int]:
     >>> parse_sizes("1MiB, 1KiB..16KiB:4")
     [1024, 4096, 16384, 1048576]
     """
-    from etstore.errors import UnsatisfiableError
-    from etstore.units import parse_size
-
     out: set[int] = set()
     for item in (part.strip() for part in text.split(",")):
         if not item:
@@ -115,16 +114,12 @@ def parse_sizes(text: str) -> list[int]:
 
 
 def _topology(spec: Topology | str) -> Topology:
-    if isinstance(spec, Topology):
-        return spec
-    try:
-        from etstore.topology import parse_topology  # type: ignore[attr-defined]
-    except ImportError as exc:
-        raise TopologyError(f"cannot parse topology spec {spec!r}: pass a Topology object") from exc
-    return parse_topology(spec)  # type: ignore[no-any-return]
+    """A topology as given, or parsed from its spec."""
+    return spec if isinstance(spec, Topology) else parse_topology(spec)
 
 
 def _label(spec: SweepAlgorithm) -> str:
+    """How the sweep table names an algorithm."""
     if isinstance(spec, str):
         return spec
     if isinstance(spec, Trace):
@@ -202,7 +197,9 @@ def sweep(
                 try:
                     res = simulate(work, topo, config=cfg, algorithms={coll: algo})
                 except SimulationError as exc:
-                    raise SimulationError(f"sweep point {topo.name} / {label} / {size} B: {exc}") from exc
+                    raise SimulationError(
+                        f"sweep point {topo.name} / {label} / {size} B: {exc}", exc.stuck
+                    ) from exc
                 wall = time.perf_counter() - t0
                 t = res.total_ns
                 algbw = int(size) / t * 1e9 / GIB if t > 0 else 0.0

@@ -6,18 +6,23 @@ import os
 from pathlib import Path
 
 from etstore.errors import StoreError
+from etstore.store._neo4j_target import NEO4J_SCHEMES
 from etstore.store.base import IngestReport, Store, TraceInfo
 from etstore.store.embedded import EmbeddedStore
+from etstore.store.neo4j import Neo4jStore
 from etstore.store.result import Result
+from etstore.store.warehouse import Warehouse
 
 __all__ = [
     "DEFAULT_STORE",
     "ENV_VAR",
     "EmbeddedStore",
     "IngestReport",
+    "Neo4jStore",
     "Result",
     "Store",
     "TraceInfo",
+    "Warehouse",
     "open_store",
 ]
 
@@ -28,15 +33,26 @@ ENV_VAR = "ETSTORE_STORE"
 def open_store(location: str | os.PathLike[str] | None = None, *, read_only: bool = False) -> Store:
     """Open a store: a directory (embedded) or a ``neo4j://`` / ``bolt://`` URL.
 
-    ``location`` defaults to ``$ETSTORE_STORE``, then ``./.etstore``.
+    Parameters
+    ----------
+    location
+        A store directory or a server URL; default ``$ETSTORE_STORE``, then ``./.etstore``.
+    read_only
+        Open without write access (several readers may share an embedded store).
+
+    Returns
+    -------
+    Store
+        The opened store (a context manager that closes it).
+
+    Raises
+    ------
+    StoreError
+        The URL scheme is unknown, or the store cannot be opened.
     """
     loc = str(location) if location is not None else os.environ.get(ENV_VAR) or DEFAULT_STORE
     scheme = loc.split("://", 1)[0].lower() if "://" in loc else ""
-    if scheme in ("neo4j", "neo4j+s", "neo4j+ssc", "bolt", "bolt+s", "bolt+ssc"):
-        try:
-            from etstore.store.neo4j import Neo4jStore  # type: ignore[import-not-found]
-        except ImportError as exc:
-            raise StoreError(f"the Neo4j backend is not available in this build: {exc}") from exc
+    if scheme in NEO4J_SCHEMES:
         return Neo4jStore(loc, read_only=read_only)
     if scheme:
         raise StoreError(f"unknown store URL scheme {scheme!r}; use a directory path or neo4j:// / bolt://")

@@ -10,28 +10,21 @@ server or a reused name never leaves stale rows behind.
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-import duckdb
 import pyarrow as pa
 
 from etstore.errors import StoreError
 from etstore.model import Trace
 from etstore.store.base import TraceInfo
-from etstore.store.embedded import _TRACE_TABLES, _WAREHOUSE_DDL, _attach_warehouse, insert_trace_rows
 from etstore.store.graph import dep_edges, message_edges, uid_base
+from etstore.store.warehouse import MIRROR_STATE_DDL, Warehouse
 
 __all__ = ["Mirror"]
 
 log = logging.getLogger(__name__)
-
-_STATE_DDL = (
-    "CREATE TABLE IF NOT EXISTS _etstore_mirror "
-    "(name VARCHAR PRIMARY KEY, seq BIGINT, content_hash VARCHAR, server VARCHAR)"
-)
 
 Key = tuple[str, int, str]  # (name, seq, content hash)
 
@@ -42,33 +35,36 @@ class Mirror:
     def __init__(self, directory: Path, server_id: str) -> None:
         self.path = directory / "warehouse.duckdb"
         self.server_id = server_id
-        self._con: duckdb.DuckDBPyConnection | None = None
+        self._warehouse: Warehouse | None = None
 
     @property
-    def con(self) -> duckdb.DuckDBPyConnection:
-        """The DuckDB connection (opened and schema'd on first use)."""
-        if self._con is None:
+    def warehouse(self) -> Warehouse:
+        """The local warehouse (opened, with the full schema, on first use)."""
+        if self._warehouse is None:
             try:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
-                con = _attach_warehouse(self.path, read_only=False)
-            except (OSError, duckdb.Error) as exc:
+                wh = Warehouse.open(self.path)
+            except (OSError, StoreError) as exc:
                 raise StoreError(
                     f"{self.path}: cannot open the local SQL warehouse ({str(exc).splitlines()[0]}); "
                     "set ETSTORE_WAREHOUSE to another directory"
                 ) from exc
-            for ddl in [*_WAREHOUSE_DDL, _STATE_DDL]:
-                con.execute(ddl)
-            self._con = con
-        return self._con
+            try:
+                wh.execute(MIRROR_STATE_DDL)
+            except BaseException:
+                wh.close()
+                raise
+            self._warehouse = wh
+        return self._warehouse
 
     def close(self) -> None:
-        if self._con is not None:
-            self._con.close()
-            self._con = None
+        if self._warehouse is not None:
+            self._warehouse.close()
+            self._warehouse = None
 
     def keys(self) -> dict[str, Key]:
         """What this file holds for the current server, by trace name."""
-        rows = self.con.execute("SELECT name, seq, content_hash, server FROM _etstore_mirror").fetchall()
+        rows = self.warehouse.query("SELECT name, seq, content_hash, server FROM _etstore_mirror")
         # rows copied from another server (a rebuilt one) never match, so sync replaces them
         return {n: (n, s, h) if srv == self.server_id else (n, -1, "") for n, s, h, srv in rows}
 
@@ -91,53 +87,35 @@ class Mirror:
     def add(self, trace: Trace, info: TraceInfo, *, seq: int, lineage: pa.Table | None = None) -> None:
         """Insert one trace's rows (one DuckDB transaction); ``lineage`` holds the
         ``lineage`` table's columns but ``trace``."""
-        con = self.con
+        wh = self.warehouse
         base = uid_base(seq)
         dep_uids = dep_edges(trace, base)
         msgs, _, _ = message_edges(trace, base)
-        con.begin()
-        try:
+        row = {
+            "kind": info.kind,
+            "ranks": info.ranks,
+            "ops": info.ops,
+            "deps": info.deps,
+            "missing": info.missing,
+            "messages": info.messages,
+            "parent": info.parent,
+            "source": info.source,
+            "params": info.params,
+            "content_hash": info.content_hash,
+        }
+        with wh.transaction():
             self._delete(info.name)
-            insert_trace_rows(con, trace, info.name, base, dep_uids, msgs, lineage)
-            con.execute(
-                "INSERT INTO traces VALUES ($name, $kind, $ranks, $ops, $deps, $missing, $messages, "
-                "$parent, $source, $params, $hash)",
-                {
-                    "name": info.name,
-                    "kind": info.kind,
-                    "ranks": info.ranks,
-                    "ops": info.ops,
-                    "deps": info.deps,
-                    "missing": info.missing,
-                    "messages": info.messages,
-                    "parent": info.parent,
-                    "source": info.source,
-                    "params": json.dumps(dict(info.params), sort_keys=True, default=str),
-                    "hash": info.content_hash,
-                },
-            )
-            con.execute(
+            wh.insert_trace(trace, info.name, base, dep_uids, msgs, row, lineage)
+            wh.execute(
                 "INSERT INTO _etstore_mirror VALUES ($n, $s, $h, $server)",
                 {"n": info.name, "s": seq, "h": info.content_hash, "server": self.server_id},
             )
-            con.commit()
-        except BaseException:
-            con.rollback()
-            raise
 
     def drop(self, name: str) -> None:
         """Remove one trace's rows (one DuckDB transaction)."""
-        con = self.con
-        con.begin()
-        try:
+        with self.warehouse.transaction():
             self._delete(name)
-            con.commit()
-        except BaseException:
-            con.rollback()
-            raise
 
     def _delete(self, name: str) -> None:
-        con = self.con
-        for table in (*_TRACE_TABLES, "traces", "_etstore_mirror"):
-            col = "name" if table in ("traces", "_etstore_mirror") else "trace"
-            con.execute(f"DELETE FROM {table} WHERE {col} = $t", {"t": name})
+        self.warehouse.delete_trace(name)
+        self.warehouse.execute("DELETE FROM _etstore_mirror WHERE name = $t", {"t": name})

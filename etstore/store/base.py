@@ -9,11 +9,14 @@ from datetime import datetime
 from typing import Any, Protocol, runtime_checkable
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
-from etstore.model import Trace
+from etstore.errors import StoreError
+from etstore.model import DepKind, Trace, TraceKind
 from etstore.store.result import Result
+from etstore.store.warehouse import Warehouse
 
-__all__ = ["IngestReport", "Store", "TraceInfo"]
+__all__ = ["IngestReport", "ProgressFn", "Store", "TraceInfo", "checked_kind"]
 
 
 @dataclass(frozen=True)
@@ -66,13 +69,49 @@ class IngestReport:
 ProgressFn = Callable[[str, int, int], None]  # (stage, done, total)
 
 
+def checked_kind(trace: Trace) -> TraceKind:
+    """The trace's kind, after checking it and its dependency kinds are ones the store knows.
+
+    Raises
+    ------
+    StoreError
+        ``trace.kind`` is not a :class:`~etstore.model.TraceKind` value, or a ``deps`` or
+        ``missing`` row has a ``kind`` that is not a :class:`~etstore.model.DepKind` value.
+
+    Notes
+    -----
+    O(deps), one vectorised membership test per table.
+    """
+    try:
+        kind = TraceKind(trace.kind)
+    except ValueError:
+        known = ", ".join(k.value for k in TraceKind)
+        raise StoreError(
+            f"trace {trace.name!r}: unknown kind {trace.kind!r} (expected one of {known})"
+        ) from None
+    allowed = pa.array([k.value for k in DepKind], pa.string())
+    for table_name, table in (("deps", trace.deps), ("missing", trace.missing)):
+        ok = pc.fill_null(pc.is_in(table["kind"], value_set=allowed), False)
+        if table.num_rows and not pc.all(ok).as_py():
+            bad = pc.filter(table["kind"], pc.invert(ok))[0].as_py()
+            raise StoreError(
+                f"trace {trace.name!r}: {table_name} row with dependency kind {bad!r} "
+                f"(expected {' or '.join(k.value for k in DepKind)})"
+            )
+    return kind
+
+
 @runtime_checkable
 class Store(Protocol):
-    """What every backend offers. Traces are addressed by name."""
+    """What every backend offers. Traces are addressed by name; a store is a context
+    manager that closes itself."""
 
     location: str
-    duck: Any
-    """The DuckDB warehouse connection (SQL tables and simulation metrics); both backends keep one."""
+
+    @property
+    def warehouse(self) -> Warehouse:
+        """The DuckDB warehouse: trace tables, the simulator's metrics and analyses (read-only)."""
+        ...
 
     def ingest(
         self,
@@ -83,11 +122,45 @@ class Store(Protocol):
         lineage: pa.Table | None = None,
         progress: ProgressFn | None = None,
     ) -> IngestReport:
-        """Store a trace atomically; the same content twice returns the existing trace.
+        """Store a trace atomically; the same content (and kind) twice returns the existing trace.
 
-        ``parent`` names the stored trace it derives from; ``lineage`` (``rank``,
-        ``id``, ``parent_id``) links parent ops to the ops replacing them
-        (``BECOMES`` edges, ``lineage`` table).
+        Parameters
+        ----------
+        trace
+            The trace to store; its ``kind`` must be a :class:`~etstore.model.TraceKind`
+            value and its dependency kinds :class:`~etstore.model.DepKind` values.
+        name
+            The stored name. Default: ``trace.name``, or ``trace.name-2``, ``-3``, ... when
+            that is taken; an explicit name that is taken by other content is an error.
+        parent
+            The stored trace this one derives from (expanded, rewritten).
+        lineage
+            Columns ``rank``, ``id``, ``parent_id``: which parent op each op replaces
+            (``BECOMES`` edges in the graph, rows of the ``lineage`` table). Needs ``parent``.
+        progress
+            Called as ``progress(stage, done, total)`` while the trace is written.
+
+        Returns
+        -------
+        IngestReport
+            The stored trace's catalog entry, whether it was new (``created``), the
+            dependency cycles and unmatched sends/receives found, and the wall time (s).
+
+        Raises
+        ------
+        StoreError
+            The store is read-only, ``name`` is taken by different content, the kind
+            or a dependency kind is unknown, lineage comes without a parent, the
+            lineage names absent ops, another client is ingesting the same content
+            (server stores), or an engine fails (nothing is left behind).
+        UnknownTraceError
+            ``parent`` is not a stored trace.
+
+        Notes
+        -----
+        All or nothing: a failure or an interrupt undoes whatever landed, and a
+        partial write left by a crash is removed at the next writable open.
+        O(ops + deps) columnar work in both engines; a duplicate costs one content hash.
         """
         ...
 
@@ -115,4 +188,14 @@ class Store(Protocol):
         """Run SQL on the DuckDB warehouse (tables ops, deps, missing_deps, messages, traces)."""
         ...
 
-    def close(self) -> None: ...
+    def close(self) -> None:
+        """Release the engines (idempotent)."""
+        ...
+
+    def __enter__(self) -> Store:
+        """The store itself; leaving the block closes it."""
+        ...
+
+    def __exit__(self, *exc: object) -> None:
+        """Close the store."""
+        ...

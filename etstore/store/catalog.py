@@ -1,4 +1,4 @@
-"""The catalog: which traces and runs exist, and whether they are complete.
+"""The catalog: which traces exist, and whether they are complete.
 
 A trace row is written with ``status='loading'`` before any data lands and flipped
 to ``'ready'`` last; that flip is the commit point of an ingest. Rows left in
@@ -15,9 +15,10 @@ from typing import Any
 from sqlalchemy import event
 from sqlmodel import Field, Session, SQLModel, create_engine, select
 
+from etstore.model import TraceKind
 from etstore.store.base import TraceInfo
 
-__all__ = ["Catalog", "RunRecord", "TraceRecord"]
+__all__ = ["Catalog", "TraceRecord"]
 
 
 class TraceRecord(SQLModel, table=True):
@@ -57,17 +58,6 @@ class TraceRecord(SQLModel, table=True):
         )
 
 
-class RunRecord(SQLModel, table=True):
-    """One simulation run (its metrics live in DuckDB under the same id)."""
-
-    __tablename__ = "runs"
-    id: int | None = Field(default=None, primary_key=True)
-    trace: str = Field(index=True)
-    topology: str = ""
-    params: str = "{}"
-    created: datetime = Field(default_factory=lambda: datetime.now(timezone.utc))
-
-
 class Catalog:
     """SQLite-backed catalog of one store directory."""
 
@@ -79,7 +69,7 @@ class Catalog:
             dbapi_con.execute("PRAGMA journal_mode=WAL")
             dbapi_con.execute("PRAGMA synchronous=NORMAL")
 
-        SQLModel.metadata.create_all(self.engine, tables=[TraceRecord.__table__, RunRecord.__table__])
+        SQLModel.metadata.create_all(self.engine, tables=[SQLModel.metadata.tables["traces"]])
 
     def session(self) -> Session:
         return Session(self.engine, expire_on_commit=False)
@@ -91,11 +81,11 @@ class Catalog:
                 q = q.where(TraceRecord.status == "ready")
             return s.exec(q).first()
 
-    def by_hash(self, content_hash: str, kind: str) -> TraceRecord | None:
+    def by_hash(self, content_hash: str, kind: TraceKind) -> TraceRecord | None:
         with self.session() as s:
             q = select(TraceRecord).where(
                 TraceRecord.content_hash == content_hash,
-                TraceRecord.kind == kind,
+                TraceRecord.kind == kind.value,
                 TraceRecord.status == "ready",
             )
             return s.exec(q).first()

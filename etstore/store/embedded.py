@@ -2,7 +2,7 @@
 
 Layout of the directory::
 
-    catalog.sqlite     traces and runs (SQLModel); the commit point of every ingest
+    catalog.sqlite     traces (SQLModel); the commit point of every ingest
     warehouse.duckdb   ops, deps, missing_deps, messages, meta, traces (+ sim metrics)
     graph/             Ladybug database: (:Op)-[:DEP]->(:Op), (:Op)-[:MSG]->(:Op),
                        (:Op)-[:BECOMES]->(:Op) from a parent trace's op to its replacements
@@ -24,13 +24,12 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import duckdb
-import numpy as np
 import pyarrow as pa
 
+from etstore.dag import cycle_members
 from etstore.errors import QueryError, StoreError, UnknownTraceError
 from etstore.model import DEPS_SCHEMA, META_SCHEMA, OPS_SCHEMA, Trace, content_hash
-from etstore.store.base import IngestReport, ProgressFn, TraceInfo
+from etstore.store.base import IngestReport, ProgressFn, Store, TraceInfo, checked_kind
 from etstore.store.catalog import Catalog, TraceRecord
 from etstore.store.graph import (
     GRAPH_OP_COLUMNS,
@@ -41,19 +40,12 @@ from etstore.store.graph import (
     uid_base,
 )
 from etstore.store.result import Result
+from etstore.store.warehouse import DEPS_COLUMNS, OPS_COLUMNS, Warehouse
 
 __all__ = ["EmbeddedStore"]
 
 log = logging.getLogger(__name__)
 
-_DUCK_TYPES = {
-    pa.int32(): "INTEGER",
-    pa.int64(): "BIGINT",
-    pa.uint64(): "UBIGINT",
-    pa.string(): "VARCHAR",
-    pa.bool_(): "BOOLEAN",
-    pa.binary(): "BLOB",
-}
 _GRAPH_TYPES = {
     pa.int32(): "INT32",
     pa.int64(): "INT64",
@@ -63,65 +55,18 @@ _GRAPH_TYPES = {
 }
 
 
-def _columns_sql(schema: pa.Schema, types: Mapping[pa.DataType, str]) -> str:
-    return ", ".join(f"{f.name} {types[f.type]}" for f in schema)
-
-
-_OPS_COLS = ", ".join(f.name for f in OPS_SCHEMA)
-_DEPS_COLS = ", ".join(f.name for f in DEPS_SCHEMA)
-
-_WAREHOUSE_DDL = [
-    f"CREATE TABLE IF NOT EXISTS ops (trace VARCHAR NOT NULL, uid BIGINT NOT NULL, "
-    f"{_columns_sql(OPS_SCHEMA, _DUCK_TYPES)})",
-    f"CREATE TABLE IF NOT EXISTS deps (trace VARCHAR NOT NULL, edge BIGINT NOT NULL, "
-    f"{_columns_sql(DEPS_SCHEMA, _DUCK_TYPES)}, src_uid BIGINT, dst_uid BIGINT)",
-    f"CREATE TABLE IF NOT EXISTS missing_deps (trace VARCHAR NOT NULL, edge BIGINT NOT NULL, "
-    f"{_columns_sql(DEPS_SCHEMA, _DUCK_TYPES)})",
-    "CREATE TABLE IF NOT EXISTS meta (trace VARCHAR NOT NULL, rank INTEGER, metadata BLOB)",
-    "CREATE TABLE IF NOT EXISTS messages (trace VARCHAR NOT NULL, send_uid BIGINT, recv_uid BIGINT, "
-    "tag INTEGER, comm_size BIGINT)",
-    "CREATE TABLE IF NOT EXISTS lineage (trace VARCHAR NOT NULL, rank INTEGER, id UBIGINT, "
-    "parent_trace VARCHAR, parent_id UBIGINT, parent_uid BIGINT, uid BIGINT)",
-    "CREATE TABLE IF NOT EXISTS traces (name VARCHAR PRIMARY KEY, kind VARCHAR, ranks INTEGER, "
-    "ops BIGINT, deps BIGINT, missing BIGINT, messages BIGINT, parent VARCHAR, source VARCHAR, "
-    "params VARCHAR, content_hash VARCHAR)",
-]
-_TRACE_TABLES = ("ops", "deps", "missing_deps", "meta", "messages", "lineage")
-
-
 def _graph_ddl() -> list[str]:
     op_schema = pa.schema(
         [("uid", pa.int64()), ("trace", pa.string())]
         + [(f.name, f.type) for f in OPS_SCHEMA if f.name in GRAPH_OP_COLUMNS]
     )
+    columns = ", ".join(f"{f.name} {_GRAPH_TYPES[f.type]}" for f in op_schema)
     return [
-        f"CREATE NODE TABLE IF NOT EXISTS Op({_columns_sql(op_schema, _GRAPH_TYPES)}, PRIMARY KEY(uid))",
+        f"CREATE NODE TABLE IF NOT EXISTS Op({columns}, PRIMARY KEY(uid))",
         "CREATE REL TABLE IF NOT EXISTS DEP(FROM Op TO Op, kind STRING)",
         "CREATE REL TABLE IF NOT EXISTS MSG(FROM Op TO Op, tag INT32, comm_size INT64)",
         "CREATE REL TABLE IF NOT EXISTS BECOMES(FROM Op TO Op)",
     ]
-
-
-# Appends of at least one row group go straight to the database file at commit
-# instead of through the WAL and a checkpoint (a second full write). DuckDB's
-# default group of 122,880 rows leaves a typical algorithm trace (10^4-10^5 ops)
-# below that line; this size puts it above, at a third less DuckDB time per ingest.
-# DuckDB does not persist the size, so every open attaches with it.
-_ROW_GROUP_SIZE = 16384
-
-
-def _attach_warehouse(path: Path, *, read_only: bool) -> duckdb.DuckDBPyConnection:
-    """A connection whose default database is the warehouse file at ``path``."""
-    con = duckdb.connect()
-    try:
-        quoted = str(path).replace("'", "''")
-        opts = "READ_ONLY" if read_only else f"ROW_GROUP_SIZE {_ROW_GROUP_SIZE}"
-        con.execute(f"ATTACH '{quoted}' AS warehouse ({opts})")
-        con.execute("USE warehouse")
-    except BaseException:
-        con.close()
-        raise
-    return con
 
 
 def _buffer_pool_bytes(graph: Path, incoming: int) -> int:
@@ -142,49 +87,6 @@ def _first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
-def insert_trace_rows(
-    con: duckdb.DuckDBPyConnection,
-    trace: Trace,
-    name: str,
-    base: int,
-    dep_uids: pa.Table,
-    msgs: pa.Table,
-    lineage: pa.Table | None = None,
-) -> None:
-    """Insert one trace's rows into the warehouse tables (inside the caller's transaction).
-
-    ``dep_uids`` and ``msgs`` are :func:`~etstore.store.graph.dep_edges` and
-    :func:`~etstore.store.graph.message_edges` for uids from ``base``; ``lineage`` has
-    the ``lineage`` table's columns but ``trace``. The ``traces`` row is the caller's.
-    """
-    n = trace.num_ops
-    ops = trace.ops.add_column(0, "uid", pa.array(np.arange(base, base + n, dtype=np.int64)))
-    deps = trace.deps.append_column("src_uid", dep_uids["from"]).append_column("dst_uid", dep_uids["to"])
-    deps = deps.add_column(0, "edge", pa.array(np.arange(deps.num_rows, dtype=np.int64)))
-    missing = trace.missing.add_column(0, "edge", pa.array(np.arange(trace.num_missing, dtype=np.int64)))
-    for table_name, table, cols in (
-        ("ops", ops, "uid, " + _OPS_COLS),
-        ("deps", deps, "edge, " + _DEPS_COLS + ", src_uid, dst_uid"),
-        ("missing_deps", missing, "edge, " + _DEPS_COLS),
-        ("meta", trace.meta, "rank, metadata"),
-        (
-            "messages",
-            msgs.rename_columns(["send_uid", "recv_uid", "tag", "comm_size"]),
-            "send_uid, recv_uid, tag, comm_size",
-        ),
-        ("lineage", lineage, "rank, id, parent_trace, parent_id, parent_uid, uid"),
-    ):
-        if table is None:
-            continue
-        con.register("_incoming", table)
-        try:
-            con.execute(
-                f"INSERT INTO {table_name} (trace, {cols}) SELECT $t, {cols} FROM _incoming", {"t": name}
-            )
-        finally:
-            con.unregister("_incoming")
-
-
 class EmbeddedStore:
     """Ladybug + DuckDB + catalog in one directory (see the module docstring)."""
 
@@ -198,7 +100,7 @@ class EmbeddedStore:
             read_only = False  # a fresh store: create it once, then nothing writes
         self.path.mkdir(parents=True, exist_ok=True)
         self.catalog = Catalog(self.path / "catalog.sqlite")
-        self._duck: duckdb.DuckDBPyConnection | None = None
+        self._warehouse: Warehouse | None = None
         self._graph_conn: Any = None
         self._graph_db: Any = None
         self._graph_columns: tuple[str, ...] = GRAPH_OP_COLUMNS
@@ -209,29 +111,12 @@ class EmbeddedStore:
     # ------------------------------------------------------------ engines
 
     @property
-    def duck(self) -> duckdb.DuckDBPyConnection:
-        """The DuckDB connection (opened on first use)."""
-        if self._duck is None:
-            try:
-                con = _attach_warehouse(self.path / "warehouse.duckdb", read_only=self._read_only_engines)
-            except duckdb.Error as exc:
-                raise StoreError(
-                    f"{self.path}: cannot open the DuckDB warehouse: {_first_line(exc)}"
-                ) from exc
-            if not self._read_only_engines:
-                from etstore.sim.metrics import create_schema
-
-                con.begin()  # one commit for the whole schema
-                try:
-                    for ddl in _WAREHOUSE_DDL:
-                        con.execute(ddl)
-                    create_schema(con)  # metrics tables exist from the start, for dashboards
-                    con.commit()
-                except BaseException:
-                    con.rollback()
-                    raise
-            self._duck = con
-        return self._duck
+    def warehouse(self) -> Warehouse:
+        """The DuckDB warehouse (opened on first use; a writable store creates its schema)."""
+        if self._warehouse is None:
+            path = self.path / "warehouse.duckdb"
+            self._warehouse = Warehouse.open(path, read_only=self._read_only_engines)
+        return self._warehouse
 
     @property
     def graph(self) -> Any:
@@ -253,7 +138,7 @@ class EmbeddedStore:
                     auto_checkpoint=self._read_only_engines,
                     buffer_pool_size=_buffer_pool_bytes(self.path / "graph", incoming),
                 )
-                conn = ladybug.Connection(self._graph_db)
+                conn: Any = ladybug.Connection(self._graph_db)  # typed loosely, as _graph_conn
             except RuntimeError as exc:
                 raise StoreError(f"{self.path}: cannot open the Ladybug graph: {_first_line(exc)}") from exc
             if not self._read_only_engines:
@@ -266,9 +151,9 @@ class EmbeddedStore:
         return self._graph_conn
 
     def close(self) -> None:
-        if self._duck is not None:
-            self._duck.close()
-            self._duck = None
+        if self._warehouse is not None:
+            self._warehouse.close()
+            self._warehouse = None
         if self._graph_conn is not None:
             self._graph_conn.close()
             self._graph_conn = None
@@ -277,9 +162,11 @@ class EmbeddedStore:
         self.catalog.engine.dispose()
 
     def __enter__(self) -> EmbeddedStore:
+        """The store itself; leaving the block closes it."""
         return self
 
     def __exit__(self, *exc: object) -> None:
+        """Close the store."""
         self.close()
 
     # ------------------------------------------------------------ catalog
@@ -305,7 +192,7 @@ class EmbeddedStore:
         if wanted not in taken:
             return wanted
         if explicit:
-            raise StoreError(f"a different trace is already named {wanted!r}; pick another --name or rm it")
+            raise StoreError(f"a different trace is already named {wanted!r}; pick another name or remove it")
         i = 2
         while f"{wanted}-{i}" in taken:
             i += 1
@@ -320,82 +207,37 @@ class EmbeddedStore:
         lineage: pa.Table | None = None,
         progress: ProgressFn | None = None,
     ) -> IngestReport:
-        """Store ``trace`` atomically; identical content returns the existing trace.
-
-        ``parent`` names the stored trace this one was derived from; ``lineage``
-        (columns ``rank``, ``id``, ``parent_id``) says which parent op each op
-        replaces and becomes ``BECOMES`` edges and the ``lineage`` table.
-
-        Raises
-        ------
-        StoreError
-            The store is read-only, ``name`` is taken by different content, the
-            parent is unknown, or the lineage names absent ops.
-        """
+        """See :meth:`Store.ingest <etstore.store.base.Store.ingest>`."""
         if self.read_only:
             raise StoreError(f"{self.location} is open read-only")
+        kind = checked_kind(trace)
         if lineage is not None and parent is None:
             raise StoreError(f"trace {name or trace.name!r}: lineage given without a parent trace")
         if parent is not None:
             self._record(parent)
         started = time.perf_counter()
-        # One helper thread, fed in order: it computes the edge rows while Ladybug loads
-        # the nodes, then writes DuckDB while Ladybug loads the edges (both engines
-        # release the GIL in their bulk paths).
-        with ThreadPoolExecutor(max_workers=1) as pool:
-            digest = content_hash(trace)
-            existing = self.catalog.by_hash(digest, trace.kind)
-            if existing is not None:
-                return IngestReport(existing.info(), created=False, seconds=time.perf_counter() - started)
-            final = self._free_name(name or trace.name, explicit=name is not None)
-            rec = self.catalog.add(
-                TraceRecord(
-                    name=final,
-                    kind=trace.kind,
-                    source=trace.source,
-                    content_hash=digest,
-                    ranks=trace.num_ranks,
-                    parent=parent,
-                    params=json.dumps(dict(trace.params), sort_keys=True, default=str),
-                )
+        digest = content_hash(trace)
+        existing = self.catalog.by_hash(digest, kind)
+        if existing is not None:
+            return IngestReport(existing.info(), created=False, seconds=time.perf_counter() - started)
+        rec = self.catalog.add(
+            TraceRecord(
+                name=self._free_name(name or trace.name, explicit=name is not None),
+                kind=kind.value,
+                source=trace.source,
+                content_hash=digest,
+                ranks=trace.num_ranks,
+                parent=parent,
+                params=json.dumps(dict(trace.params), sort_keys=True, default=str),
             )
-            assert rec.seq is not None
-            try:
-                base = uid_base(rec.seq)
-                g = self._open_graph(incoming=trace.ops.nbytes + trace.deps.nbytes)
-                edge_rows = pool.submit(lambda: (dep_edges(trace, base), message_edges(trace, base)))
-                nodes = op_nodes(trace, final, base, self._graph_columns)  # the graph's own columns
-                g.execute("COPY Op FROM nodes")
-                deps, (msgs, unmatched_sends, unmatched_recvs) = edge_rows.result()
-                counts = {
-                    "ops": trace.num_ops,
-                    "deps": trace.num_deps,
-                    "missing": trace.num_missing,
-                    "messages": msgs.num_rows,
-                    "ranks": trace.num_ranks,
-                }
-                links = lineage_rows = None
-                if lineage is not None and lineage.num_rows:
-                    assert parent is not None
-                    links, lineage_rows = self._lineage_rows(lineage, nodes, final, parent)
-                rows_in = (trace, final, base, deps, msgs, counts, parent, digest, lineage_rows)
-                warehouse = pool.submit(self._write_warehouse, *rows_in)
-                try:
-                    self._write_edges(deps, msgs, links)
-                finally:
-                    warehouse.result()  # wait even when the graph failed, then raise either error
-                if progress:
-                    progress("warehouse", 1, 2)
-                    progress("graph", 2, 2)
-                from etstore.dag import cycle_members
-
-                # the edges as op rows, from the uids already computed
-                rows = (deps["from"].to_numpy() - base, deps["to"].to_numpy() - base)
-                cycles = len(cycle_members(trace, rows))
-                rec = self.catalog.mark_ready(rec.seq, **counts)
-            except BaseException:
-                self._purge(rec.seq, final)
-                raise
+        )
+        seq, final = rec.seq, rec.name
+        assert seq is not None  # the catalog assigned it
+        try:
+            rec, cycles, unmatched_sends, unmatched_recvs = self._write(trace, rec, lineage, progress)
+        except BaseException:
+            self._purge(seq, final)
+            raise
         return IngestReport(
             rec.info(),
             created=True,
@@ -405,6 +247,56 @@ class EmbeddedStore:
             seconds=time.perf_counter() - started,
         )
 
+    def _write(
+        self, trace: Trace, rec: TraceRecord, lineage: pa.Table | None, progress: ProgressFn | None
+    ) -> tuple[TraceRecord, int, int, int]:
+        """Write a claimed trace to both engines and mark it ready; the caller purges on failure.
+
+        Returns the ready record, the dependency cycles and the unmatched sends and receives.
+        """
+        assert rec.seq is not None
+        base = uid_base(rec.seq)
+        # One helper thread, fed in order: it computes the edge rows while Ladybug loads
+        # the nodes, then writes DuckDB while Ladybug loads the edges (both engines
+        # release the GIL in their bulk paths).
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            g = self._open_graph(incoming=trace.ops.nbytes + trace.deps.nbytes)
+            edge_rows = pool.submit(lambda: (dep_edges(trace, base), message_edges(trace, base)))
+            nodes = op_nodes(trace, rec.name, base, self._graph_columns)  # the graph's own columns
+            g.execute("COPY Op FROM nodes")
+            deps, (msgs, unmatched_sends, unmatched_recvs) = edge_rows.result()
+            counts = {
+                "ops": trace.num_ops,
+                "deps": trace.num_deps,
+                "missing": trace.num_missing,
+                "messages": msgs.num_rows,
+                "ranks": trace.num_ranks,
+            }
+            links = lineage_rows = None
+            if lineage is not None and lineage.num_rows and rec.parent is not None:
+                links, lineage_rows = self._lineage_rows(lineage, nodes, rec.name, rec.parent)
+            row = {
+                **counts,
+                "kind": rec.kind,
+                "parent": rec.parent,
+                "source": rec.source,
+                "params": trace.params,
+                "content_hash": rec.content_hash,
+            }
+            rows_in = (trace, rec.name, base, deps, msgs, row, lineage_rows)
+            warehouse = pool.submit(self._write_warehouse, *rows_in)
+            try:
+                self._write_edges(deps, msgs, links)
+            finally:
+                warehouse.result()  # wait even when the graph failed, then raise either error
+        if progress:
+            progress("warehouse", 1, 2)
+            progress("graph", 2, 2)
+        # the edges as op rows, from the uids already computed
+        rows = (deps["from"].to_numpy() - base, deps["to"].to_numpy() - base)
+        cycles = len(cycle_members(trace, rows))
+        return self.catalog.mark_ready(rec.seq, **counts), cycles, unmatched_sends, unmatched_recvs
+
     def _write_warehouse(
         self,
         trace: Trace,
@@ -412,44 +304,25 @@ class EmbeddedStore:
         base: int,
         dep_uids: pa.Table,
         msgs: pa.Table,
-        counts: Mapping[str, int],
-        parent: str | None,
-        digest: str,
+        row: Mapping[str, Any],
         lineage: pa.Table | None = None,
     ) -> None:
-        con = self.duck
+        wh = self.warehouse
         # one core for the warehouse while the graph's bulk load (the longer of the two) runs beside it
-        con.execute("SET threads TO 1")
-        con.begin()
+        wh.execute("SET threads TO 1")
         try:
-            insert_trace_rows(con, trace, name, base, dep_uids, msgs, lineage)
-            con.execute(
-                "INSERT INTO traces VALUES ($name, $kind, $ranks, $ops, $deps, $missing, $messages, $parent, "
-                "$source, $params, $hash)",
-                {
-                    "name": name,
-                    "kind": trace.kind,
-                    "parent": parent,
-                    "source": trace.source,
-                    "params": json.dumps(dict(trace.params), sort_keys=True, default=str),
-                    "hash": digest,
-                    **counts,
-                },
-            )
-            con.commit()
-        except BaseException:
-            con.rollback()
-            raise
+            with wh.transaction():
+                wh.insert_trace(trace, name, base, dep_uids, msgs, row, lineage)
         finally:
-            con.execute("RESET threads")
+            wh.execute("RESET threads")
 
     def _lineage_rows(
         self, lineage: pa.Table, nodes: pa.Table, name: str, parent: str
     ) -> tuple[pa.Table, pa.Table]:
         """``BECOMES`` edges and ``lineage`` table rows for a derived trace."""
-        parent_ops = self.duck.sql(
-            "SELECT rank, id, uid FROM ops WHERE trace = $t", params={"t": parent}
-        ).to_arrow_table()
+        parent_ops = self.warehouse.query(
+            "SELECT rank, id, uid FROM ops WHERE trace = $t", {"t": parent}
+        ).to_arrow()
         links = lineage_edges(lineage, nodes, parent_ops, what=f"trace {name!r}")
         # the trace column is the insert's own (insert_trace_rows)
         rows = links.append_column("parent_trace", pa.array([parent] * links.num_rows, pa.string()))
@@ -479,16 +352,9 @@ class EmbeddedStore:
         except RuntimeError as exc:  # pragma: no cover - engine failure while cleaning up
             log.error("could not remove graph data of %s: %s", name, exc)
             raise StoreError(f"could not remove {name!r} from the graph: {_first_line(exc)}") from exc
-        con = self.duck
-        con.begin()
-        try:
-            for table in _TRACE_TABLES:
-                con.execute(f"DELETE FROM {table} WHERE trace = $t", {"t": name})
-            con.execute("DELETE FROM traces WHERE name = $t", {"t": name})
-            con.commit()
-        except BaseException:
-            con.rollback()
-            raise
+        wh = self.warehouse
+        with wh.transaction():
+            wh.delete_trace(name)
         self.catalog.delete(seq)
 
     def _purge_graph(self, lo: int, hi: int, *, last: bool) -> None:
@@ -533,18 +399,14 @@ class EmbeddedStore:
 
     def load(self, name: str) -> Trace:
         rec = self._record(name)
-        con = self.duck
+        wh = self.warehouse
         p = {"t": name}
-        ops = con.sql(f"SELECT {_OPS_COLS} FROM ops WHERE trace = $t ORDER BY uid", params=p).to_arrow_table()
-        deps = con.sql(
-            f"SELECT {_DEPS_COLS} FROM deps WHERE trace = $t ORDER BY edge", params=p
-        ).to_arrow_table()
-        missing = con.sql(
-            f"SELECT {_DEPS_COLS} FROM missing_deps WHERE trace = $t ORDER BY edge", params=p
-        ).to_arrow_table()
-        meta = con.sql(
-            "SELECT rank, metadata FROM meta WHERE trace = $t ORDER BY rank", params=p
-        ).to_arrow_table()
+        ops = wh.query(f"SELECT {OPS_COLUMNS} FROM ops WHERE trace = $t ORDER BY uid", p).to_arrow()
+        deps = wh.query(f"SELECT {DEPS_COLUMNS} FROM deps WHERE trace = $t ORDER BY edge", p).to_arrow()
+        missing = wh.query(
+            f"SELECT {DEPS_COLUMNS} FROM missing_deps WHERE trace = $t ORDER BY edge", p
+        ).to_arrow()
+        meta = wh.query("SELECT rank, metadata FROM meta WHERE trace = $t ORDER BY rank", p).to_arrow()
         return Trace(
             ops=ops.cast(OPS_SCHEMA),
             deps=deps.cast(DEPS_SCHEMA),
@@ -574,9 +436,7 @@ class EmbeddedStore:
     def sql(self, query: str, params: Mapping[str, Any] | None = None) -> Result:
         """Run SQL on DuckDB (tables ``ops``, ``deps``, ``missing_deps``, ``messages``, ``meta``,
         ``traces`` and the simulator's metrics)."""
-        try:
-            rel = self.duck.sql(query, params=dict(params) if params else None)
-            table = rel.to_arrow_table() if rel is not None else pa.table({})
-        except duckdb.Error as exc:
-            raise QueryError(f"SQL error: {_first_line(exc)} (query: {query!r})") from exc
-        return Result(table, query)
+        return self.warehouse.query(query, params)
+
+
+_satisfies_store: type[Store] = EmbeddedStore  # mypy checks the backend against the interface

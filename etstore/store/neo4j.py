@@ -32,19 +32,19 @@ import re
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote, urlsplit
 
 import pyarrow as pa
 
+from etstore.dag import cycle_members
 from etstore.errors import QueryError, StoreError, UnknownTraceError
-from etstore.model import Trace, content_hash
+from etstore.model import Trace, TraceKind, content_hash
 from etstore.store._mirror import Mirror
 from etstore.store._neo4j_load import decode_payload, edge_batches, encode_payload, node_batches
-from etstore.store.base import IngestReport, ProgressFn, TraceInfo
+from etstore.store._neo4j_target import Neo4jTarget, default_warehouse, parse_url
+from etstore.store.base import IngestReport, ProgressFn, Store, TraceInfo, checked_kind
 from etstore.store.graph import (
     GRAPH_OP_COLUMNS,
     dep_edges,
@@ -54,6 +54,7 @@ from etstore.store.graph import (
     uid_base,
 )
 from etstore.store.result import Result
+from etstore.store.warehouse import Warehouse
 
 __all__ = ["Neo4jStore", "Neo4jTarget", "parse_url", "translate_cypher"]
 
@@ -61,8 +62,6 @@ log = logging.getLogger(__name__)
 # the driver logs connection failures itself; etstore reports them as one line instead
 logging.getLogger("neo4j").setLevel(logging.CRITICAL)
 
-WAREHOUSE_ENV = "ETSTORE_WAREHOUSE"
-_SCHEMES = ("neo4j", "neo4j+s", "neo4j+ssc", "bolt", "bolt+s", "bolt+ssc")
 _SCHEMA = [
     "CREATE CONSTRAINT etstore_op_uid IF NOT EXISTS FOR (o:Op) REQUIRE o.uid IS UNIQUE",
     "CREATE INDEX etstore_op_trace IF NOT EXISTS FOR (o:Op) ON (o.trace)",
@@ -74,67 +73,6 @@ _SCHEMA = [
     "CREATE INDEX etstore_payload_seq IF NOT EXISTS FOR (p:EtstorePayload) ON (p.seq)",
 ]
 _TRACE_FIELDS = ("name", "kind", "source", "content_hash", "ranks", "ops", "deps", "missing", "messages")
-
-
-# ---------------------------------------------------------------- URL and credentials
-
-
-@dataclass(frozen=True)
-class Neo4jTarget:
-    """Where and as whom to connect; ``location`` is the printable form (no credentials)."""
-
-    uri: str
-    location: str
-    database: str | None
-    user: str | None = field(default=None, repr=False)
-    password: str | None = field(default=None, repr=False)
-
-    @property
-    def auth(self) -> tuple[str, str] | None:
-        return (self.user or "neo4j", self.password) if self.password is not None else None
-
-
-def parse_url(url: str, env: Mapping[str, str] | None = None) -> Neo4jTarget:
-    """Split ``scheme://[user[:password]@]host[:port][/database]`` into a :class:`Neo4jTarget`.
-
-    Missing credentials fall back to ``NEO4J_USERNAME`` (or ``NEO4J_USER``) and
-    ``NEO4J_PASSWORD``; a URL without a password and no such variable connects
-    without authentication.
-
-    Raises
-    ------
-    StoreError
-        The scheme is not a Neo4j one or the host is missing (the message shows the
-        URL without its credentials).
-    """
-    env = os.environ if env is None else env
-    parts = urlsplit(url)
-    scheme = parts.scheme.lower()
-    try:
-        host, port = parts.hostname, parts.port
-    except ValueError as exc:  # a non-numeric port
-        raise StoreError(f"{scheme}://{parts.netloc.rpartition('@')[2]}: bad port in the store URL") from exc
-    shown_netloc = parts.netloc.rpartition("@")[2]
-    if scheme not in _SCHEMES or not host:
-        raise StoreError(
-            f"{scheme}://{shown_netloc}{parts.path}: not a Neo4j URL; expected neo4j://[user:pass@]host[:port]"
-        )
-    hostport = f"[{host}]" if ":" in host else host
-    hostport += f":{port or 7687}"
-    database = parts.path.strip("/") or None
-    user = unquote(parts.username) if parts.username else env.get("NEO4J_USERNAME") or env.get("NEO4J_USER")
-    password = unquote(parts.password) if parts.password is not None else env.get("NEO4J_PASSWORD")
-    location = f"{scheme}://{hostport}" + (f"/{database}" if database else "")
-    return Neo4jTarget(f"{scheme}://{hostport}", location, database, user, password)
-
-
-def _default_warehouse(target: Neo4jTarget) -> Path:
-    """``$ETSTORE_WAREHOUSE``, else one directory per server and database in the user cache."""
-    if os.environ.get(WAREHOUSE_ENV):
-        return Path(os.environ[WAREHOUSE_ENV])
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    slug = re.sub(r"[^A-Za-z0-9.]+", "_", target.location.split("://", 1)[1])
-    return cache / "etstore" / "neo4j" / slug
 
 
 # ---------------------------------------------------------------- dialect
@@ -168,18 +106,24 @@ def translate_cypher(query: str) -> str:
     return "".join(pieces)
 
 
+def _driver() -> Any:
+    """The ``neo4j`` driver package."""
+    import neo4j  # about a second to import: only server stores pay for it, on first use
+
+    return neo4j
+
+
 def _plain(value: Any) -> Any:
     """A driver value as plain Python: nodes and relationships become dicts, temporals native."""
-    from neo4j.graph import Node, Path, Relationship
-
-    if isinstance(value, Node):
+    graph = _driver().graph
+    if isinstance(value, graph.Node):
         labels = sorted(value.labels)
         out: dict[str, Any] = {"_ID": value.element_id, "_LABEL": labels[0] if labels else None}
         if "Op" in value.labels:
             out.update({c: value.get(c) for c in GRAPH_OP_COLUMNS})
         out.update({k: _plain(v) for k, v in value.items() if k not in out})
         return out
-    if isinstance(value, Relationship):
+    if isinstance(value, graph.Relationship):
         rel: dict[str, Any] = {
             "_SRC": value.start_node.element_id if value.start_node is not None else None,
             "_DST": value.end_node.element_id if value.end_node is not None else None,
@@ -188,7 +132,7 @@ def _plain(value: Any) -> Any:
         }
         rel.update({k: _plain(v) for k, v in value.items()})
         return rel
-    if isinstance(value, Path):
+    if isinstance(value, graph.Path):
         return {"_NODES": [_plain(n) for n in value.nodes], "_RELS": [_plain(r) for r in value.relationships]}
     if isinstance(value, list):
         return [_plain(v) for v in value]
@@ -250,8 +194,7 @@ class Neo4jStore:
         single_tx_rows: int = 200_000,
         stale_after_s: float = 120.0,
     ) -> None:
-        import neo4j
-
+        neo4j = _driver()
         self.target = parse_url(url)
         self.location = self.target.location
         self.read_only = read_only
@@ -276,7 +219,7 @@ class Neo4jStore:
                 self._run(ddl)
             self._sweep()
         server_id = self._run("CALL db.info() YIELD id RETURN id")[0]["id"]
-        self._mirror = Mirror(Path(warehouse) if warehouse else _default_warehouse(self.target), server_id)
+        self._mirror = Mirror(Path(warehouse) if warehouse else default_warehouse(self.target), server_id)
 
     def __repr__(self) -> str:
         return f"Neo4jStore({self.location!r}, read_only={self.read_only})"
@@ -294,15 +237,13 @@ class Neo4jStore:
     # ------------------------------------------------------------ sessions
 
     def _session(self, *, write: bool = False) -> Any:
-        import neo4j
-
+        neo4j = _driver()
         mode = neo4j.WRITE_ACCESS if write else self._access
         return self.driver.session(database=self.target.database, default_access_mode=mode)
 
     def _run(self, query: str, params: Mapping[str, Any] | None = None, *, write: bool = False) -> list[Any]:
         """One auto-commit statement; engine failures become StoreError."""
-        import neo4j
-
+        neo4j = _driver()
         try:
             with self._session(write=write) as s:
                 return list(s.run(query, dict(params or {})))
@@ -317,7 +258,7 @@ class Neo4jStore:
 
     @staticmethod
     def _info(node: Mapping[str, Any]) -> TraceInfo:
-        created = node.get("created")
+        created: Any = node.get("created")
         return TraceInfo(
             **{k: node[k] for k in _TRACE_FIELDS},
             parent=node.get("parent"),
@@ -343,18 +284,17 @@ class Neo4jStore:
     # ------------------------------------------------------------ ingest
 
     def _claim(
-        self, trace: Trace, wanted: str, explicit: bool, parent: str | None, digest: str
+        self, trace: Trace, kind: TraceKind, wanted: str, explicit: bool, parent: str | None, digest: str
     ) -> tuple[int, str]:
         """Create the ``loading`` catalog node; returns (seq, final name)."""
-        import neo4j
-
+        neo4j = _driver()
         taken = {r["n"] for r in self._run("MATCH (t:EtstoreTrace) RETURN t.name AS n")}
         for _ in range(100):
             name = wanted
             if name in taken:
                 if explicit:
                     raise StoreError(
-                        f"a different trace is already named {wanted!r}; pick another --name or rm it"
+                        f"a different trace is already named {wanted!r}; pick another name or remove it"
                     )
                 i = 2
                 while f"{wanted}-{i}" in taken:
@@ -362,7 +302,7 @@ class Neo4jStore:
                 name = f"{wanted}-{i}"
             props = {
                 "name": name,
-                "kind": trace.kind,
+                "kind": kind.value,
                 "source": trace.source,
                 "content_hash": digest,
                 "ranks": trace.num_ranks,
@@ -386,7 +326,7 @@ class Neo4jStore:
             except neo4j.exceptions.ConstraintError as exc:
                 other = self._run(
                     "MATCH (t:EtstoreTrace {content_hash: $h, kind: $k}) RETURN t.name AS n, t.status AS s",
-                    {"h": digest, "k": trace.kind},
+                    {"h": digest, "k": kind.value},
                 )
                 if other:
                     raise StoreError(
@@ -423,24 +363,10 @@ class Neo4jStore:
         lineage: pa.Table | None = None,
         progress: ProgressFn | None = None,
     ) -> IngestReport:
-        """Store ``trace`` atomically; identical content returns the existing trace.
-
-        ``parent`` names the stored trace this one derives from; ``lineage``
-        (columns ``rank``, ``id``, ``parent_id``) says which parent op each op
-        replaces: ``BECOMES`` edges on the server, the ``lineage`` SQL table.
-
-        Raises
-        ------
-        StoreError
-            The store is read-only, ``name`` is taken by different content, the same
-            content is being ingested by another client, the lineage names absent
-            ops, or the server failed.
-        UnknownTraceError
-            ``parent`` is not a stored trace.
-        """
-        import neo4j
-
+        """See :meth:`Store.ingest <etstore.store.base.Store.ingest>`."""
+        neo4j = _driver()
         self._require_writable()
+        kind = checked_kind(trace)
         if lineage is not None and parent is None:
             raise StoreError(f"trace {name or trace.name!r}: lineage given without a parent trace")
         parent_node = self._ready(parent) if parent is not None else None
@@ -448,15 +374,13 @@ class Neo4jStore:
         digest = content_hash(trace)
         existing = self._run(
             "MATCH (t:EtstoreTrace {content_hash: $h, kind: $k, status: 'ready'}) RETURN t",
-            {"h": digest, "k": trace.kind},
+            {"h": digest, "k": kind.value},
         )
         if existing:
             return IngestReport(
                 self._info(existing[0]["t"]), created=False, seconds=time.perf_counter() - started
             )
-        from etstore.dag import cycle_members
-
-        seq, final = self._claim(trace, name or trace.name, name is not None, parent, digest)
+        seq, final = self._claim(trace, kind, name or trace.name, name is not None, parent, digest)
         try:
             base = uid_base(seq)
             nodes = op_nodes(trace, final, base)
@@ -636,8 +560,7 @@ class Neo4jStore:
         Ladybug spellings etstore documents are translated first (:func:`translate_cypher`).
         Nodes come back as dicts of their properties plus ``_ID`` and ``_LABEL``.
         """
-        import neo4j
-
+        neo4j = _driver()
         text = translate_cypher(query)
         try:
             with self._session() as s:
@@ -662,20 +585,15 @@ class Neo4jStore:
         )
 
     @property
-    def duck(self) -> Any:
-        """The client-side DuckDB connection, in step with the server's traces."""
+    def warehouse(self) -> Warehouse:
+        """The client-side DuckDB warehouse, brought in step with the server's traces."""
         self._sync()
-        return self._mirror.con
+        return self._mirror.warehouse
 
     def sql(self, query: str, params: Mapping[str, Any] | None = None) -> Result:
         """Run SQL on the client-side DuckDB warehouse (``ops``, ``deps``, ``missing_deps``,
         ``messages``, ``meta``, ``traces`` and the simulator's metrics)."""
-        import duckdb
+        return self.warehouse.query(query, params)
 
-        con = self.duck
-        try:
-            rel = con.sql(query, params=dict(params) if params else None)
-            table = rel.to_arrow_table() if rel is not None else pa.table({})
-        except duckdb.Error as exc:
-            raise QueryError(f"SQL error: {_message(exc)} (query: {query!r})") from exc
-        return Result(table, query)
+
+_satisfies_store: type[Store] = Neo4jStore  # mypy checks the backend against the interface

@@ -58,7 +58,7 @@ class Result:
     def to_pandas(self) -> Any:
         """The result as a pandas DataFrame."""
         try:
-            import pandas  # noqa: F401
+            import pandas  # noqa: F401  # optional, and only wanted here: checked on demand
         except ImportError as exc:
             raise _missing("pandas") from exc
         return self._table.to_pandas()
@@ -66,7 +66,7 @@ class Result:
     def to_polars(self) -> Any:
         """The result as a polars DataFrame."""
         try:
-            import polars
+            import polars  # optional, and only wanted here: imported on demand
         except ImportError as exc:
             raise _missing("polars") from exc
         return polars.from_arrow(self._table)

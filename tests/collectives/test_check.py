@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from itertools import pairwise
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -12,35 +12,9 @@ import pytest
 from etstore.collectives import CheckReport, check_algorithm, ensure_valid, generate
 from etstore.errors import UnsatisfiableError
 from etstore.ingest.msccl_xml import parse_msccl_xml, read_msccl_xml
-from etstore.model import DEPS_SCHEMA, Trace, deps_table, encode_attrs, ops_table
-from tests.conftest import SHARED, fixture_path
-
-CUSTOM = (
-    "astra-sim",
-    "examples",
-    "system",
-    "custom_collectives",
-    "custom_ring_allreduce_8npus_1MB",
-    "custom_allreduce.xml",
-)
-
-
-def algo(nodes: list[dict[str, Any]], edges: list[tuple[int, int, int]], **params: Any) -> Trace:
-    """A trace from node dicts (rank, id, type, ...) and (rank, src, dst) edges; no attrs."""
-    cols: dict[str, list[Any]] = {}
-    keys = {k for n in nodes for k in n}
-    for k in keys:
-        cols[k] = [n.get(k) for n in nodes]
-    cols.setdefault("name", [n.get("name", "") for n in nodes])
-    ops = ops_table(cols)
-    deps = (
-        deps_table([e[0] for e in edges], [e[1] for e in edges], [e[2] for e in edges])
-        if edges
-        else DEPS_SCHEMA.empty_table()
-    )
-    base = {"collective": "allreduce", "ngpus": 2, "nchunksperloop": 2, "inplace": True}
-    base.update(params)
-    return Trace(ops=ops, deps=deps, name="hand", kind="algorithm", params=base)
+from etstore.model import Trace, deps_table, encode_attrs, ops_table
+from etstore.testing import msccl_step, msccl_tb, two_rank_allreduce
+from etstore.testing import trace_from_nodes as algo
 
 
 def send(rank: int, id_: int, dst: int, off: int, **kw: Any) -> dict[str, Any]:
@@ -86,45 +60,19 @@ def comp(rank: int, id_: int, name: str, off: int, **kw: Any) -> dict[str, Any]:
     }
 
 
-def two_rank_allreduce(reduce: bool = True) -> tuple[list[dict[str, Any]], list[tuple[int, int, int]]]:
-    """By hand: rank r sends chunk 1-r, receives chunk r and reduces it in (one fused step), sends
-    the total back and receives the other total. Buffers default to ``i`` at ``chunk_offset``."""
-    nodes, edges = [], []
-    for r in (0, 1):
-        p, mine, other = 1 - r, r, 1 - r
-        nodes += [
-            send(r, 0, p, other, tb_id=0, local_time_step=0),
-            recv(r, 1, p, mine, tb_id=0, local_time_step=1),
-        ]
-        if reduce:
-            nodes.append(comp(r, 2, "reduce", mine, tb_id=0, local_time_step=1))
-        nodes += [
-            send(r, 3, p, mine, tb_id=0, local_time_step=2),
-            recv(r, 4, p, other, tb_id=0, local_time_step=3),
-        ]
-        chain = [0, 1, 2, 3, 4] if reduce else [0, 1, 3, 4]
-        edges += [(r, a, b) for a, b in pairwise(chain)]
-    return nodes, edges
-
-
-def msccl_fixtures() -> list[Path]:
-    base = SHARED / "msccl"
-    return sorted(base.glob("*.xml")) if base.exists() else []
-
-
 # ---------------------------------------------------------------- what passes
 
 
-@pytest.mark.parametrize("path", msccl_fixtures(), ids=lambda p: p.name)
-def test_every_msccl_fixture_passes(path: Path) -> None:
-    report = check_algorithm(read_msccl_xml(path))
+@pytest.mark.shared_files("msccl/*.xml")
+def test_every_msccl_fixture_passes(shared_file: Path) -> None:
+    report = check_algorithm(read_msccl_xml(shared_file))
     assert report.ok, report.problems
     assert report.messages == report.sends == report.recvs
     assert report.modes
 
 
-def test_custom_allreduce_report_pins_counts() -> None:
-    r = check_algorithm(read_msccl_xml(fixture_path(*CUSTOM)))
+def test_custom_allreduce_report_pins_counts(custom_allreduce_xml: Path) -> None:
+    r = check_algorithm(read_msccl_xml(custom_allreduce_xml))
     assert r == CheckReport(
         ok=True,
         problems=[],
@@ -144,8 +92,8 @@ def test_custom_allreduce_report_pins_counts() -> None:
     assert r.summary().startswith("ok: allreduce on 8 ranks")
 
 
-def test_inplace_and_outofplace_are_both_checked_when_declared() -> None:
-    r = check_algorithm(read_msccl_xml(fixture_path("msccl", "all-reduce-ring-simple.xml")))
+def test_inplace_and_outofplace_are_both_checked_when_declared(shared_fixture: Callable[[str], Path]) -> None:
+    r = check_algorithm(read_msccl_xml(shared_fixture("msccl/all-reduce-ring-simple.xml")))
     assert r.ok and r.modes == ("in-place", "out-of-place")
 
 
@@ -338,13 +286,10 @@ def test_bad_peers_and_missing_dependencies() -> None:
     )
 
 
-def test_two_threadblocks_on_one_connection() -> None:
-    text = fixture_path(*CUSTOM).read_text()
+def test_two_threadblocks_on_one_connection(custom_allreduce_xml: Path) -> None:
+    text = custom_allreduce_xml.read_text()
     # give gpu 0 a second threadblock that also sends to gpu 1 on channel 0
-    extra = (
-        '    <tb id="1" send="1" recv="-1" chan="0">\n      <step s="0" type="s" srcbuf="i" srcoff="0" '
-        'dstbuf="i" dstoff="0" cnt="1" depid="-1" deps="-1" hasdep="0"/>\n    </tb>\n'
-    )
+    extra = msccl_tb(1, 1, -1, msccl_step(0, "s")) + "\n"
     text = text.replace(
         '    </tb>\n  </gpu>\n  <gpu id="1"', "    </tb>\n" + extra + '  </gpu>\n  <gpu id="1"', 1
     )
@@ -354,15 +299,15 @@ def test_two_threadblocks_on_one_connection() -> None:
     )
 
 
-def test_problem_list_is_capped() -> None:
-    text = fixture_path(*CUSTOM).read_text().replace('type="rrc"', 'type="r"')
+def test_problem_list_is_capped(custom_allreduce_xml: Path) -> None:
+    text = custom_allreduce_xml.read_text().replace('type="rrc"', 'type="r"')
     r = check_algorithm(parse_msccl_xml(text), max_problems=3)
     assert len(r.problems) == 4 and r.problems[-1].startswith("... and ")
 
 
-def test_mutations_of_a_correct_algorithm_are_all_caught() -> None:
+def test_mutations_of_a_correct_algorithm_are_all_caught(custom_allreduce_xml: Path) -> None:
     """Each single-step change to the 8-rank ring is detected (the checker can fail)."""
-    text = fixture_path(*CUSTOM).read_text()
+    text = custom_allreduce_xml.read_text()
     lines = text.splitlines()
     step_lines = [i for i, ln in enumerate(lines) if "<step" in ln]
     mutants = 0

@@ -17,9 +17,6 @@ from etstore.ingest.msccl_xml import read_msccl_xml
 from etstore.model import CHUNK_COLUMNS
 from etstore.proto import GlobalMetadata, Node
 from etstore.units import parse_size
-from tests.conftest import fixture_path
-
-CUSTOM = ("astra-sim", "examples", "system", "custom_collectives", "custom_ring_allreduce_8npus_1MB")
 
 
 def frames(path: Path) -> list[bytes]:
@@ -32,8 +29,8 @@ def frames(path: Path) -> list[bytes]:
     return out
 
 
-def test_custom_allreduce_export_matches_upstream(tmp_path: Path) -> None:
-    base = fixture_path(*CUSTOM)
+def test_custom_allreduce_export_matches_upstream(tmp_path: Path, custom_allreduce: Path) -> None:
+    base = custom_allreduce
     trace = read_msccl_xml(base / "custom_allreduce.xml")
     paths = write_algorithm_et(trace, tmp_path / "custom_allreduce", coll_size=1 << 20)
     assert [p.name for p in paths] == [f"custom_allreduce.{r}.et" for r in range(8)]

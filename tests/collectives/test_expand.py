@@ -14,7 +14,7 @@ import pytest
 from etstore.collectives import generate
 from etstore.collectives.expand import expand, parse_by_type, parse_generator
 from etstore.dag import cycle_members, generations, trace_edges
-from etstore.errors import EtstoreError, QueryError
+from etstore.errors import EtstoreError, ExpansionError, OptionError, QueryError
 from etstore.ingest import message_sizes
 from etstore.ingest.et import read_et
 from etstore.model import Trace, deps_table, ops_table
@@ -330,7 +330,7 @@ def test_bad_selections_and_inputs_are_clear_errors() -> None:
         EtstoreError, match=r"selects collective #0 \(ALL_REDUCE\) of group 'dp0' on ranks \[0\]"
     ):
         expand(work, "ring", where="rank = 0 AND comm_type = 'ALL_REDUCE'")
-    with pytest.raises(QueryError, match="--where 'comm_size >'"):
+    with pytest.raises(QueryError, match="where predicate 'comm_size >'"):
         expand(work, "ring", where="comm_size >")
     with pytest.raises(EtstoreError, match="selects no collective"):
         expand(work, "ring", where="comm_size < 0")
@@ -346,6 +346,38 @@ def test_bad_selections_and_inputs_are_clear_errors() -> None:
         expand(_coll_workload(8, 3), "ring")
     with pytest.raises(EtstoreError, match=r"cannot generate 'halving-doubling'.* on 6 ranks"):
         expand(_coll_workload(6, 1 << 20), "halving-doubling")
+
+
+def test_error_classes_say_whether_the_request_or_the_workload_is_wrong() -> None:
+    work = transformer(ranks=8, tp=2, layers=1)
+    with pytest.raises(OptionError, match=r"algorithm-per-collective item 'allreduce': expected"):
+        parse_by_type("allreduce")
+    with pytest.raises(OptionError, match=r"algorithm-per-collective list ' , ': expected"):
+        parse_by_type(" , ")
+    with pytest.raises(OptionError, match="unknown collective 'allsum'"):
+        parse_by_type("allsum=ring")
+    with pytest.raises(OptionError, match=r"'ring:0': chunks after ':' must be a positive integer"):
+        parse_generator("ring:0")
+    with pytest.raises(OptionError, match="reduce_duration_micros must not be negative, got -1"):
+        expand(work, "ring", reduce_duration_micros=-1)
+    with pytest.raises(OptionError, match=r"the where predicate selects collective #0 \(ALL_REDUCE\)"):
+        expand(work, "ring", where="rank = 0 AND comm_type = 'ALL_REDUCE'")
+    with pytest.raises(ExpansionError, match="nothing to expand: the where predicate selects no collective"):
+        expand(work, "ring", where="comm_size < 0")
+    with pytest.raises(ExpansionError, match="has 4 member ranks but algorithm"):
+        expand(work, {"allreduce": generate("ring", coll="allreduce", ranks=8)})
+    with pytest.raises(ExpansionError, match="moves 3 bytes"):
+        expand(_coll_workload(8, 3), "ring")
+
+
+def test_an_algorithm_expansion_cannot_place_is_refused() -> None:
+    ring = generate("ring", coll="allreduce", ranks=4)
+    coll = ops_table({"rank": [0, 1, 2, 3], "id": [99] * 4, "type": ["COMM_COLL_NODE"] * 4})
+    nested = ring.replace(ops=pa.concat_tables([ring.ops, coll.cast(ring.ops.schema)]))
+    with pytest.raises(
+        ExpansionError, match=r"rank 0 node 99 is a COMM_COLL_NODE; an algorithm expands into"
+    ):
+        expand(_coll_workload(4, 1 << 20), nested)
 
 
 def test_a_collective_that_disagrees_across_ranks_is_refused() -> None:

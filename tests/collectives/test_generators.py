@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pyarrow.compute as pc
 import pytest
 
 from etstore.collectives import GENERATORS, GeneratorInfo, check_algorithm, generate
 from etstore.errors import UnsatisfiableError
 from etstore.ingest.msccl_xml import read_msccl_xml
-from tests.conftest import fixture_path
 
 CASES = [(name, coll) for name, info in GENERATORS.items() for coll in info.collectives]
 
@@ -38,19 +39,10 @@ def test_registry() -> None:
         GENERATORS["x"] = GENERATORS["ring"]  # type: ignore[index]
 
 
-def test_ring_allreduce_is_the_custom_allreduce_dag() -> None:
+def test_ring_allreduce_is_the_custom_allreduce_dag(custom_allreduce_xml: Path) -> None:
     """8-rank ring with fused steps = ASTRA-sim's custom_allreduce.xml node for node, edge for edge."""
     ours = generate("ring", coll="allreduce", ranks=8)
-    theirs = read_msccl_xml(
-        fixture_path(
-            "astra-sim",
-            "examples",
-            "system",
-            "custom_collectives",
-            "custom_ring_allreduce_8npus_1MB",
-            "custom_allreduce.xml",
-        )
-    )
+    theirs = read_msccl_xml(custom_allreduce_xml)
     cols = ["rank", "id", "type", "comm_src", "comm_dst", "comm_tag", "chunk_offset", "msg_chunk_cnt"]
     assert ours.ops.select(cols).equals(theirs.ops.select(cols))
     assert ours.deps.select(["rank", "src", "dst"]).equals(theirs.deps.select(["rank", "src", "dst"]))

@@ -15,23 +15,11 @@ from etstore.errors import UnsatisfiableError
 from etstore.ingest import to_msccl_xml, write_msccl_xml
 from etstore.ingest.msccl_xml import parse_msccl_xml, read_msccl_xml
 from etstore.model import CHUNK_COLUMNS, Trace
-from tests.collectives.test_check import algo, two_rank_allreduce
-from tests.conftest import SHARED, fixture_path
+from etstore.testing import msccl_step, msccl_tb, two_rank_allreduce
+from etstore.testing import trace_from_nodes as algo
 
-CUSTOM = (
-    "astra-sim",
-    "examples",
-    "system",
-    "custom_collectives",
-    "custom_ring_allreduce_8npus_1MB",
-    "custom_allreduce.xml",
-)
+CUSTOM = "astra-sim/examples/system/custom_collectives/custom_ring_allreduce_8npus_1MB/custom_allreduce.xml"
 DAG_COLS = ["rank", "id", "name", "type", "comm_src", "comm_dst", "comm_tag", *CHUNK_COLUMNS, "attrs"]
-
-
-def msccl_fixtures() -> list[Path]:
-    base = SHARED / "msccl"
-    return sorted(base.glob("*.xml")) if base.exists() else []
 
 
 def assert_same_dag(a: Trace, b: Trace) -> None:
@@ -141,11 +129,9 @@ def runtime_violations(text: str) -> list[str]:
 # ---------------------------------------------------------------- round trips
 
 
-@pytest.mark.parametrize("path", [*msccl_fixtures(), SHARED.joinpath(*CUSTOM)], ids=lambda p: p.name)
-def test_fixture_round_trip(path: Path) -> None:
-    if not path.exists():
-        pytest.skip("fixtures missing")
-    t = read_msccl_xml(path)
+@pytest.mark.shared_files("msccl/*.xml", CUSTOM)
+def test_fixture_round_trip(shared_file: Path) -> None:
+    t = read_msccl_xml(shared_file)
     text = to_msccl_xml(t)
     assert runtime_violations(text) == []
     again = parse_msccl_xml(text, name=t.name)
@@ -177,8 +163,8 @@ def test_generated_round_trip(name: str, coll: str) -> None:
     assert check_algorithm(again).ok
 
 
-def test_custom_allreduce_text_matches_the_fixture_step_for_step() -> None:
-    path = fixture_path(*CUSTOM)
+def test_custom_allreduce_text_matches_the_fixture_step_for_step(custom_allreduce_xml: Path) -> None:
+    path = custom_allreduce_xml
     ours = [ln.strip() for ln in to_msccl_xml(read_msccl_xml(path)).splitlines()]
     theirs = [ln.strip() for ln in path.read_text().splitlines()]
     assert (
@@ -275,12 +261,9 @@ def test_two_send_peers_in_one_threadblock() -> None:
         to_msccl_xml(t.replace(ops=ops))
 
 
-def test_two_threadblocks_on_one_connection() -> None:
-    text = fixture_path(*CUSTOM).read_text()
-    extra = (
-        '    <tb id="1" send="1" recv="-1" chan="0">\n      <step s="0" type="s" srcbuf="i" srcoff="0" '
-        'dstbuf="i" dstoff="0" cnt="1" depid="-1" deps="-1" hasdep="0"/>\n    </tb>\n'
-    )
+def test_two_threadblocks_on_one_connection(custom_allreduce_xml: Path) -> None:
+    text = custom_allreduce_xml.read_text()
+    extra = msccl_tb(1, 1, -1, msccl_step(0, "s")) + "\n"
     text = text.replace(
         '    </tb>\n  </gpu>\n  <gpu id="1"', "    </tb>\n" + extra + '  </gpu>\n  <gpu id="1"', 1
     )

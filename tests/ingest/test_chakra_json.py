@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pyarrow.compute as pc
@@ -9,11 +10,10 @@ import pytest
 
 from etstore.errors import TraceFormatError
 from etstore.ingest import read_chakra_json, read_et, read_trace, write_chakra_json
-from tests.conftest import fixture_path
 
 
-def test_json_twin_has_the_same_ops_as_the_et(feeder: Path) -> None:
-    j = read_trace(fixture_path("chakra", "json_trace.chakra.0.json"))
+def test_json_twin_has_the_same_ops_as_the_et(feeder: Path, shared_fixture: Callable[[str], Path]) -> None:
+    j = read_trace(shared_fixture("chakra/json_trace.chakra.0.json"))
     e = read_et(feeder)
     assert j.num_ops == e.num_ops == 3664
     for column in ("id", "type", "duration_micros", "is_cpu_op"):
@@ -24,8 +24,8 @@ def test_json_twin_has_the_same_ops_as_the_et(feeder: Path) -> None:
     assert j.deps.select(["src", "dst"]).equals(data.select(["src", "dst"]))  # the JSON carries no ctrl deps
 
 
-def test_small_json_with_ctrl_deps() -> None:
-    t = read_chakra_json(fixture_path("chakra", "json_trace.small_chakra.0.json"))
+def test_small_json_with_ctrl_deps(shared_fixture: Callable[[str], Path]) -> None:
+    t = read_chakra_json(shared_fixture("chakra/json_trace.small_chakra.0.json"))
     assert t.num_ops == 7
     assert pc.sum(pc.equal(t.ops["type"], "COMM_COLL_NODE")).as_py() == 3
     # every ctrlDep points at nodes outside this excerpt (3, 429, 434): all 7 are missing

@@ -14,11 +14,6 @@ from etstore.ingest import read_et, read_trace, write_et
 from etstore.ingest.files import resolve_rank_files
 from etstore.model import decode_attrs
 from etstore.proto import Node
-from tests.conftest import SHARED, fixture_path
-
-
-def _all_et_fixtures() -> list[Path]:
-    return sorted(SHARED.rglob("*.et")) if SHARED.exists() else []
 
 
 def test_pytorch_trace_counts_and_dangling_ctrl_deps(feeder: Path) -> None:
@@ -36,8 +31,9 @@ def test_pytorch_trace_counts_and_dangling_ctrl_deps(feeder: Path) -> None:
     assert extra["op_schema"].startswith("aten::flatten_dense_tensors") and extra["seq_id"] == -1
 
 
-@pytest.mark.parametrize("path", _all_et_fixtures(), ids=lambda p: str(p.relative_to(SHARED)))
-def test_every_fixture_round_trips_to_equal_messages(path: Path, tmp_path: Path) -> None:
+@pytest.mark.shared_files("**/*.et")
+def test_every_fixture_round_trips_to_equal_messages(shared_file: Path, tmp_path: Path) -> None:
+    path = shared_file
     t = read_et(path)
     (out,) = write_et(t, tmp_path / "x")
     original, written = path.read_bytes(), out.read_bytes()
@@ -149,7 +145,6 @@ def test_directory_mixing_two_prefixes(tmp_path: Path, custom_allreduce: Path, r
 def test_duplicate_rank_and_missing_path(tmp_path: Path) -> None:
     with pytest.raises(TraceFormatError, match="no such file"):
         resolve_rank_files(tmp_path / "nothing")
-    fixture_path("chakra")
 
 
 def test_ids_out_of_topological_order(tmp_path: Path) -> None:

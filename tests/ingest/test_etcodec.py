@@ -22,35 +22,20 @@ from etstore.ingest import et, read_et, write_et
 from etstore.ingest._frames import varint, write_varint
 from etstore.model import ATTR_COLUMNS, DEPS_SCHEMA, OPS_SCHEMA
 from etstore.proto import ONEOF_FIELDS, AttributeProto, GlobalMetadata, Node
+from etstore.testing import require_extension
 
 Decoder = Callable[[bytes, int, Path], tuple[pa.Table, pa.Table, bytes]]
 P = Path("trace.3.et")
-
-
-def _shared() -> Path:
-    """``../shared`` next to the repository; skips the test when it is absent."""
-    shared = Path(__file__).parents[2].parent / "shared"
-    if not shared.is_dir():
-        pytest.skip(f"{shared} not available (shared fixtures missing)")
-    return shared
-
-
-def _et_fixtures() -> list[Path]:
-    fixtures = Path(__file__).parents[2].parent / "shared" / "fixtures"
-    return sorted(fixtures.rglob("*.et")) if fixtures.is_dir() else []
+NATIVE = "etstore.ingest._native"  # the codec's glue: ImportError when _etcodec is missing or stale
 
 
 def _native_decode() -> Decoder:
-    if et._native is None:
-        pytest.skip("native codec not built (etstore.ingest._etcodec missing); pure-Python path only")
-    return et._native.decode_rank
+    return require_extension(NATIVE).decode_rank
 
 
 @pytest.fixture
 def native() -> Any:
-    if et._native is None:
-        pytest.skip("native codec not built (etstore.ingest._etcodec missing); pure-Python path only")
-    return et._native
+    return require_extension(NATIVE)
 
 
 def _decoders() -> list[Any]:
@@ -126,24 +111,24 @@ def _attr_record(attr: Any) -> bytes:
 # ------------------------------------------------------------------ fixtures
 
 
-@pytest.mark.parametrize("path", _et_fixtures(), ids=lambda p: p.name)
-def test_fixture_decodes_identically(path: Path) -> None:
-    _shared()
+@pytest.mark.shared_files("**/*.et")
+def test_fixture_decodes_identically(shared_file: Path) -> None:
+    path = shared_file
     data = path.read_bytes()
     _assert_same(et._decode_py(data, 5, path), _native_decode()(data, 5, path))
 
 
-@pytest.mark.parametrize("path", _et_fixtures(), ids=lambda p: p.name)
-def test_fixture_encodes_back_to_the_same_bytes(path: Path, native: Any) -> None:
-    _shared()
+@pytest.mark.shared_files("**/*.et")
+def test_fixture_encodes_back_to_the_same_bytes(shared_file: Path, native: Any) -> None:
+    path = shared_file
     data = path.read_bytes()
     ops, deps, meta = native.decode_rank(data, 0, path)
     assert native.encode_rank(ops, deps, meta) == data
     assert et._encode_py(ops, deps, meta) == data
 
 
-def test_chakra_fixture_write_et_is_byte_exact(native: Any, tmp_path: Path) -> None:
-    path = _shared() / "fixtures" / "chakra" / "feeder_tests_trace.0.et"
+def test_chakra_fixture_write_et_is_byte_exact(native: Any, tmp_path: Path, feeder: Path) -> None:
+    path = feeder
     trace = read_et(path)
     assert trace.num_ops == 3664
     (out,) = write_et(trace, tmp_path / "again")
@@ -257,9 +242,7 @@ def test_generated_nodes_decode_identically(data: bytes) -> None:
 @_SETTINGS
 @given(et_files())
 def test_native_encode_round_trips_and_matches_reference_messages(data: bytes) -> None:
-    native = et._native
-    if native is None:
-        pytest.skip("native codec not built")
+    native = require_extension(NATIVE)
     ops, deps, meta = native.decode_rank(data, 3, P)
     written = native.encode_rank(ops, deps, meta)
     _assert_same(native.decode_rank(written, 3, P), (ops, deps, meta))
@@ -516,9 +499,8 @@ def test_bad_input_messages_agree(case: str) -> None:
 
 
 @pytest.mark.parametrize("decoder", _decoders())
-def test_every_truncation_of_a_fixture_is_an_error(decoder: Decoder | None) -> None:
-    path = _shared() / "fixtures" / "astra-sim" / "examples" / "system" / "custom_collectives"
-    data = (path / "custom_ring_allreduce_8npus_1MB" / "custom_allreduce.0.et").read_bytes()
+def test_every_truncation_of_a_fixture_is_an_error(decoder: Decoder | None, custom_allreduce: Path) -> None:
+    data = (custom_allreduce / "custom_allreduce.0.et").read_bytes()
     decode = _resolve(decoder)
     step = 1 if decoder is None else 97  # the reference path is slow; sample it
     ends = set(range(1, len(data), step)) | {len(data) - 1, len(data) - 2}

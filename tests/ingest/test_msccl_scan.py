@@ -15,15 +15,17 @@ import numpy as np
 import pytest
 
 from etstore.ingest import msccl_xml as mx
-from tests.conftest import SHARED, fixture_path
-from tests.ingest.test_msccl_xml import CUSTOM, doc, step, tb
+from etstore.testing import msccl_doc as doc
+from etstore.testing import msccl_step as step
+from etstore.testing import msccl_tb as tb
+from etstore.testing import ring_allreduce_xml
 
-pytestmark = pytest.mark.skipif(mx._xmlscan is None, reason="the C scanner is not built")
+pytestmark = pytest.mark.needs_extension("etstore.ingest._xmlscan")
 
-FIXTURES = [
-    *sorted((SHARED / "fixtures" / "msccl").glob("*.xml")),
-    fixture_path(*CUSTOM, "custom_allreduce.xml"),
-]
+FIXTURES = (
+    "msccl/*.xml",
+    "astra-sim/examples/system/custom_collectives/custom_ring_allreduce_8npus_1MB/custom_allreduce.xml",
+)
 
 
 def raw(text: str | bytes) -> bytes:
@@ -46,9 +48,9 @@ def assert_same(data: bytes) -> None:
     assert [data.count(b"\n", 0, at) + 1 for at in ours.tb_at] == ref.tb_at
 
 
-@pytest.mark.parametrize("path", FIXTURES, ids=lambda p: p.name)
-def test_every_step_fixture_is_scanned_like_expat(path: Path) -> None:
-    data = raw(path.read_bytes())
+@pytest.mark.shared_files(*FIXTURES)
+def test_every_step_fixture_is_scanned_like_expat(shared_file: Path) -> None:
+    data = raw(shared_file.read_bytes())
     if b"<op " in data:  # the <op> form is expat's
         assert mx._xmlscan.scan(data, mx._SCAN_TYPES, mx._SCAN_BUFS) is None
         return
@@ -122,14 +124,9 @@ def test_steps_outside_a_threadblock_are_declined() -> None:
     assert mx._xmlscan.scan(raw(text), mx._SCAN_TYPES, mx._SCAN_BUFS) is None
 
 
-def test_large_ring_is_scanned_not_declined(tmp_path: Path) -> None:
-    """The benchmark's 128-rank ring takes the scanner (a decline would cost 10x silently)."""
-    import sys
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench" / "data"))
-    from msccl_ring import write as write_ring_xml
-
-    data = raw(write_ring_xml(tmp_path, 16).read_bytes())
+def test_large_ring_is_scanned_not_declined() -> None:
+    """The benchmark's ring all-reduce takes the scanner (a decline would cost 10x silently)."""
+    data = raw(ring_allreduce_xml(16))
     got = mx._xmlscan.scan(data, mx._SCAN_TYPES, mx._SCAN_BUFS)
     assert got is not None and got[4] == 16 * (4 * 16 - 4)
     assert_same(data)

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import time
 import xml.etree.ElementTree as ET
+from collections.abc import Callable
 from itertools import pairwise
 from pathlib import Path
-from types import ModuleType
 
 import pyarrow.compute as pc
 import pytest
@@ -18,9 +17,11 @@ from etstore.ingest import read_trace
 from etstore.ingest.et import read_et
 from etstore.ingest.msccl_xml import parse_msccl_xml, read_msccl_xml
 from etstore.model import Trace, decode_attrs
-from tests.conftest import SHARED, fixture_path
-
-CUSTOM = ("astra-sim", "examples", "system", "custom_collectives", "custom_ring_allreduce_8npus_1MB")
+from etstore.testing import MSCCL_HEAD as HEAD
+from etstore.testing import msccl_doc as doc
+from etstore.testing import msccl_step as step
+from etstore.testing import msccl_tb as tb
+from etstore.testing import ring_allreduce_xml
 
 # (ops, deps, ranks) per fixture, pinned; deps re-derived independently below
 COUNTS = {
@@ -36,41 +37,6 @@ COUNTS = {
     "alltoall-8n-1mb-4mb.xml": (480, 0, 8),
 }
 
-HEAD = (
-    '<algo name="t" proto="Simple" nchannels="1" nchunksperloop="2" ngpus="2" coll="allreduce" '
-    'inplace="0" outofplace="1" minBytes="0" maxBytes="0">'
-)
-
-
-def doc(
-    gpu0: str, gpu1: str = "", head: str = HEAD, chunks: str = 'i_chunks="2" o_chunks="2" s_chunks="2"'
-) -> str:
-    return (
-        f'{head}\n  <gpu id="0" {chunks}>\n{gpu0}\n  </gpu>\n'
-        f'  <gpu id="1" {chunks}>\n{gpu1}\n  </gpu>\n</algo>\n'
-    )
-
-
-def step(
-    s: int,
-    typ: str,
-    sb: str = "i",
-    so: int = 0,
-    db: str = "i",
-    do: int = 0,
-    cnt: int = 1,
-    depid: int = -1,
-    deps: int = -1,
-) -> str:
-    return (
-        f'      <step s="{s}" type="{typ}" srcbuf="{sb}" srcoff="{so}" dstbuf="{db}" dstoff="{do}" '
-        f'cnt="{cnt}" depid="{depid}" deps="{deps}" hasdep="0"/>'
-    )
-
-
-def tb(i: int, send: int, recv: int, *steps: str, chan: int = 0) -> str:
-    return f'    <tb id="{i}" send="{send}" recv="{recv}" chan="{chan}">\n' + "\n".join(steps) + "\n    </tb>"
-
 
 def edges(t: Trace, rank: int = 0) -> set[tuple[int, int]]:
     d = t.deps.filter(pc.equal(t.deps["rank"], rank))
@@ -79,11 +45,6 @@ def edges(t: Trace, rank: int = 0) -> set[tuple[int, int]]:
 
 def rank_ops(t: Trace, rank: int = 0) -> list[dict]:
     return t.ops.filter(pc.equal(t.ops["rank"], rank)).to_pylist()
-
-
-def msccl_fixtures() -> list[Path]:
-    base = SHARED / "msccl"
-    return sorted(base.glob("*.xml")) if base.exists() else []
 
 
 # ---------------------------------------------------------------- an independent reference model
@@ -156,18 +117,18 @@ def _reference_gpu(gpu: ET.Element) -> set[tuple[int, int]]:
 # ---------------------------------------------------------------- fixtures
 
 
-@pytest.mark.parametrize("path", msccl_fixtures(), ids=lambda p: p.name)
-def test_fixture_counts_and_exact_dependencies(path: Path) -> None:
-    t = read_msccl_xml(path)
-    assert (t.num_ops, t.num_deps, t.num_ranks) == COUNTS[path.name]
+@pytest.mark.shared_files("msccl/*.xml")
+def test_fixture_counts_and_exact_dependencies(shared_file: Path) -> None:
+    t = read_msccl_xml(shared_file)
+    assert (t.num_ops, t.num_deps, t.num_ranks) == COUNTS[shared_file.name]
     assert t.kind == "algorithm" and t.num_missing == 0
-    ref = reference_edges(path)
+    ref = reference_edges(shared_file)
     for r in t.ranks:
         assert edges(t, r) == ref[r], f"rank {r}"
 
 
-def test_custom_allreduce_matches_upstream_converted_et() -> None:
-    base = fixture_path(*CUSTOM)
+def test_custom_allreduce_matches_upstream_converted_et(custom_allreduce: Path) -> None:
+    base = custom_allreduce
     ours = read_msccl_xml(base / "custom_allreduce.xml")
     upstream = read_et(base / "custom_allreduce")
     cols = ["rank", "id", "type", "comm_src", "comm_dst", "comm_tag"]
@@ -185,14 +146,14 @@ def test_custom_allreduce_matches_upstream_converted_et() -> None:
     assert ours.params["proto"] == "LL128" and ours.name == "custom_allreduce"
 
 
-def test_read_trace_dispatches_xml() -> None:
-    t = read_trace(fixture_path(*CUSTOM, "custom_allreduce.xml"))
+def test_read_trace_dispatches_xml(custom_allreduce_xml: Path) -> None:
+    t = read_trace(custom_allreduce_xml)
     assert t.kind == "algorithm" and t.num_ops == 280
 
 
-def test_fast_and_general_parsers_agree() -> None:
+def test_fast_and_general_parsers_agree(shared_fixture: Callable[[str], Path]) -> None:
     """Reordered attributes, comments and a declaration take the other parser; same trace."""
-    path = fixture_path("msccl", "allreduce-allpairs-8n-ll-32tb-op.xml")
+    path = shared_fixture("msccl/allreduce-allpairs-8n-ll-32tb-op.xml")
     text = path.read_text()
     canonical = parse_msccl_xml(text)
     reordered = re.sub(r'<step s="(\d+)" type="(\w+)"', r'<step type="\2" s="\1"', text)
@@ -205,9 +166,9 @@ def test_fast_and_general_parsers_agree() -> None:
         assert dict(other.params) == dict(canonical.params)
 
 
-def test_op_elements_give_the_same_dag() -> None:
+def test_op_elements_give_the_same_dag(custom_allreduce_xml: Path) -> None:
     """The newer <op step type buf off cnt> form (no nchunksperloop) reads like <step>."""
-    text = fixture_path(*CUSTOM, "custom_allreduce.xml").read_text()
+    text = custom_allreduce_xml.read_text()
 
     def to_op(m: re.Match[str]) -> str:
         s, typ, sb, so, db, do, cnt, depid, deps, hasdep = m.groups()
@@ -420,8 +381,8 @@ def test_utf16_doctype_is_refused_by_the_parser() -> None:
         parse_msccl_xml(data, source="bomb16.xml")
 
 
-def test_truncated_file_names_file_and_line(tmp_path: Path) -> None:
-    text = fixture_path(*CUSTOM, "custom_allreduce.xml").read_text()
+def test_truncated_file_names_file_and_line(tmp_path: Path, custom_allreduce_xml: Path) -> None:
+    text = custom_allreduce_xml.read_text()
     cut = tmp_path / "cut.xml"
     cut.write_text(text[: len(text) // 2])
     with pytest.raises(TraceFormatError, match=r"cut\.xml:\d+: not well-formed XML .*truncated file\?"):
@@ -514,23 +475,8 @@ def test_error_line_numbers_are_exact() -> None:
         parse_msccl_xml(bad, source="x.xml")
 
 
-def _bench_ring() -> ModuleType:
-    """The bench's ring all-reduce XML writer (``bench/data/msccl_ring.py``), tested here as its input."""
-    path = Path(__file__).resolve().parents[2] / "bench" / "data" / "msccl_ring.py"
-    spec = importlib.util.spec_from_file_location("msccl_ring", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def ring_allreduce_xml(n: int) -> str:
-    """The shape of ASTRA-sim's custom_allreduce.xml (s, rrc, r steps) for n ranks."""
-    return str(_bench_ring().ring_allreduce_xml(n))
-
-
-def test_ring_generator_reproduces_the_custom_allreduce_fixture() -> None:
-    text = fixture_path(*CUSTOM, "custom_allreduce.xml").read_text()
+def test_ring_generator_reproduces_the_custom_allreduce_fixture(custom_allreduce_xml: Path) -> None:
+    text = custom_allreduce_xml.read_text()
     body = [ln.strip() for ln in text.splitlines() if "<step" in ln]
     assert [ln.strip() for ln in ring_allreduce_xml(8).splitlines() if "<step" in ln] == body
 

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 from etstore.dag import break_cycles, trace_edges
-from etstore.errors import EtstoreError, UnknownTraceError
+from etstore.errors import EtstoreError, OptionError, UnknownTraceError
 from etstore.ingest import read_et
 from etstore.model import Trace, deps_table, ops_table
-from etstore.query import critical_path
+from etstore.query import PATH_COLUMNS, critical_path, path_table
 
 
 def _diamond() -> Trace:
@@ -49,6 +49,17 @@ def test_cross_rank_path_follows_the_message() -> None:
         {"rank": 0, "length_micros": 14.0, "ops": 3},
         {"rank": 1, "length_micros": 30.0, "ops": 2},
     ]
+
+
+def test_path_table_columns_and_empty_path() -> None:
+    ops = _diamond().ops
+    path = path_table(ops, np.array([2, 0]), ["start", "dep"], end_us=np.array([7.0, 12.0]))
+    assert path.column_names == [*PATH_COLUMNS, "end_us", "via"]
+    assert path["name"].to_pylist() == ["c", "a"] and path["step"].to_pylist() == [0, 1]
+    empty = path_table(ops, np.zeros(0, dtype=np.int64), [])
+    assert empty.num_rows == 0 and empty.schema.field("id").type == ops.schema.field("id").type
+    with pytest.raises(OptionError, match="a path of 2 steps needs 2 via entries, not 1"):
+        path_table(ops, np.array([2, 0]), ["start"])
 
 
 def test_unknown_rank() -> None:

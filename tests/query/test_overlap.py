@@ -47,12 +47,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
 import pytest
 
 from etstore.errors import EtstoreError, UnknownTraceError
-from etstore.model import Trace, deps_table, ops_table
 from etstore.query.overlap import (
     OPPORTUNITIES_SCHEMA,
     explain,
@@ -60,112 +58,9 @@ from etstore.query.overlap import (
 )
 from etstore.sim import SimConfig, record_run, simulate
 from etstore.store import EmbeddedStore
+from etstore.testing import hand_workload
+from etstore.testing import ingest_hand_expanded as stored_expanded
 from etstore.topology import parse_topology
-
-MIB = 1 << 20
-HALF = MIB // 2
-_COMM = ("comm_type", "comm_size", "comm_src", "comm_dst", "comm_tag", "pg_name", "chunk_offset")
-
-
-def _build(rows_of: Any, edges: list[tuple[int, int, str]], **trace: Any) -> tuple[Trace, pa.Table]:
-    cols: dict[str, list[Any]] = {k: [] for k in ("rank", "id", "name", "type", "duration_micros", *_COMM)}
-    d: dict[str, list[Any]] = {"rank": [], "src": [], "dst": [], "kind": []}
-    lineage: dict[str, list[int]] = {"rank": [], "id": [], "parent_id": []}
-    for r in (0, 1):
-        for i, name, typ, dur, comm, parent in rows_of(r, 1 - r):
-            for k, v in (("rank", r), ("id", i), ("name", name), ("type", typ), ("duration_micros", dur)):
-                cols[k].append(v)
-            for k in _COMM:
-                cols[k].append(comm.get(k))
-            for k, v in (("rank", r), ("id", i), ("parent_id", parent)):
-                lineage[k].append(v)
-        for s, t, kind in edges:
-            for k, v in (("rank", r), ("src", s), ("dst", t), ("kind", kind)):
-                d[k].append(v)
-    deps = deps_table(np.asarray(d["rank"]), d["src"], d["dst"], d["kind"])
-    lin = pa.table(
-        {
-            "rank": pa.array(lineage["rank"], pa.int32()),
-            "id": pa.array(lineage["id"], pa.uint64()),
-            "parent_id": pa.array(lineage["parent_id"], pa.uint64()),
-        }
-    )
-    return Trace(ops_table(cols), deps, **trace), lin
-
-
-def hand_workload() -> Trace:
-    """The 2-rank workload of the module docstring."""
-
-    def rows(r: int, p: int) -> list[tuple[Any, ...]]:
-        ar = {"comm_type": "ALL_REDUCE", "comm_size": MIB, "pg_name": ""}
-        return [
-            (0, "fwd", "COMP_NODE", 10, {}, 0),
-            (1, "grad_allreduce", "COMM_COLL_NODE", 0, ar, 1),
-            (2, "indep", "COMP_NODE", 20, {}, 2),
-            (3, "apply", "COMP_NODE", 5, {}, 3),
-            (4, "stats", "COMP_NODE", 30, {}, 4),
-            (5, "send_act", "COMM_SEND_NODE", 0, {"comm_dst": p, "comm_tag": 7, "comm_size": MIB}, 5),
-            (6, "recv_act", "COMM_RECV_NODE", 0, {"comm_src": p, "comm_tag": 7, "comm_size": MIB}, 6),
-            (7, "final", "COMP_NODE", 1, {}, 7),
-        ]
-
-    edges = [
-        (0, 1, "data"),
-        (0, 2, "data"),
-        (1, 2, "ctrl"),
-        (1, 3, "data"),
-        (2, 3, "ctrl"),
-        (3, 4, "ctrl"),
-        (0, 5, "data"),
-        (4, 5, "ctrl"),
-        (0, 6, "data"),
-        (5, 7, "data"),
-        (6, 7, "data"),
-        (4, 7, "ctrl"),
-    ]
-    return _build(rows, edges, name="hand")[0]
-
-
-def hand_parent() -> Trace:
-    """fwd → all-reduce → apply: the parent of :func:`hand_expanded`."""
-
-    def rows(r: int, p: int) -> list[tuple[Any, ...]]:
-        ar = {"comm_type": "ALL_REDUCE", "comm_size": MIB, "pg_name": ""}
-        return [
-            (0, "fwd", "COMP_NODE", 10, {}, 0),
-            (1, "allreduce", "COMM_COLL_NODE", 0, ar, 1),
-            (3, "apply", "COMP_NODE", 6, {}, 3),
-        ]
-
-    return _build(rows, [(0, 1, "data"), (1, 3, "data")], name="parent")[0]
-
-
-def hand_expanded() -> tuple[Trace, pa.Table]:
-    """The expanded trace of the module docstring and its lineage to :func:`hand_parent`."""
-
-    def rows(r: int, p: int) -> list[tuple[Any, ...]]:
-        def msg(peer_key: str, tag: int, slot: int) -> dict[str, Any]:
-            return {peer_key: p, "comm_tag": tag, "comm_size": HALF, "chunk_offset": slot}
-
-        return [
-            (0, "fwd", "COMP_NODE", 10, {}, 0),
-            (10, "rs_send", "COMM_SEND_NODE", 0, msg("comm_dst", 100, p), 1),
-            (11, "rs_recv", "COMM_RECV_NODE", 0, msg("comm_src", 100, r), 1),
-            (12, "rs_reduce", "COMP_NODE", 2, {"chunk_offset": r}, 1),
-            (13, "ag_send", "COMM_SEND_NODE", 0, msg("comm_dst", 101, r), 1),
-            (14, "ag_recv", "COMM_RECV_NODE", 0, msg("comm_src", 101, p), 1),
-            (3, "apply", "COMP_NODE", 6, {}, 3),
-        ]
-
-    edges = [(0, 10, "data"), (0, 11, "data"), (11, 12, "data"), (12, 13, "data"), (0, 14, "data")]
-    edges += [(13, 3, "data"), (14, 3, "data")]
-    return _build(rows, edges, name="expanded", kind="expanded")
-
-
-def stored_expanded(store: EmbeddedStore) -> str:
-    store.ingest(hand_parent(), name="parent")
-    trace, lineage = hand_expanded()
-    return store.ingest(trace, name="expanded", parent="parent", lineage=lineage).trace.name
 
 
 def rows(table: pa.Table) -> list[tuple[Any, ...]]:
@@ -242,7 +137,7 @@ def test_timings_from_a_recorded_run(store: EmbeddedStore) -> None:
     store.ingest(trace, name="hand")
     # a slower network: 10 GiB/s makes the all-reduce longer than indep, gains stay min(...)
     res = simulate(trace, parse_topology("ring:2,bw=10"), config=SimConfig())
-    run = record_run(store.duck, res, trace_name="hand")
+    run = record_run(store.warehouse, res, trace_name="hand")
     found = find_opportunities(store, "hand", run_id=run, kinds=("overlap", "reorder"))
     coll = json.loads(found["detail"][0].as_py())["collective_ns"]
     assert coll > 55100.0 and found["gain_ns"][0].as_py() == 20000.0

@@ -23,9 +23,10 @@ from etstore.query.overlap import find_opportunities
 from etstore.query.rewrite import check_rewrite, rewrite, rewrite_stored
 from etstore.sim import simulate
 from etstore.store import EmbeddedStore
+from etstore.testing import hand_expanded, hand_workload
+from etstore.testing import ingest_hand_expanded as stored_expanded
 from etstore.topology import parse_topology
 from etstore.workloads import transformer
-from tests.query.test_overlap import hand_expanded, hand_workload, stored_expanded
 
 RING2 = parse_topology("ring:2")
 

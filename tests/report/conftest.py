@@ -3,30 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 
 from etstore.sim import SimConfig, record_run, record_sweep, simulate, sweep
 from etstore.store import EmbeddedStore
+from etstore.testing import RecordedStore as Recorded
 from etstore.topology import Topology
 from etstore.workloads import transformer
-
-OPPORTUNITIES_DDL = (
-    "CREATE TABLE IF NOT EXISTS opportunities (trace VARCHAR, kind VARCHAR, rank INTEGER, op_id UBIGINT, "
-    "other_id UBIGINT, gain_ns DOUBLE, detail VARCHAR)"
-)
-
-
-@dataclass(frozen=True)
-class Recorded:
-    """What the fixture store holds: its directory, run ids (unaware, aware) and the sweep id."""
-
-    path: Path
-    runs: tuple[int, int]
-    sweep: int
-    trace: str
 
 
 @pytest.fixture(scope="module")
@@ -37,18 +21,17 @@ def recorded(tmp_path_factory: pytest.TempPathFactory) -> Recorded:
     with EmbeddedStore(path) as store:
         store.ingest(tr)
         groups = tr.params["comm_groups"]
-        a = record_run(store.duck, simulate(tr, topo, groups=groups), trace_name=tr.name)
+        a = record_run(store.warehouse, simulate(tr, topo, groups=groups), trace_name=tr.name)
         b = record_run(
-            store.duck,
+            store.warehouse,
             simulate(tr, topo, config=SimConfig(congestion="aware"), groups=groups),
             trace_name=tr.name,
         )
         points = sweep(
             [1 << 16, 1 << 20, 1 << 22], ["native", "ring"], [Topology.mesh([4, 2]), Topology.ring(8)]
         )
-        sid = record_sweep(store.duck, points)
-        store.duck.execute(OPPORTUNITIES_DDL)
-        store.duck.execute(
+        sid = record_sweep(store.warehouse, points)
+        store.warehouse.execute(
             "INSERT INTO opportunities VALUES "
             "($t, 'overlap', 0, 9, 10, 2500.0, 'start grad_allreduce_L2 before bwd_mlp_L1'), "
             "($t, 'reorder', 1, 12, 11, 900.0, 'swap'), "

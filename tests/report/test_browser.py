@@ -16,7 +16,7 @@ import pytest
 
 from etstore.report import breakdown_figure, compare_figure, timeline_figure, write_report
 from etstore.store import EmbeddedStore
-from tests.report.conftest import Recorded
+from etstore.testing import RecordedStore as Recorded
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts"
@@ -85,15 +85,15 @@ def test_single_run_report_draws_every_figure(
     recorded: Recorded, store: EmbeddedStore, tmp_path: Path
 ) -> None:
     run = recorded.runs[0]
-    report = write_report(store.duck, [run], tmp_path / "report.html", sweep_ids=[recorded.sweep])
+    report = write_report(store.warehouse, [run], tmp_path / "report.html", sweep_ids=[recorded.sweep])
     probe = _render(report, tmp_path)
     assert probe["errors"] == []
     plots = probe["plots"]
     assert isinstance(plots, list)
     # timeline, breakdown, sweep curves, run collectives, link heatmap
     expected = [
-        len(timeline_figure(store.duck, run).data),
-        len(breakdown_figure(store.duck, [run]).data),
+        len(timeline_figure(store.warehouse, run).data),
+        len(breakdown_figure(store.warehouse, [run]).data),
         4,  # 2 topologies x 2 algorithms
         3,  # ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER
         1,  # one heatmap
@@ -107,18 +107,18 @@ def test_single_run_report_draws_every_figure(
 
 def test_compare_report_draws_both_runs(recorded: Recorded, store: EmbeddedStore, tmp_path: Path) -> None:
     a, b = recorded.runs
-    report = write_report(store.duck, [a, b], tmp_path / "compare.html", sweep_ids=[recorded.sweep])
+    report = write_report(store.warehouse, [a, b], tmp_path / "compare.html", sweep_ids=[recorded.sweep])
     probe = _render(report, tmp_path)
     assert probe["errors"] == []
     plots = probe["plots"]
     assert isinstance(plots, list)
-    diff = compare_figure(store.duck, [a, b])
+    diff = compare_figure(store.warehouse, [a, b])
     assert diff is not None
     expected = [
         len(diff.data),
-        len(timeline_figure(store.duck, a).data),
-        len(timeline_figure(store.duck, b).data),
-        len(breakdown_figure(store.duck, [a, b]).data),
+        len(timeline_figure(store.warehouse, a).data),
+        len(timeline_figure(store.warehouse, b).data),
+        len(breakdown_figure(store.warehouse, [a, b]).data),
         4,
         6,  # 3 collective types x 2 runs
         2,  # one heatmap per run

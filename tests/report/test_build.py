@@ -26,8 +26,9 @@ from etstore.report import (
 from etstore.report._data import merge_spans, run_infos
 from etstore.sim import record_run, simulate
 from etstore.store import EmbeddedStore
+from etstore.store.warehouse import Warehouse
+from etstore.testing import RecordedStore as Recorded
 from etstore.topology import Topology
-from tests.report.conftest import Recorded
 
 
 def _figure_divs(text: str) -> list[str]:
@@ -37,7 +38,7 @@ def _figure_divs(text: str) -> list[str]:
 def test_single_run_report_is_self_contained(
     recorded: Recorded, store: EmbeddedStore, tmp_path: Path
 ) -> None:
-    out = write_report(store.duck, [recorded.runs[0]], tmp_path / "r.html", sweep_ids=[recorded.sweep])
+    out = write_report(store.warehouse, [recorded.runs[0]], tmp_path / "r.html", sweep_ids=[recorded.sweep])
     text = out.read_text()
     assert text.count("Plotly.newPlot(") == 5  # timeline, breakdown, sweep curves, run collectives, links
     assert len(_figure_divs(text)) == 5
@@ -51,7 +52,7 @@ def test_single_run_report_is_self_contained(
 def test_timeline_has_lanes_per_category_and_the_critical_path(
     recorded: Recorded, store: EmbeddedStore
 ) -> None:
-    fig = timeline_figure(store.duck, recorded.runs[0])
+    fig = timeline_figure(store.warehouse, recorded.runs[0])
     names = [t.name for t in fig.data]
     assert names[:5] == ["compute", "ALL_GATHER", "ALL_REDUCE", "REDUCE_SCATTER", "send/recv"]
     assert names[-1].startswith("critical path (")
@@ -89,9 +90,9 @@ def test_critical_path_of_a_hand_checked_schedule(tmp_path: Path) -> None:
     tr = Trace(ops, deps=deps_table([0, 1], [1, 1], [2, 2]), name="handmade")
     with EmbeddedStore(tmp_path / "s") as store:
         store.ingest(tr)
-        rid = record_run(store.duck, simulate(tr, Topology.fully_connected(2)), trace_name="handmade")
-        (run,) = run_infos(store.duck, [rid])
-        cp = schedule_critical_path(store.duck, run)
+        rid = record_run(store.warehouse, simulate(tr, Topology.fully_connected(2)), trace_name="handmade")
+        (run,) = run_infos(store.warehouse, [rid])
+        cp = schedule_critical_path(store.warehouse, run)
     assert cp["name"].to_pylist() == ["A", "S", "R", "B"]
     assert cp["rank"].to_pylist() == [0, 0, 1, 1]
     assert cp["via"].to_pylist() == ["start", "dep", "msg", "dep"]
@@ -103,13 +104,13 @@ def test_compare_report_shows_differences_side_by_side(
     recorded: Recorded, store: EmbeddedStore, tmp_path: Path
 ) -> None:
     a, b = recorded.runs
-    out = write_report(store.duck, [a, b], tmp_path / "cmp.html", sweep_ids=[recorded.sweep])
+    out = write_report(store.warehouse, [a, b], tmp_path / "cmp.html", sweep_ids=[recorded.sweep])
     text = out.read_text()
     # differences bars, two timelines side by side, breakdown, sweep, run collectives, links
     assert len(_figure_divs(text)) == 7
     assert '<div class="row cols2">' in text
     assert "<h2>Differences</h2>" in text and f"run {b}</th><th" in text
-    diff = compare_figure(store.duck, [a, b])
+    diff = compare_figure(store.warehouse, [a, b])
     assert diff is not None and len(diff.data) == 4
     totals = store.sql("SELECT run_id, total_ns FROM runs ORDER BY run_id").to_arrow().to_pylist()
     by = {r["run_id"]: r["total_ns"] for r in totals}
@@ -125,13 +126,13 @@ def test_compare_report_shows_differences_side_by_side(
         .as_py()
     )
     assert d_total[last] == pytest.approx((by[b] - base_last) / 1e3)
-    assert len(breakdown_figure(store.duck, [a, b]).data) == 8  # 4 traces per run panel
-    heat = link_heatmap_figure(store.duck, [a, b])
+    assert len(breakdown_figure(store.warehouse, [a, b]).data) == 8  # 4 traces per run panel
+    heat = link_heatmap_figure(store.warehouse, [a, b])
     assert heat is not None and len(heat.data) == 2
 
 
 def test_bandwidth_figures(recorded: Recorded, store: EmbeddedStore) -> None:
-    fig = sweep_busbw_figure(store.duck, [recorded.sweep])
+    fig = sweep_busbw_figure(store.warehouse, [recorded.sweep])
     assert fig is not None
     assert [t.name for t in fig.data] == [
         f"{topo} · {alg}"
@@ -139,10 +140,10 @@ def test_bandwidth_figures(recorded: Recorded, store: EmbeddedStore) -> None:
         for alg in ("native", "ring")
     ]
     assert all(len(t.x) == 3 for t in fig.data)
-    coll = collective_busbw_figure(store.duck, [recorded.runs[0]])
+    coll = collective_busbw_figure(store.warehouse, [recorded.runs[0]])
     assert coll is not None
     assert {t.name.split(" · ")[1] for t in coll.data} == {"ALL_GATHER", "ALL_REDUCE", "REDUCE_SCATTER"}
-    assert sweep_busbw_figure(store.duck, []) is None
+    assert sweep_busbw_figure(store.warehouse, []) is None
 
 
 def test_no_opportunities_panel_says_so(tmp_path: Path) -> None:
@@ -150,12 +151,13 @@ def test_no_opportunities_panel_says_so(tmp_path: Path) -> None:
         ops_table({"rank": [0], "id": [1], "name": ["k"], "type": ["COMP_NODE"], "duration_micros": [4]}),
         name="solo",
     )
-    con = duckdb.connect(str(tmp_path / "m.duckdb"))
-    rid = record_run(con, simulate(tr, Topology.ring(2)), trace_name="solo")
-    text = write_report(con, [rid], tmp_path / "solo.html").read_text()
+    with Warehouse.open(tmp_path / "m.duckdb") as warehouse:
+        rid = record_run(warehouse, simulate(tr, Topology.ring(2)), trace_name="solo")
+        assert latest_run(warehouse) == rid
+    # a metrics file by path: opened read-only for the report
+    text = write_report(tmp_path / "m.duckdb", [rid], tmp_path / "solo.html").read_text()
     assert "No overlap, chunk or reorder opportunities are recorded for trace solo" in text
     assert "No collectives in these runs and no sweep given" in text
-    assert latest_run(con) == rid
 
 
 def test_merge_spans_merges_within_the_gap_only() -> None:
@@ -171,8 +173,8 @@ def test_merge_spans_merges_within_the_gap_only() -> None:
 
 
 def test_large_runs_are_downsampled(recorded: Recorded, store: EmbeddedStore) -> None:
-    full = timeline_figure(store.duck, recorded.runs[0], critical_path=False)
-    coarse = timeline_figure(store.duck, recorded.runs[0], critical_path=False, detail_ops=10, pixels=50)
+    full = timeline_figure(store.warehouse, recorded.runs[0], critical_path=False)
+    coarse = timeline_figure(store.warehouse, recorded.runs[0], critical_path=False, detail_ops=10, pixels=50)
     assert "merged to" in coarse.layout.title.text
     assert len(coarse.data[0].x) < len(full.data[0].x)
     assert all(len(t.x) <= 3 * 8 * 51 for t in coarse.data)
@@ -193,15 +195,17 @@ def test_bad_input_is_one_clear_error(
 ) -> None:
     (tmp_path / "file.txt").write_text("x")
     with pytest.raises(error, match=match):
-        write_report(store.duck, runs, tmp_path / out)
+        write_report(store.warehouse, runs, tmp_path / out)
     assert not (tmp_path / "r.html").exists()
 
 
 def test_unknown_sweep_and_empty_database(store: EmbeddedStore, tmp_path: Path) -> None:
     with pytest.raises(UnknownTraceError, match="no sweep 42"):
-        write_report(store.duck, [1], tmp_path / "r.html", sweep_ids=[42])
-    con = duckdb.connect(str(tmp_path / "empty.duckdb"))
+        write_report(store.warehouse, [1], tmp_path / "r.html", sweep_ids=[42])
+    empty = Warehouse(duckdb.connect())
     with pytest.raises(ReportError, match="no simulation metrics"):
-        write_report(con, [1], tmp_path / "r.html")
+        write_report(empty, [1], tmp_path / "r.html")
     with pytest.raises(ReportError, match="no runs are recorded"):
-        latest_run(con)
+        latest_run(empty)
+    with pytest.raises(ReportError, match="cannot read the metrics"):
+        write_report(tmp_path / "missing.duckdb", [1], tmp_path / "r.html")

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from etstore.cli import main
-from tests.report.conftest import Recorded
+from etstore.testing import RecordedStore as Recorded
 
 
 def test_report_command_writes_and_prints_the_path(

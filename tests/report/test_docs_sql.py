@@ -9,7 +9,7 @@ import duckdb
 import pytest
 
 from etstore.sim.metrics import VIEWS
-from tests.report.conftest import Recorded
+from etstore.testing import RecordedStore as Recorded
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "metrics.md"
 EXAMPLES = re.findall(r"```sql\n(.*?)```", DOC.read_text(), re.S)

@@ -12,7 +12,7 @@ from etstore.errors import ConfigError, TopologyError, UnknownTraceError
 from etstore.query.rewrite import rewrite_stored
 from etstore.sim.compare import compare
 from etstore.store import EmbeddedStore
-from tests.query.test_overlap import hand_workload
+from etstore.testing import hand_workload
 
 
 def _count(store: EmbeddedStore, table: str) -> int:

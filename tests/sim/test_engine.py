@@ -24,17 +24,11 @@ from etstore.sim import (
     simulate,
     sweep,
 )
+from etstore.testing import p2p_trace as _p2p
+from etstore.testing import slot_policy_trace as _policy_trace
 from etstore.topology import Topology
 
-FIX = Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "astra-sim"
-RT = FIX / "tests" / "rt_template" / "inputs"
-CUSTOM = FIX / "examples" / "system" / "custom_collectives" / "custom_ring_allreduce_8npus_1MB"
 BYTES_PER_NS_50 = 50 * 2**30 / 1e9  # 50 GB/s with GB = 2^30
-
-
-def _need(path: Path) -> None:
-    if not path.exists():
-        pytest.skip(f"fixture {path} not present")
 
 
 def _msg_ns(size: float, hops: int = 1, lat: float = 500.0) -> float:
@@ -52,21 +46,6 @@ def _row(res, rank: int, op_id: int) -> dict:  # type: ignore[no-untyped-def]
     t = res.ops
     mask = pc.and_(pc.equal(t["rank"], rank), pc.equal(t["id"], op_id))
     return t.filter(mask).to_pylist()[0]
-
-
-def _p2p(size: int, src: int = 0, dst: int = 1, tag: int = 0) -> Trace:
-    ops = ops_table(
-        {
-            "rank": [src, dst],
-            "id": [1, 1],
-            "type": ["COMM_SEND_NODE", "COMM_RECV_NODE"],
-            "comm_dst": [dst, None],
-            "comm_src": [None, src],
-            "comm_tag": [tag, tag],
-            "comm_size": [size, size],
-        }
-    )
-    return Trace(ops, name="p2p")
 
 
 # ---------------------------------------------------------------- closed forms
@@ -129,22 +108,6 @@ def test_independent_computes_share_one_slot_unless_allowed_more() -> None:
         }
     )
     assert simulate(Trace(ops), Topology.ring(2)).total_ns == 4000
-
-
-def _policy_trace() -> Trace:
-    # X (GPU, 10 us) holds the compute slot; CPU chain c1 (1 us) -> c2 (1 us) makes
-    # P ready at 1 us and Q at 2 us, both GPU ops waiting for X.
-    ops = ops_table(
-        {
-            "rank": [0] * 5,
-            "id": [1, 2, 3, 4, 5],
-            "name": ["X", "c1", "c2", "P", "Q"],
-            "type": ["COMP_NODE"] * 5,
-            "duration_micros": [10, 1, 1, 3, 3],
-            "is_cpu_op": [False, True, True, False, False],
-        }
-    )
-    return Trace(ops, deps=deps_table([0, 0, 0], [2, 3, 2], [3, 5, 4]), name="policy")
 
 
 def test_fifo_gives_the_freed_slot_to_the_op_ready_first() -> None:
@@ -268,11 +231,10 @@ def test_ring_algorithm_as_an_expanded_workload() -> None:
     assert res.ops.num_rows == n * (3 * (n - 1) + 2 * (n - 1))
 
 
-def test_astra_sim_regression_case_gives_117780_ns() -> None:
-    _need(RT)
-    cfg = read_system_config(RT / "system_cfg.json")
-    net = read_network_config(RT / "network_cfg.yml")
-    trace = read_et(RT / "workload" / "chakra_trace")
+def test_astra_sim_regression_case_gives_117780_ns(rt_inputs: Path) -> None:
+    cfg = read_system_config(rt_inputs / "system_cfg.json")
+    net = read_network_config(rt_inputs / "network_cfg.yml")
+    trace = read_et(rt_inputs / "workload" / "chakra_trace")
     res = simulate(trace, net.topology, config=cfg)
     assert res.total_ns == 117780.0
     assert res.ranks["total_ns"].to_pylist() == [117780.0] * 8
@@ -285,20 +247,22 @@ def test_astra_sim_regression_case_gives_117780_ns() -> None:
     assert aware.total_ns == 117780.0
 
 
-def test_custom_ring_allreduce_example_is_14_messages_and_7_computes() -> None:
-    _need(CUSTOM)
-    net = read_network_config(RT / "network_cfg.yml")
-    trace = read_et(CUSTOM / "custom_allreduce")
+def test_custom_ring_allreduce_example_is_14_messages_and_7_computes(
+    rt_inputs: Path, custom_allreduce: Path
+) -> None:
+    net = read_network_config(rt_inputs / "network_cfg.yml")
+    trace = read_et(custom_allreduce / "custom_allreduce")
     res = simulate(trace, net.topology)
     message, compute = _msg_ns(131072), 7 * 1000.0
     assert res.total_ns == 14 * message + 7 * compute == 90174.0
 
 
-def test_custom_ring_runs_as_the_stored_algorithm_of_a_coll_node() -> None:
-    _need(CUSTOM)
-    net = read_network_config(RT / "network_cfg.yml")
-    algo = read_et(CUSTOM / "custom_allreduce")
-    work = read_et(RT / "workload" / "chakra_trace")
+def test_custom_ring_runs_as_the_stored_algorithm_of_a_coll_node(
+    rt_inputs: Path, custom_allreduce: Path
+) -> None:
+    net = read_network_config(rt_inputs / "network_cfg.yml")
+    algo = read_et(custom_allreduce / "custom_allreduce")
+    work = read_et(rt_inputs / "workload" / "chakra_trace")
     res = simulate(work, net.topology, algorithms={"ALL_REDUCE": algo})
     assert res.total_ns == 14 * _msg_ns((1 << 20) // 8) + 7 * 7000.0
     assert res.collectives["algorithm"].to_pylist() == ["trace:custom_allreduce"]
@@ -554,9 +518,8 @@ def test_bad_config_values() -> None:
         SimConfig(max_comm_ops=0)
 
 
-def test_system_config_reader(tmp_path: Path) -> None:
-    _need(RT)
-    cfg = read_system_config(RT / "system_cfg.json")
+def test_system_config_reader(tmp_path: Path, rt_inputs: Path) -> None:
+    cfg = read_system_config(rt_inputs / "system_cfg.json")
     assert (
         cfg.scheduling_policy,
         cfg.endpoint_delay_ns,

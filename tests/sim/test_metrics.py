@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import duckdb
@@ -21,6 +22,7 @@ from etstore.sim import (
     sweep,
 )
 from etstore.sim.metrics import SCHEMA_VERSION, TABLES
+from etstore.store.warehouse import Warehouse
 from etstore.topology import Topology
 
 
@@ -43,28 +45,25 @@ def _workload() -> Trace:
 
 
 @pytest.fixture
-def con(tmp_path: Path):  # type: ignore[no-untyped-def]
-    c = duckdb.connect(str(tmp_path / "warehouse.duckdb"))
-    yield c
-    c.close()
+def wh(tmp_path: Path) -> Iterator[Warehouse]:
+    """A warehouse over a plain DuckDB file (not a store), no tables yet."""
+    with Warehouse(duckdb.connect(str(tmp_path / "warehouse.duckdb"))) as w:
+        yield w
 
 
-def test_schema_is_created_once(con) -> None:  # type: ignore[no-untyped-def]
-    create_schema(con)
-    create_schema(con)
-    tables = {r[0] for r in con.execute("SELECT table_name FROM information_schema.tables").fetchall()}
+def test_schema_is_created_once(wh: Warehouse) -> None:
+    create_schema(wh)
+    create_schema(wh)
+    tables = {r[0] for r in wh.query("SELECT table_name FROM information_schema.tables")}
     assert set(TABLES) <= tables
-    assert con.execute("SELECT count(*), max(version) FROM etstore_sim_schema").fetchall()[0] == (
-        1,
-        SCHEMA_VERSION,
-    )
+    assert list(wh.query("SELECT count(*), max(version) FROM etstore_sim_schema")) == [(1, SCHEMA_VERSION)]
 
 
 def test_record_run_and_read_back(tmp_path: Path) -> None:
     path = tmp_path / "w.duckdb"
     res = simulate(_workload(), Topology.ring(2), config=SimConfig(scheduling_policy="FIFO"))
-    with duckdb.connect(str(path)) as con:
-        rid = record_run(con, res, trace_name="tiny", params={"note": "baseline"})
+    with Warehouse(duckdb.connect(str(path))) as wh:
+        rid = record_run(wh, res, trace_name="tiny", params={"note": "baseline"})
     assert rid == 1
     with duckdb.connect(str(path)) as con:  # a fresh connection: it was committed to the file
         run = con.execute(
@@ -98,70 +97,75 @@ def test_record_run_and_read_back(tmp_path: Path) -> None:
         assert links == (2, float(1 << 20), 1)
 
 
-def test_op_timings_join_the_stores_ops(con) -> None:  # type: ignore[no-untyped-def]
+def test_op_timings_join_the_stores_ops(wh: Warehouse) -> None:
     tr = _workload()
     # the store keeps ops in DuckDB with columns trace, rank, id, ...
     stored = tr.ops.select(["rank", "id", "name", "type", "duration_micros"])
     stored = stored.add_column(0, "trace", pa.array(["tiny"] * stored.num_rows))
-    con.register("incoming", stored)
-    con.execute("CREATE TABLE ops AS SELECT * FROM incoming")
+    with wh.registered(incoming=stored):
+        wh.execute("CREATE TABLE ops AS SELECT * FROM incoming")
     res = simulate(tr, Topology.ring(2))
-    rid = record_run(con, res, trace_name="tiny")
-    got = con.execute(
-        "SELECT o.rank, o.id, o.duration_micros, t.start_ns, t.end_ns FROM ops o "
-        "JOIN op_timings t USING (trace, rank, id) WHERE t.run_id = $r AND o.type = 'COMP_NODE' "
-        "ORDER BY o.rank, o.id",
-        {"r": rid},
-    ).fetchall()
+    rid = record_run(wh, res, trace_name="tiny")
+    got = list(
+        wh.query(
+            "SELECT o.rank, o.id, o.duration_micros, t.start_ns, t.end_ns FROM ops o "
+            "JOIN op_timings t USING (trace, rank, id) WHERE t.run_id = $r AND o.type = 'COMP_NODE' "
+            "ORDER BY o.rank, o.id",
+            {"r": rid},
+        )
+    )
     assert len(got) == 3
     for _rank, _id, micros, start, end in got:
         assert end - start == micros * 1000
     # the receive's wait: recv posted at 0, message 20031 ns after the 5 us compute
-    recv_end = con.execute(
+    recv_end = wh.query(
         "SELECT end_ns FROM op_timings WHERE run_id = $r AND rank = 1 AND id = 1", {"r": rid}
-    ).fetchall()[0][0]
+    ).scalar()
     assert recv_end == 5000 + 20031
 
 
-def test_collectives_table_has_busbw(con) -> None:  # type: ignore[no-untyped-def]
+def test_collectives_table_has_busbw(wh: Warehouse) -> None:
     res = simulate(collective_workload("allreduce", 8, 1 << 20), Topology.ring(8))
-    rid = record_run(con, res)
-    row = con.execute(
+    rid = record_run(wh, res)
+    (row,) = wh.query(
         "SELECT comm_type, algorithm, group_size, size_bytes, time_ns, busbw_gb_per_s, "
         "algbw_gb_per_s * 2 * 7 / 8 FROM collectives WHERE run_id = $r",
         {"r": rid},
-    ).fetchall()[0]
+    )
     assert row[:5] == ("ALL_REDUCE", "native", 8, 1 << 20, 117780.0)
     assert row[5] == pytest.approx(row[6])
 
 
-def test_run_ids_increase_and_a_taken_id_is_refused(con) -> None:  # type: ignore[no-untyped-def]
+def test_run_ids_increase_and_a_taken_id_is_refused(wh: Warehouse) -> None:
     res = simulate(_workload(), Topology.ring(2))
-    assert record_run(con, res) == 1
-    assert record_run(con, res) == 2
-    assert record_run(con, res, run_id=10) == 10
+    assert record_run(wh, res) == 1
+    assert record_run(wh, res) == 2
+    assert record_run(wh, res, run_id=10) == 10
     with pytest.raises(StoreError, match="cannot record simulation run of 'tiny'"):
-        record_run(con, res, run_id=10)
+        record_run(wh, res, run_id=10)
     # the failed run left nothing behind
-    assert con.execute("SELECT count(*) FROM op_timings WHERE run_id = 10").fetchall()[0][0] == 5
-    assert con.execute("SELECT count(*) FROM runs").fetchall()[0][0] == 3
+    assert wh.query("SELECT count(*) FROM op_timings WHERE run_id = 10").scalar() == 5
+    assert wh.query("SELECT count(*) FROM runs").scalar() == 3
 
 
-def test_record_sweep(con) -> None:  # type: ignore[no-untyped-def]
+def test_record_sweep(wh: Warehouse) -> None:
     pts = sweep([1 << 16, 1 << 20], ["native"], [Topology.ring(4)])
-    sid = record_sweep(con, pts, params={"experiment": "t"})
+    sid = record_sweep(wh, pts, params={"experiment": "t"})
     assert sid == 1
-    rows = con.execute(
-        "SELECT size_bytes, busbw_gb_per_s, params FROM sweep_points WHERE sweep_id = 1 ORDER BY size_bytes"
-    ).fetchall()
+    rows = list(
+        wh.query(
+            "SELECT size_bytes, busbw_gb_per_s, params FROM sweep_points WHERE sweep_id = 1 "
+            "ORDER BY size_bytes"
+        )
+    )
     assert [r[0] for r in rows] == [1 << 16, 1 << 20]
     assert rows[0][1] < rows[1][1]  # bigger messages amortize latency
     assert json.loads(rows[0][2]) == {"experiment": "t"}
-    assert record_sweep(con, pts) == 2
+    assert record_sweep(wh, pts) == 2
 
 
-def test_newer_schema_is_refused(con) -> None:  # type: ignore[no-untyped-def]
-    create_schema(con)
-    con.execute("INSERT INTO etstore_sim_schema VALUES (99)")
+def test_newer_schema_is_refused(wh: Warehouse) -> None:
+    create_schema(wh)
+    wh.execute("INSERT INTO etstore_sim_schema VALUES (99)")
     with pytest.raises(StoreError, match="schema version 99; this etstore writes version 1"):
-        create_schema(con)
+        create_schema(wh)

@@ -1,4 +1,4 @@
-"""The native event loop (``_simloop``) against the Python reference ``engine._run``.
+"""The native event loop (``_simloop``) against the Python reference ``_loop._run``.
 
 Every case replays one workload twice, once per loop, and demands identical raw loop
 outputs (end and start times, remaining in-degrees, event count, stop time, queues
@@ -24,14 +24,12 @@ from hypothesis import strategies as st
 from etstore.collectives.generators import generate
 from etstore.ingest.et import read_et
 from etstore.model import Trace, deps_table, ops_table
-from etstore.sim import SimConfig, SimulationError, collective_workload, engine, read_network_config
+from etstore.sim import SimConfig, SimulationError, _loop, collective_workload, engine, read_network_config
+from etstore.testing import p2p_trace as _p2p
+from etstore.testing import slot_policy_trace as _policy_trace
 from etstore.topology import Topology
-from tests.sim.test_engine import CUSTOM, RT, _p2p, _policy_trace
 
-pytestmark = pytest.mark.skipif(
-    engine._simloop is None,
-    reason="native event loop not built (etstore.sim._simloop missing: python setup.py build_ext --inplace)",
-)
+pytestmark = pytest.mark.needs_extension("etstore.sim._simloop")
 
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "bench_sim.py"
 
@@ -49,7 +47,7 @@ def _replay(monkeypatch: pytest.MonkeyPatch, native: bool, run: Callable[[], Any
     """(result or SimulationError, raw loop output) of one replay with the chosen loop."""
     seen: dict[str, Any] = {}
     name = "_run_native" if native else "_run_lists"
-    inner = getattr(engine, name)
+    inner = getattr(_loop, name)
 
     def spy(*args: Any) -> Any:
         out, loop_s = inner(*args)
@@ -57,9 +55,9 @@ def _replay(monkeypatch: pytest.MonkeyPatch, native: bool, run: Callable[[], Any
         return out, loop_s
 
     with monkeypatch.context() as m:
-        m.setattr(engine, name, spy)
+        m.setattr(_loop, name, spy)
         if not native:
-            m.setattr(engine, "_simloop", None)
+            m.setattr(_loop, "_simloop", None)
         try:
             res: Any = run()
         except SimulationError as exc:
@@ -260,23 +258,22 @@ def test_collectives_native_generated_and_expanded(
 
 
 @pytest.mark.parametrize("congestion", ["unaware", "aware"])
-def test_astra_sim_regression_case(monkeypatch: pytest.MonkeyPatch, congestion: str) -> None:
-    if not RT.exists():
-        pytest.skip(f"fixture {RT} not present")
+def test_astra_sim_regression_case(
+    monkeypatch: pytest.MonkeyPatch, congestion: str, rt_inputs: Path, custom_allreduce: Path
+) -> None:
     from etstore.sim import read_system_config
 
-    cfg = read_system_config(RT / "system_cfg.json").replace(congestion=congestion)
-    net = read_network_config(RT / "network_cfg.yml")
-    trace = read_et(RT / "workload" / "chakra_trace")
+    cfg = read_system_config(rt_inputs / "system_cfg.json").replace(congestion=congestion)
+    net = read_network_config(rt_inputs / "network_cfg.yml")
+    trace = read_et(rt_inputs / "workload" / "chakra_trace")
     res = _assert_same(monkeypatch, lambda: engine.simulate(trace, net.topology, config=cfg))
     assert res.total_ns == 117780.0
-    if CUSTOM.exists():
-        algo = read_et(CUSTOM / "custom_allreduce")
-        _assert_same(monkeypatch, lambda: engine.simulate(algo, net.topology, config=cfg))
-        _assert_same(
-            monkeypatch,
-            lambda: engine.simulate(trace, net.topology, config=cfg, algorithms={"ALL_REDUCE": algo}),
-        )
+    algo = read_et(custom_allreduce / "custom_allreduce")
+    _assert_same(monkeypatch, lambda: engine.simulate(algo, net.topology, config=cfg))
+    _assert_same(
+        monkeypatch,
+        lambda: engine.simulate(trace, net.topology, config=cfg, algorithms={"ALL_REDUCE": algo}),
+    )
 
 
 @pytest.mark.parametrize("config", CONFIGS)

@@ -12,10 +12,10 @@ import pytest
 
 from etstore.errors import StoreError
 from etstore.ingest import read_et
-from etstore.model import Trace, ops_table
+from etstore.model import Trace, TraceKind, ops_table
 from etstore.store.neo4j import Neo4jStore, parse_url, translate_cypher
+from etstore.testing import clear_store
 from etstore.workloads import transformer
-from tests.store.contract.conftest import neo4j_url, wipe
 
 SECRET = "s3cr3t-Pa55"
 
@@ -52,11 +52,11 @@ def test_translate_cypher_only_outside_strings() -> None:
 
 
 @pytest.fixture
-def server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    url = neo4j_url()
+def server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, neo4j_url: str) -> Iterator[str]:
+    url = neo4j_url
     monkeypatch.setenv("ETSTORE_WAREHOUSE", str(tmp_path / "warehouse"))
     with Neo4jStore(url, stale_after_s=0) as s:
-        wipe(s)
+        clear_store(s)
     yield url
 
 
@@ -103,7 +103,7 @@ def test_batched_load_matches_single_transaction(server: str, tmp_path: Path) ->
 def test_abandoned_ingest_is_swept(server: str, caplog: pytest.LogCaptureFixture) -> None:
     trace = transformer(ranks=2, layers=1, tp=1)
     with Neo4jStore(server) as s:
-        seq, _ = s._claim(trace, "ghost", True, None, "not-a-real-hash")
+        seq, _ = s._claim(trace, TraceKind(trace.kind), "ghost", True, None, "not-a-real-hash")
         s._run("CREATE (:Op {uid: $u, trace: 'ghost'})", {"u": seq << 40}, write=True)
     with Neo4jStore(server, stale_after_s=3600) as s:  # fresh heartbeat: another client may be loading
         assert s.cypher("MATCH (o:Op {trace: 'ghost'}) RETURN count(o)").scalar() == 1

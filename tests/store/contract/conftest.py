@@ -6,33 +6,15 @@ The Neo4j cases need ``ETSTORE_TEST_NEO4J=neo4j://user:pass@127.0.0.1:7687``;
 
 from __future__ import annotations
 
-import os
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from etstore.store import Store, open_store
+from etstore.testing import clear_store
 
 BACKENDS = ["embedded", "neo4j"]
-NEO4J_ENV = "ETSTORE_TEST_NEO4J"
-
-
-def neo4j_url() -> str:
-    """The test server's URL, or a skip saying why there is none."""
-    url = os.environ.get(NEO4J_ENV)
-    if url:
-        return url
-    missing = [tool for tool in ("java", "mvn") if shutil.which(tool) is None]
-    if missing:
-        pytest.skip(f"Neo4j cases need {' and '.join(missing)} (JDK 17, Maven 3.8+) to run a local server")
-    pytest.skip(f"no Neo4j server: run `make test`, or export {NEO4J_ENV}=$(scripts/neo4j.sh start)")
-
-
-def wipe(store: Store) -> None:
-    for t in store.traces():
-        store.remove(t.name)
 
 
 @pytest.fixture(params=BACKENDS)
@@ -40,12 +22,12 @@ def backend_location(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch
     """Where the backend under test lives: a fresh directory, or the test server (emptied)."""
     if request.param == "embedded":
         return str(tmp_path / "store")
-    url = neo4j_url()
+    url = str(request.getfixturevalue("neo4j_url"))  # the server's URL, or a skip saying why
     monkeypatch.setenv("ETSTORE_WAREHOUSE", str(tmp_path / "warehouse"))
     from etstore.store.neo4j import Neo4jStore
 
     with Neo4jStore(url, stale_after_s=0) as s:  # also sweeps what a failed test left loading
-        wipe(s)
+        clear_store(s)
     return url
 
 

@@ -26,7 +26,10 @@ def test_readme_cypher_examples(backend_store: Store) -> None:
     )
     assert res.columns[:2] == ["s.rank", "r.rank"]
     assert sorted(res) == [(s, d, 1) for s, d in RING]
-    types = dict(_rows(backend_store, "MATCH (o:Op {trace: $t}) RETURN o.type, count(*)", t="workload"))
+    types = {
+        k: n
+        for k, n in _rows(backend_store, "MATCH (o:Op {trace: $t}) RETURN o.type, count(*)", t="workload")
+    }
     assert types == {"COMM_SEND_NODE": 4, "COMM_RECV_NODE": 4, "COMM_COLL_NODE": 4, "COMP_NODE": 28}
     waits = backend_store.cypher(
         "MATCH (s:Op)-[:MSG]->(r:Op)-[:DEP]->(c:Op) WHERE s.trace = $t "
@@ -73,7 +76,7 @@ def test_ladybug_label_spelling(backend_store: Store) -> None:
 def test_read_only_mode(backend_store: Store, backend_location: str, rt_template: Path) -> None:
     backend_store.ingest(read_et(rt_template))
     backend_store.close()
-    with open_store(backend_location, read_only=True) as ro:  # type: ignore[attr-defined]
+    with open_store(backend_location, read_only=True) as ro:
         assert [t.name for t in ro.traces()] == ["chakra_trace"]
         assert ro.cypher("MATCH (o:Op) RETURN count(o)").scalar() == 8
         assert ro.sql("SELECT count(*) FROM ops").scalar() == 8
@@ -84,6 +87,6 @@ def test_read_only_mode(backend_store: Store, backend_location: str, rt_template
             ro.remove("chakra_trace")
         with pytest.raises(QueryError, match="Cypher"):
             ro.cypher("MATCH (o:Op) SET o.name = 'changed'")
-    with open_store(backend_location) as rw:  # type: ignore[attr-defined]
+    with open_store(backend_location) as rw:
         names = rw.cypher("MATCH (o:Op) RETURN DISTINCT o.name AS name").to_pylist()
         assert {"name": "changed"} not in names and len(names) > 0

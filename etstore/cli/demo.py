@@ -14,9 +14,10 @@ from pathlib import Path
 import pyarrow as pa
 from rich.console import Console
 
-from etstore._render import render
+from etstore.cli._render import render
 from etstore.collectives.check import check_algorithm
-from etstore.collectives.expand import expand_stored
+from etstore.collectives.generators import generate
+from etstore.collectives.stored import expand_stored
 from etstore.ingest import read_trace, write_et
 from etstore.ingest.msccl_writer import write_msccl_xml
 from etstore.query import critical_path
@@ -29,7 +30,7 @@ from etstore.workloads import transformer
 
 __all__ = ["EXAMPLES", "TOPOLOGY", "run_demo"]
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 TOPOLOGY = "mesh2d:4x2,bw=50,lat=500"  # 8 NPUs: the example's 4 data-parallel x 2 tensor-parallel ranks
 
 
@@ -48,8 +49,6 @@ def _algorithm_xml() -> Path:
     shipped = EXAMPLES / "algorithms" / "ring_allreduce_4r.xml"
     if shipped.is_file():
         return shipped
-    from etstore.collectives.generators import generate
-
     out = Path(tempfile.mkdtemp(prefix="etstore-examples-")) / "ring_allreduce_4r.xml"
     return write_msccl_xml(
         generate("ring", coll="allreduce", ranks=4, chunks=2), out, name="ring_allreduce_4r"
@@ -61,7 +60,28 @@ def _us(ns: float) -> str:
 
 
 def run_demo(*, store_location: str | None, console: Console, out_dir: Path) -> Path:
-    """Run every stage on the shipped examples, printing each; returns the report's path."""
+    """Run every stage on the shipped examples, printing each; returns the report's path.
+
+    Parameters
+    ----------
+    store_location
+        Store directory or ``neo4j://`` URL (``None``: ``$ETSTORE_STORE``, then ``./.etstore``).
+    console
+        Where each stage prints its heading, queries and tables.
+    out_dir
+        Directory for the exported ``.et`` files, the MSCCL-IR file and ``report.html``
+        (created if absent).
+
+    Returns
+    -------
+    Path
+        The HTML report.
+
+    Raises
+    ------
+    EtstoreError
+        Whatever the stage that fails raises (a store that cannot be opened, most often).
+    """
     out_dir.mkdir(parents=True, exist_ok=True)
     with open_store(store_location) as store:
         console.rule(
@@ -174,7 +194,7 @@ def run_demo(*, store_location: str | None, console: Console, out_dir: Path) -> 
         console.print(f"wrote {len(paths)} .et files and {xml_out.name} under {out_dir}/")
 
         console.rule("10. report")
-        html = write_report(store.duck, [base.run_a, base.run_b, after.run_b], out_dir / "report.html")
+        html = write_report(store.warehouse, [base.run_a, base.run_b, after.run_b], out_dir / "report.html")
         summary = pa.table(
             {
                 "run": [base.run_a, base.run_b, after.run_b],

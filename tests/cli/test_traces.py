@@ -131,7 +131,7 @@ def test_read_only_query_cannot_write(
 def test_workload_generator_reproduces_the_shipped_example(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
-    shipped = Path(__file__).resolve().parent.parent / "examples" / "transformer_8r"
+    shipped = Path(__file__).resolve().parents[2] / "examples" / "transformer_8r"
     code, out, _ = run(capsys, tmp_path / "s", "workload", "--out", str(tmp_path / "gen" / "transformer"))
     assert code == 0 and len(out.split()) == 8
     for r in range(8):

@@ -49,7 +49,26 @@ def render(
     out: TextIO | None = None,
     console: Console | None = None,
 ) -> None:
-    """Print ``table`` as a rich table (terminal), CSV or JSON (a list of row objects)."""
+    """Print ``table`` as a rich table (terminal), CSV or JSON (a list of row objects).
+
+    Parameters
+    ----------
+    table
+        What to print, one line or row object per row.
+    fmt
+        ``table``, ``csv`` or ``json`` (see :data:`FORMATS`).
+    title
+        Caption above a rich table; the other formats carry none.
+    out
+        Stream for CSV and JSON, and for the table when no ``console`` is given
+        (default: stdout).
+    console
+        Console that prints the rich table (its width and colour decide the layout).
+
+    Notes
+    -----
+    O(rows x columns); the rows are materialised as Python values once.
+    """
     out = out or sys.stdout
     rows = table.to_pylist()
     if fmt == "json":

@@ -77,7 +77,7 @@ def test_expand_errors_are_one_line_and_store_nothing(
     for args, message in [
         (("--algo", "ring4"), "has 8 member ranks but algorithm 'ring4' has 4 ranks"),
         (("--algo", "spiral"), "neither a stored algorithm nor a generator"),
-        (("--algo", "ring", "--where", "comm_size <"), "--where 'comm_size <'"),
+        (("--algo", "ring", "--where", "comm_size <"), "where predicate 'comm_size <'"),
         (("--algo", "ring", "--where", "rank < 4"), "on ranks [0, 1, 2, 3] but not on [4, 5, 6, 7]"),
         (("--by-type", "allsum=ring"), "unknown collective 'allsum'"),
         ((), "give --algo"),

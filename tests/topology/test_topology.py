@@ -12,15 +12,6 @@ import pytest
 from etstore.errors import TopologyError
 from etstore.topology import GIB, Dim, Topology, parse_topology, read_topology
 
-FIX = Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "astra-sim"
-
-
-def _fixture(*parts: str) -> Path:
-    path = FIX.joinpath(*parts)
-    if not path.exists():
-        pytest.skip(f"fixture {path} not available")
-    return path
-
 
 def _pairs(t: Topology) -> set[tuple[int, int]]:
     return set(zip(t.src.tolist(), t.dst.tolist(), strict=True))
@@ -115,17 +106,17 @@ def test_link_time() -> None:
 
 
 # ---------------------------------------------------------------------- files
-def test_astra_sim_ring(tmp_path: Path) -> None:
-    t = read_topology(_fixture("examples", "network", "analytical", "Ring_8npus.yml"))
+def test_astra_sim_ring(tmp_path: Path, astra_networks: Path, rt_inputs: Path) -> None:
+    t = read_topology(astra_networks / "Ring_8npus.yml")
     assert (t.num_npus, t.num_links, t.diameter) == (8, 16, 4)
     assert set(t.bandwidth_gb_per_s.tolist()) == {50.0} and set(t.latency_ns.tolist()) == {500.0}
     assert _pairs(t) == _pairs(parse_topology("ring:8"))
-    cfg = read_topology(_fixture("tests", "rt_template", "inputs", "network_cfg.yml"))
+    cfg = read_topology(rt_inputs / "network_cfg.yml")
     assert cfg.num_npus == 8
 
 
-def test_astra_sim_switch() -> None:
-    t = parse_topology(str(_fixture("examples", "network", "analytical", "HGX-H100-validated.yml")))
+def test_astra_sim_switch(astra_networks: Path) -> None:
+    t = parse_topology(str(astra_networks / "HGX-H100-validated.yml"))
     assert (t.num_npus, t.num_links) == (8, 56)
     assert t.bandwidth_gb_per_s[0] == pytest.approx(400.0 / 7)
     assert t.latency_ns[0] == pytest.approx(2 * 936.25)

@@ -1,0 +1,245 @@
+"""Collective instances of a trace and the algorithm each one runs.
+
+The k-th ``COMM_COLL_NODE`` of a communicator group on every member rank is one
+instance; :class:`Algorithms` turns an instance's (collective, size, group) into
+the :class:`~etstore.sim._templates.Template` its ranks expand into, or None to
+replay the node's own duration.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from etstore.collective import COLLECTIVE_NAMES
+from etstore.collectives.generators import GENERATORS, generate
+from etstore.errors import EtstoreError
+from etstore.model import Trace
+from etstore.sim import _templates as tpl
+from etstore.sim.config import SimConfig, collective_name
+from etstore.sim.result import not_stuck
+
+__all__ = [
+    "BUILTIN_ALGORITHMS",
+    "AlgorithmSpec",
+    "Algorithms",
+    "CollectiveInstance",
+    "check_complete",
+    "collective_instances",
+]
+
+AlgorithmSpec = str | Trace
+
+BUILTIN_ALGORITHMS: frozenset[str] = frozenset({"native", "replay", *GENERATORS})
+"""Algorithm names the simulator resolves itself: ``native`` (ASTRA-sim's ring),
+``replay`` (the node's own duration) and every generator of
+:data:`etstore.collectives.generators.GENERATORS`; any other name is a stored algorithm."""
+
+
+@dataclass
+class CollectiveInstance:
+    """One collective across its group: the ``seq``-th of group ``pg`` on every member rank."""
+
+    pg: str
+    seq: int
+    type: str
+    size: int  # comm_size in bytes, as the nodes carry it
+    group: tuple[int, ...]
+    rows: list[int] = field(default_factory=list)  # op rows of its COMM_COLL_NODEs, one per member
+    algorithm: str = ""  # label of the algorithm it ran ("replay" when none)
+
+
+class Algorithms:
+    """Chooses and caches the template for each (collective, size, group)."""
+
+    def __init__(
+        self,
+        config: SimConfig,
+        algorithms: Mapping[str, AlgorithmSpec] | None,
+        topo_dims: tuple[int, ...],
+        num_npus: int,
+    ) -> None:
+        self.config = config
+        self.explicit: dict[str, AlgorithmSpec] = {}
+        for key, spec in (algorithms or {}).items():
+            self.explicit[collective_name(key)] = spec
+        self.topo_dims = topo_dims
+        self.num_npus = num_npus
+        self.cache: dict[tuple[Any, ...], tpl.Template | None] = {}
+        self.generated: dict[tuple[str, str, int], Trace] = {}
+        self.labels: dict[str, str] = {}
+
+    def spec_for(self, coll: str) -> AlgorithmSpec:
+        """The algorithm asked for ``coll``: explicit, else the config's default."""
+        if coll in self.explicit:
+            return self.explicit[coll]
+        return self.config.impl_for(coll)
+
+    @staticmethod
+    def label(spec: AlgorithmSpec) -> str:
+        """How results name an algorithm: its name, or ``trace:<name>``."""
+        return spec if isinstance(spec, str) else f"trace:{spec.name}"
+
+    def template(self, coll: str, size: int, group: tuple[int, ...]) -> tuple[tpl.Template | None, str]:
+        """The template for one instance, or None to replay the node's own duration."""
+        spec = self.spec_for(coll)
+        label = self.label(spec)
+        self.labels[str(coll)] = label
+        n = len(group)
+        key = (
+            coll,
+            label,
+            id(spec) if not isinstance(spec, str) else 0,
+            size,
+            group if spec == "native" else n,
+        )
+        if key in self.cache:
+            return self.cache[key], label
+        cfg = self.config
+        t: tpl.Template | None
+        if isinstance(spec, str) and spec == "replay":
+            t = None
+        elif isinstance(spec, str) and spec == "native":
+            dims = self.topo_dims if (n == self.num_npus and group == tuple(range(n))) else (n,)
+            t = tpl.native_template(
+                coll,
+                size,
+                dims,
+                splits=cfg.preferred_dataset_splits,
+                active_chunks=cfg.active_chunks_per_dimension,
+                endpoint_delay_ns=cfg.endpoint_delay_ns,
+                local_mem_bw_gb_per_s=cfg.local_mem_bw_gb_per_s,
+                reduction_mem_accesses=cfg.reduction_mem_accesses,
+                integer_ns=cfg.integer_ns,
+            )
+        else:
+            if isinstance(spec, str):
+                trace = self._generated(spec, coll, n)
+            else:
+                trace = spec
+                if trace.num_ranks != n:
+                    raise not_stuck(
+                        f"algorithm {trace.name!r} has {trace.num_ranks} ranks but the {coll} group has {n}"
+                    )
+            t = tpl.trace_template(
+                trace,
+                coll,
+                size,
+                duration_unit_ns=cfg.duration_unit_ns,
+                local_mem_bw_gb_per_s=cfg.local_mem_bw_gb_per_s,
+                reduction_mem_accesses=cfg.reduction_mem_accesses,
+                copy_mem_accesses=cfg.copy_mem_accesses,
+                integer_ns=cfg.integer_ns,
+                label=label,
+            )
+        self.cache[key] = t
+        return t, label
+
+    def _generated(self, name: str, coll: str, n: int) -> Trace:
+        """The generator's algorithm ``name`` for ``coll`` on ``n`` ranks (built once)."""
+        cache_key = (name, coll, n)
+        if cache_key in self.generated:
+            return self.generated[cache_key]
+        short = COLLECTIVE_NAMES[coll]
+        try:
+            trace = generate(name, coll=short, ranks=n, chunks=self.config.algorithm_chunks)
+        except EtstoreError as exc:
+            raise not_stuck(f"cannot generate algorithm {name!r} for {coll} on {n} ranks: {exc}") from exc
+        self.generated[cache_key] = trace
+        return trace
+
+
+def _comm_groups(
+    pg: np.ndarray,
+    is_coll: np.ndarray,
+    rank: np.ndarray,
+    all_ranks: np.ndarray,
+    groups: Mapping[str, Sequence[int]] | None,
+) -> dict[str, tuple[int, ...]]:
+    """Member ranks of every communicator group used by a collective."""
+    out: dict[str, tuple[int, ...]] = {}
+    given = {str(k): tuple(sorted(int(r) for r in v)) for k, v in (groups or {}).items()}
+    for name in np.unique(pg[is_coll]):
+        name = str(name)
+        if name in ("", "0"):
+            out[name] = tuple(int(r) for r in all_ranks)
+        elif name in given:
+            out[name] = given[name]
+        else:
+            out[name] = tuple(int(r) for r in np.unique(rank[is_coll & (pg == name)]))
+    return out
+
+
+def collective_instances(
+    trace: Trace,
+    is_coll: np.ndarray,
+    rank: np.ndarray,
+    ids: np.ndarray,
+    csize: np.ndarray,
+    all_ranks: np.ndarray,
+    groups: Mapping[str, Sequence[int]] | None,
+) -> list[CollectiveInstance]:
+    """Group the trace's ``COMM_COLL_NODE`` rows into instances, in first-seen order.
+
+    Raises
+    ------
+    SimulationError
+        A node without ``comm_type``, an instance whose ranks disagree on type or
+        size, or a rank outside its group.
+    """
+    ops = trace.ops
+    n0 = ops.num_rows
+    coll_rows = np.flatnonzero(is_coll)
+    take = pa.array(coll_rows)
+    ctype = np.full(n0, "", dtype=object)
+    pg = np.full(n0, "", dtype=object)
+    ctype[coll_rows] = pc.fill_null(ops["comm_type"].take(take), "").to_pylist()
+    pg[coll_rows] = pc.fill_null(ops["pg_name"].take(take), "").to_pylist()
+    members = _comm_groups(pg, is_coll, rank, all_ranks, groups)
+    instances: list[CollectiveInstance] = []
+    seq_counter: dict[tuple[str, int], int] = {}
+    inst_index: dict[tuple[str, int], int] = {}
+    for row in coll_rows:
+        g = pg[row]
+        r = int(rank[row])
+        k = seq_counter.get((g, r), 0)
+        seq_counter[(g, r)] = k + 1
+        ikey = (g, k)
+        ct = ctype[row]
+        if not ct:
+            raise not_stuck(
+                f"trace {trace.name!r}: rank {r} node {int(ids[row])} is a COMM_COLL_NODE without comm_type"
+            )
+        if ikey not in inst_index:
+            inst_index[ikey] = len(instances)
+            instances.append(CollectiveInstance(g, k, ct, int(csize[row]), members[g]))
+        inst = instances[inst_index[ikey]]
+        if inst.type != ct or inst.size != int(csize[row]):
+            raise not_stuck(
+                f"trace {trace.name!r}: collective #{k} of group {g or 'all'} is {inst.type} of "
+                f"{inst.size} bytes on one rank but rank {r} node {int(ids[row])} is {ct} of "
+                f"{int(csize[row])} bytes"
+            )
+        if r not in inst.group:
+            raise not_stuck(
+                f"trace {trace.name!r}: rank {r} node {int(ids[row])} uses group {g!r} whose members "
+                f"are {list(inst.group)}"
+            )
+        inst.rows.append(int(row))
+    return instances
+
+
+def check_complete(trace: Trace, inst: CollectiveInstance, rank: np.ndarray) -> None:
+    """Raise :class:`SimulationError` unless every member rank of ``inst`` has its node."""
+    have = sorted(int(rank[x]) for x in inst.rows)
+    if have != sorted(inst.group):
+        lacking = sorted(set(inst.group) - set(have))
+        raise not_stuck(
+            f"trace {trace.name!r}: collective #{inst.seq} ({inst.type}) of group "
+            f"{inst.pg or 'all'} has no matching COMM_COLL_NODE on rank(s) {lacking}"
+        )

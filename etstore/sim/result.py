@@ -1,0 +1,193 @@
+"""What a replay produces: :class:`SimResult`, the schemas of its tables, bus bandwidth.
+
+Every table is Arrow and every time is in ns; bandwidths are GB/s with GB = 2^30,
+like link bandwidths.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from etstore.errors import SimulationError
+from etstore.sim.config import SimConfig
+
+__all__ = [
+    "COLLECTIVES_SCHEMA",
+    "LINKS_SCHEMA",
+    "OP_TIMINGS_SCHEMA",
+    "RANK_BREAKDOWN_SCHEMA",
+    "STUCK_SCHEMA",
+    "SimResult",
+    "busbw_factor",
+    "nccl_bytes",
+    "not_stuck",
+]
+
+OP_TIMINGS_SCHEMA = pa.schema(
+    [
+        ("rank", pa.int32()),
+        ("id", pa.uint64()),
+        ("name", pa.string()),
+        ("type", pa.string()),
+        ("ready_ns", pa.float64()),
+        ("start_ns", pa.float64()),
+        ("end_ns", pa.float64()),
+    ]
+)
+RANK_BREAKDOWN_SCHEMA = pa.schema(
+    [
+        ("rank", pa.int32()),
+        ("total_ns", pa.float64()),
+        ("compute_ns", pa.float64()),
+        ("comm_ns", pa.float64()),
+        ("exposed_comm_ns", pa.float64()),
+        ("overlap_ns", pa.float64()),
+        ("idle_ns", pa.float64()),
+    ]
+)
+COLLECTIVES_SCHEMA = pa.schema(
+    [
+        ("coll_seq", pa.int64()),
+        ("pg_name", pa.string()),
+        ("comm_type", pa.string()),
+        ("algorithm", pa.string()),
+        ("group_size", pa.int32()),
+        ("size_bytes", pa.int64()),
+        ("start_ns", pa.float64()),
+        ("end_ns", pa.float64()),
+        ("time_ns", pa.float64()),
+        ("algbw_gb_per_s", pa.float64()),
+        ("busbw_gb_per_s", pa.float64()),
+        ("busbw_factor", pa.float64()),
+    ]
+)
+LINKS_SCHEMA = pa.schema(
+    [
+        ("link", pa.int32()),
+        ("src", pa.int32()),
+        ("dst", pa.int32()),
+        ("latency_ns", pa.float64()),
+        ("bandwidth_gb_per_s", pa.float64()),
+        ("bytes", pa.float64()),
+        ("messages", pa.int64()),
+        ("busy_ns", pa.float64()),
+        ("utilization", pa.float64()),
+    ]
+)
+STUCK_SCHEMA = pa.schema(
+    [
+        ("rank", pa.int32()),
+        ("id", pa.uint64()),
+        ("name", pa.string()),
+        ("type", pa.string()),
+        ("state", pa.string()),
+        ("reason", pa.string()),
+    ]
+)
+
+
+def not_stuck(message: str) -> SimulationError:
+    """A :class:`SimulationError` raised before the replay ran: its ``.stuck`` is the empty table."""
+    return SimulationError(message, STUCK_SCHEMA.empty_table())
+
+
+def busbw_factor(comm_type: str, n: int) -> float:
+    """nccl-tests bus-bandwidth factor: 2(n-1)/n all-reduce, (n-1)/n gather/scatter/all-to-all, else 1."""
+    if n <= 1:
+        return 0.0 if comm_type in ("ALL_REDUCE", "ALL_GATHER", "REDUCE_SCATTER", "ALL_TO_ALL") else 1.0
+    if comm_type == "ALL_REDUCE":
+        return 2.0 * (n - 1) / n
+    if comm_type in ("ALL_GATHER", "REDUCE_SCATTER", "REDUCE_SCATTER_BLOCK", "ALL_TO_ALL"):
+        return (n - 1) / n
+    return 1.0
+
+
+def nccl_bytes(comm_type: str, comm_size: int, n: int) -> int:
+    """nccl-tests' S: the total array for all-gather (comm_size is per rank), else comm_size."""
+    return comm_size * n if comm_type == "ALL_GATHER" else comm_size
+
+
+@dataclass(frozen=True, eq=False)
+class SimResult:
+    """What one replay produced; every table is Arrow, every time ns.
+
+    Attributes
+    ----------
+    ops
+        :data:`OP_TIMINGS_SCHEMA`, one row per op of the trace (collective sub-ops are
+        not listed): when it became ready, started and ended.
+    ranks
+        :data:`RANK_BREAKDOWN_SCHEMA`: per rank, its finish time ``total_ns`` =
+        ``compute_ns + exposed_comm_ns + idle_ns``; ``comm_ns`` is time with any
+        send, receive or collective in flight, ``overlap_ns`` the part of it hidden
+        under compute.
+    collectives
+        :data:`COLLECTIVES_SCHEMA`: per collective instance, first start to last end
+        over its ranks, and nccl-tests ``algbw = S / t`` and ``busbw = algbw · f``
+        (GB = 2^30, like link bandwidths).
+    links
+        :data:`LINKS_SCHEMA`: bytes and busy time per directed link, utilization =
+        busy / ``total_ns`` (congestion-unaware: the load offered, may exceed 1).
+    total_ns
+        Simulated makespan.
+    wall_s
+        Wall time of the whole call; ``loop_s`` of the event loop alone.
+    events
+        Events processed: one per op that finished (a send and its matched receive
+        are two), plus one per link hop with the congestion-aware model.
+    """
+
+    ops: pa.Table
+    ranks: pa.Table
+    collectives: pa.Table
+    links: pa.Table
+    total_ns: float
+    wall_s: float
+    loop_s: float
+    events: int
+    sim_ops: int
+    trace_name: str
+    topology: str
+    num_npus: int
+    config: SimConfig
+    algorithms: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def events_per_s(self) -> float:
+        """Events per wall second of the event loop."""
+        return self.events / self.loop_s if self.loop_s > 0 else float("inf")
+
+    def params(self) -> dict[str, Any]:
+        """JSON-able parameters of the run (config, algorithms, topology)."""
+        return {
+            "config": self.config.to_dict(),
+            "algorithms": dict(self.algorithms),
+            "topology": self.topology,
+        }
+
+    def summary(self) -> dict[str, Any]:
+        """A JSON-able digest (what ``etstore sim`` prints)."""
+        r = self.ranks
+        out: dict[str, Any] = {
+            "trace": self.trace_name,
+            "topology": self.topology,
+            "congestion": self.config.congestion,
+            "total_ns": self.total_ns,
+            "ops": self.ops.num_rows,
+            "sim_ops": self.sim_ops,
+            "events": self.events,
+            "wall_s": round(self.wall_s, 6),
+            "events_per_s": round(self.events_per_s, 1),
+        }
+        if r.num_rows:
+            for col in ("compute_ns", "comm_ns", "exposed_comm_ns", "idle_ns"):
+                out[f"mean_{col}"] = float(pc.mean(r[col]).as_py())
+        if self.collectives.num_rows:
+            out["collectives"] = self.collectives.num_rows
+            out["mean_busbw_gb_per_s"] = float(pc.mean(self.collectives["busbw_gb_per_s"]).as_py())
+        return out

@@ -1,0 +1,145 @@
+"""Ingest several inputs in one call, with one policy for the inputs that fail.
+
+Each input (a file, directory, glob or ``<dir>/<prefix>``, as
+:func:`~etstore.ingest.read_trace` reads it) becomes one trace, stored all or
+nothing; a failure never undoes the traces stored before it. ``on_error`` decides
+what a failure does to the rest of the batch: ``"raise"`` stops there, ``"skip"``
+records it and goes on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from etstore.errors import EtstoreError, OptionError, StoreError
+from etstore.ingest import read_trace
+from etstore.store.base import IngestReport, Store
+
+__all__ = ["BatchProgressFn", "BatchStats", "OnError", "ingest_paths"]
+
+BatchProgressFn = Callable[[str, str, int, int], None]
+"""``progress(path, stage, done, total)``: stage ``read`` (0 then 1 of 1), then the store's stages."""
+
+OnError = Literal["raise", "skip"]
+"""What a failing input does to the rest of a batch."""
+
+
+@dataclass(frozen=True)
+class BatchStats:
+    """What a batch ingest did.
+
+    ``files_ok`` counts inputs stored or found already stored, ``files_skipped``
+    inputs that failed (with ``on_error="skip"``; ``skipped`` holds each one's path
+    and message, which starts with the path). ``ops``, ``deps`` and ``missing`` (dependencies on absent nodes)
+    add up the stored traces; ``reports`` has one :class:`IngestReport` per
+    successful input, in input order.
+    """
+
+    files_ok: int
+    files_skipped: int
+    ops: int
+    deps: int
+    missing: int
+    reports: tuple[IngestReport, ...]
+    skipped: tuple[tuple[str, str], ...] = ()
+
+
+def ingest_paths(
+    store: Store,
+    paths: Sequence[str | Path],
+    *,
+    name: str | None = None,
+    on_error: OnError = "raise",
+    progress: BatchProgressFn | None = None,
+) -> BatchStats:
+    """Read and store each input in turn, each one all or nothing.
+
+    Parameters
+    ----------
+    store
+        Where the traces go.
+    paths
+        Inputs, one trace each: a ``.et``/``.json`` file, a directory, a glob,
+        ``<dir>/<prefix>``, or an MSCCL-IR ``.xml``.
+    name
+        The stored name; only with a single input (default: each input's prefix).
+    on_error
+        ``"raise"``: the first failing input stops the batch (the traces stored
+        before it stay). ``"skip"``: a failing input is recorded in
+        :attr:`BatchStats.skipped` and the batch goes on.
+    progress
+        Called as ``progress(path, stage, done, total)``.
+
+    Returns
+    -------
+    BatchStats
+
+    Raises
+    ------
+    OptionError
+        ``name`` with more than one input, or an unknown ``on_error``.
+    EtstoreError
+        With ``on_error="raise"``: the first failure, of its own class; the message
+        starts with the failing input's path and names the traces stored before it.
+
+    Notes
+    -----
+    O(total ops + deps) columnar work, one input at a time (memory: one trace).
+    Interrupts (``KeyboardInterrupt``) and programming errors always propagate;
+    only :class:`~etstore.errors.EtstoreError` is subject to ``on_error``.
+    """
+    if on_error not in ("raise", "skip"):
+        raise OptionError(f"on_error {on_error!r}: expected 'raise' or 'skip'")
+    if name is not None and len(paths) > 1:
+        raise OptionError("a name names one trace; give a single input with it")
+    reports: list[IngestReport] = []
+    skipped: list[tuple[str, str]] = []
+    for path in paths:
+        spec = str(path)
+        try:
+            reports.append(_ingest_one(store, spec, name, progress))
+        except EtstoreError as exc:
+            if on_error == "raise":
+                raise _located(exc, spec, [r.trace.name for r in reports]) from exc
+            skipped.append((spec, _path_led(exc, spec)))
+    return BatchStats(
+        files_ok=len(reports),
+        files_skipped=len(skipped),
+        ops=sum(r.trace.ops for r in reports),
+        deps=sum(r.trace.deps for r in reports),
+        missing=sum(r.trace.missing for r in reports),
+        reports=tuple(reports),
+        skipped=tuple(skipped),
+    )
+
+
+def _ingest_one(store: Store, spec: str, name: str | None, progress: BatchProgressFn | None) -> IngestReport:
+    """Read one input and store it (the store makes it all or nothing)."""
+    if progress is None:
+        return store.ingest(read_trace(spec, name=name), name=name)
+    progress(spec, "read", 0, 1)
+    trace = read_trace(spec, name=name)
+    progress(spec, "read", 1, 1)
+    return store.ingest(
+        trace, name=name, progress=lambda stage, done, total: progress(spec, stage, done, total)
+    )
+
+
+def _path_led(exc: EtstoreError, spec: str) -> str:
+    """The message of ``exc``, starting with the input's path."""
+    text = str(exc)
+    return text if text.startswith(spec) else f"{spec}: {text}"
+
+
+def _located(exc: EtstoreError, spec: str, stored: list[str]) -> EtstoreError:
+    """``exc`` again, its message led by the input's path and followed by what was stored before."""
+    text = _path_led(exc, spec)
+    if stored:
+        text += f" (stored before this failure: {', '.join(stored)})"
+    try:
+        return type(exc)(text)
+    except TypeError:  # a subclass with a different constructor: keep the message, lose the subclass
+        return StoreError(text)

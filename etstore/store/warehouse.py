@@ -1,0 +1,526 @@
+"""The DuckDB warehouse: every table and view it holds, and the one way to talk to it.
+
+Every SQL table etstore writes is declared here, so both backends (the embedded
+store's ``warehouse.duckdb`` and the Neo4j backend's client-side copy) create the
+same schema at open:
+
+``ops``, ``deps``, ``missing_deps``, ``meta``, ``messages``, ``lineage``, ``traces``
+    the stored traces (:data:`TRACE_DDL`; :data:`TRACE_TABLES` are keyed by ``trace``).
+``runs``, ``op_timings``, ``rank_breakdown``, ``collectives``, ``link_util``, ``sweep_points``
+    the simulator's metrics (:data:`TABLES`, views :data:`VIEWS`, version
+    :data:`SCHEMA_VERSION` kept in ``etstore_sim_schema``; documented in
+    :mod:`etstore.sim.metrics` and ``docs/metrics.md``).
+``opportunities``, ``comparisons``
+    what the overlap finders and trace comparisons record (:data:`OPPORTUNITIES_DDL`,
+    :data:`COMPARISONS_DDL`).
+
+:class:`Warehouse` wraps one DuckDB connection behind a narrow API (``query``,
+``execute``, ``append``, ``next_id``, ``transaction``, ``registered``) and turns
+DuckDB's errors into :class:`~etstore.errors.QueryError` (reads) and
+:class:`~etstore.errors.StoreError` (writes) carrying the engine's message.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager, suppress
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pyarrow as pa
+
+from etstore.errors import QueryError, StoreError
+from etstore.model import DEPS_SCHEMA, OPS_SCHEMA, Trace
+from etstore.store.result import Result
+
+if TYPE_CHECKING:
+    import duckdb
+
+__all__ = [
+    "COMPARISONS_DDL",
+    "DEPS_COLUMNS",
+    "MIRROR_STATE_DDL",
+    "OPPORTUNITIES_DDL",
+    "OPS_COLUMNS",
+    "SCHEMA_VERSION",
+    "TABLES",
+    "TRACE_DDL",
+    "TRACE_TABLES",
+    "VIEWS",
+    "Warehouse",
+]
+
+# ------------------------------------------------------------------ trace tables
+
+_DUCK_TYPES = {
+    pa.int32(): "INTEGER",
+    pa.int64(): "BIGINT",
+    pa.uint64(): "UBIGINT",
+    pa.string(): "VARCHAR",
+    pa.bool_(): "BOOLEAN",
+    pa.binary(): "BLOB",
+}
+
+
+def _columns_sql(schema: pa.Schema) -> str:
+    return ", ".join(f"{f.name} {_DUCK_TYPES[f.type]}" for f in schema)
+
+
+OPS_COLUMNS = ", ".join(f.name for f in OPS_SCHEMA)
+"""The ``ops`` table's trace columns, in :data:`~etstore.model.OPS_SCHEMA` order."""
+DEPS_COLUMNS = ", ".join(f.name for f in DEPS_SCHEMA)
+"""The ``deps``/``missing_deps`` tables' trace columns, in :data:`~etstore.model.DEPS_SCHEMA` order."""
+
+TRACE_DDL: tuple[str, ...] = (
+    f"CREATE TABLE IF NOT EXISTS ops (trace VARCHAR NOT NULL, uid BIGINT NOT NULL, "
+    f"{_columns_sql(OPS_SCHEMA)})",
+    f"CREATE TABLE IF NOT EXISTS deps (trace VARCHAR NOT NULL, edge BIGINT NOT NULL, "
+    f"{_columns_sql(DEPS_SCHEMA)}, src_uid BIGINT, dst_uid BIGINT)",
+    f"CREATE TABLE IF NOT EXISTS missing_deps (trace VARCHAR NOT NULL, edge BIGINT NOT NULL, "
+    f"{_columns_sql(DEPS_SCHEMA)})",
+    "CREATE TABLE IF NOT EXISTS meta (trace VARCHAR NOT NULL, rank INTEGER, metadata BLOB)",
+    "CREATE TABLE IF NOT EXISTS messages (trace VARCHAR NOT NULL, send_uid BIGINT, recv_uid BIGINT, "
+    "tag INTEGER, comm_size BIGINT)",
+    "CREATE TABLE IF NOT EXISTS lineage (trace VARCHAR NOT NULL, rank INTEGER, id UBIGINT, "
+    "parent_trace VARCHAR, parent_id UBIGINT, parent_uid BIGINT, uid BIGINT)",
+    "CREATE TABLE IF NOT EXISTS traces (name VARCHAR PRIMARY KEY, kind VARCHAR, ranks INTEGER, "
+    "ops BIGINT, deps BIGINT, missing BIGINT, messages BIGINT, parent VARCHAR, source VARCHAR, "
+    "params VARCHAR, content_hash VARCHAR)",
+)
+"""DDL of the trace tables (idempotent)."""
+
+TRACE_TABLES = ("ops", "deps", "missing_deps", "meta", "messages", "lineage")
+"""Tables holding one trace's rows under its name in column ``trace`` (``traces`` is keyed by ``name``)."""
+
+# ------------------------------------------------------------------ simulator metrics
+
+SCHEMA_VERSION = 1
+"""Version of the metrics tables; columns are only ever added."""
+
+TABLES: dict[str, str] = {
+    "runs": """CREATE TABLE IF NOT EXISTS runs (
+        run_id BIGINT PRIMARY KEY, trace VARCHAR NOT NULL, topology VARCHAR, num_npus INTEGER,
+        congestion VARCHAR, scheduling_policy VARCHAR, params VARCHAR, total_ns DOUBLE, wall_s DOUBLE,
+        loop_s DOUBLE, events BIGINT, events_per_s DOUBLE, num_ops BIGINT, sim_ops BIGINT,
+        created_at TIMESTAMP DEFAULT (now()::TIMESTAMP))""",
+    "op_timings": """CREATE TABLE IF NOT EXISTS op_timings (
+        run_id BIGINT NOT NULL, trace VARCHAR NOT NULL, rank INTEGER, id UBIGINT, name VARCHAR,
+        type VARCHAR, ready_ns DOUBLE, start_ns DOUBLE, end_ns DOUBLE, duration_ns DOUBLE, wait_ns DOUBLE)""",
+    "rank_breakdown": """CREATE TABLE IF NOT EXISTS rank_breakdown (
+        run_id BIGINT NOT NULL, trace VARCHAR NOT NULL, rank INTEGER, total_ns DOUBLE, compute_ns DOUBLE,
+        comm_ns DOUBLE, exposed_comm_ns DOUBLE, overlap_ns DOUBLE, idle_ns DOUBLE)""",
+    "collectives": """CREATE TABLE IF NOT EXISTS collectives (
+        run_id BIGINT NOT NULL, trace VARCHAR NOT NULL, coll_seq BIGINT, pg_name VARCHAR, comm_type VARCHAR,
+        algorithm VARCHAR, group_size INTEGER, size_bytes BIGINT, start_ns DOUBLE, end_ns DOUBLE,
+        time_ns DOUBLE, algbw_gb_per_s DOUBLE, busbw_gb_per_s DOUBLE, busbw_factor DOUBLE)""",
+    "link_util": """CREATE TABLE IF NOT EXISTS link_util (
+        run_id BIGINT NOT NULL, link INTEGER, src INTEGER, dst INTEGER, latency_ns DOUBLE,
+        bandwidth_gb_per_s DOUBLE, bytes DOUBLE, messages BIGINT, busy_ns DOUBLE, utilization DOUBLE)""",
+    "sweep_points": """CREATE TABLE IF NOT EXISTS sweep_points (
+        sweep_id BIGINT NOT NULL, topology VARCHAR, num_npus INTEGER, collective VARCHAR, algorithm VARCHAR,
+        congestion VARCHAR, size_bytes BIGINT, time_ns DOUBLE, algbw_gb_per_s DOUBLE, busbw_gb_per_s DOUBLE,
+        events BIGINT, wall_s DOUBLE, params VARCHAR)""",
+}
+"""DDL of the simulator's metrics tables, by table name (idempotent)."""
+
+# Views answer the common dashboard questions; their columns, like the tables', are only ever added.
+VIEWS: dict[str, str] = {
+    "v_collective_busbw": """CREATE OR REPLACE VIEW v_collective_busbw AS
+        SELECT c.run_id, c.trace, r.topology, r.num_npus, r.congestion, c.coll_seq, c.pg_name,
+            c.comm_type, c.algorithm, c.group_size, c.size_bytes, c.size_bytes / 2^20 AS size_mib,
+            c.start_ns, c.end_ns, c.time_ns, c.time_ns / 1e3 AS time_us, c.algbw_gb_per_s,
+            c.busbw_gb_per_s, c.busbw_factor
+        FROM collectives c JOIN runs r USING (run_id)""",
+    "v_rank_exposed_comm": """CREATE OR REPLACE VIEW v_rank_exposed_comm AS
+        SELECT run_id, trace, rank, total_ns, compute_ns, comm_ns, exposed_comm_ns, overlap_ns, idle_ns,
+            CASE WHEN total_ns > 0 THEN exposed_comm_ns / total_ns END AS exposed_share,
+            CASE WHEN total_ns > 0 THEN idle_ns / total_ns END AS idle_share,
+            CASE WHEN comm_ns > 0 THEN overlap_ns / comm_ns END AS hidden_share
+        FROM rank_breakdown""",
+    "v_link_utilization": """CREATE OR REPLACE VIEW v_link_utilization AS
+        SELECT l.run_id, r.trace, r.topology, l.link, l.src, l.dst, l.latency_ns, l.bandwidth_gb_per_s,
+            l.bytes, l.bytes / 2^20 AS mib, l.messages, l.busy_ns, l.utilization, r.total_ns,
+            CASE WHEN r.total_ns > 0 THEN l.bytes / 2^30 / (r.total_ns / 1e9) END AS gib_per_s
+        FROM link_util l JOIN runs r USING (run_id)""",
+    "v_sweep_busbw": """CREATE OR REPLACE VIEW v_sweep_busbw AS
+        SELECT sweep_id, topology, num_npus, collective, algorithm, congestion, size_bytes,
+            size_bytes / 2^20 AS size_mib, time_ns, time_ns / 1e3 AS time_us, algbw_gb_per_s, busbw_gb_per_s
+        FROM sweep_points""",
+}
+"""DDL of the dashboard views over the metrics tables, by view name (re-created at every open)."""
+
+# ------------------------------------------------------------------ analyses
+
+OPPORTUNITIES_DDL = (
+    "CREATE TABLE IF NOT EXISTS opportunities (trace VARCHAR, kind VARCHAR, rank INTEGER, "
+    "op_id UBIGINT, other_id UBIGINT, gain_ns DOUBLE, detail VARCHAR)"
+)
+"""DDL of the ``opportunities`` table (what :mod:`etstore.query.overlap` records)."""
+
+COMPARISONS_DDL = """CREATE TABLE IF NOT EXISTS comparisons (
+    comparison_id BIGINT NOT NULL, trace_a VARCHAR, trace_b VARCHAR, run_a BIGINT, run_b BIGINT,
+    topology VARCHAR, congestion VARCHAR, rank INTEGER, total_a_ns DOUBLE, total_b_ns DOUBLE,
+    diff_ns DOUBLE, speedup DOUBLE, exposed_comm_a_ns DOUBLE, exposed_comm_b_ns DOUBLE,
+    idle_a_ns DOUBLE, idle_b_ns DOUBLE, overlap_a_ns DOUBLE, overlap_b_ns DOUBLE,
+    created_at TIMESTAMP DEFAULT (now()::TIMESTAMP))"""
+"""DDL of the ``comparisons`` table (what :mod:`etstore.sim.compare` records)."""
+
+MIRROR_STATE_DDL = (
+    "CREATE TABLE IF NOT EXISTS _etstore_mirror "
+    "(name VARCHAR PRIMARY KEY, seq BIGINT, content_hash VARCHAR, server VARCHAR)"
+)
+"""DDL of the Neo4j backend's bookkeeping in its client-side copy: which server trace each
+local trace is (created by that backend only)."""
+
+# Appends of at least one row group go straight to the database file at commit
+# instead of through the WAL and a checkpoint (a second full write). DuckDB's
+# default group of 122,880 rows leaves a typical algorithm trace (10^4-10^5 ops)
+# below that line; this size puts it above, at a third less DuckDB time per ingest.
+# DuckDB does not persist the size, so every open attaches with it.
+_ROW_GROUP_SIZE = 16384
+
+
+def _duckdb() -> Any:
+    """The duckdb module."""
+    import duckdb  # imported on first use: commands that touch no warehouse start without it
+
+    return duckdb
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _ident(name: str) -> str:
+    """``name`` as a quoted SQL identifier."""
+    return '"' + name.replace('"', '""') + '"'
+
+
+class Warehouse:
+    """One DuckDB connection behind a narrow API (see the module docstring).
+
+    Parameters
+    ----------
+    con
+        An open DuckDB connection; the warehouse owns it from now on (:meth:`close`).
+        ``Warehouse(duckdb.connect())`` is a fresh in-memory warehouse (no tables
+        until :meth:`create_schema`).
+
+    Notes
+    -----
+    Not thread-safe: one thread at a time may use a warehouse.
+    """
+
+    __slots__ = ("_con", "_depth", "_error")
+
+    def __init__(self, con: duckdb.DuckDBPyConnection) -> None:
+        self._con = con
+        self._error: type[Exception] = _duckdb().Error
+        self._depth = 0  # open transaction() blocks; only the outermost one talks to DuckDB
+
+    @classmethod
+    def open(cls, path: str | Path, *, read_only: bool = False) -> Warehouse:
+        """Open (or create) the warehouse file at ``path``; writable ones get the full schema.
+
+        Parameters
+        ----------
+        path
+            The DuckDB database file.
+        read_only
+            Open without write access (several readers may share the file); the schema
+            is not touched.
+
+        Returns
+        -------
+        Warehouse
+
+        Raises
+        ------
+        StoreError
+            DuckDB cannot open the file (locked by another process, not a DuckDB file,
+            ...) or the metrics tables are of a newer schema version.
+        """
+        duckdb = _duckdb()
+        try:
+            con = duckdb.connect()
+        except duckdb.Error as exc:  # pragma: no cover - an in-memory database always opens
+            raise StoreError(f"cannot start DuckDB: {_first_line(exc)}") from exc
+        try:
+            quoted = str(path).replace("'", "''")
+            opts = "READ_ONLY" if read_only else f"ROW_GROUP_SIZE {_ROW_GROUP_SIZE}"
+            con.execute(f"ATTACH '{quoted}' AS warehouse ({opts})")
+            con.execute("USE warehouse")
+        except duckdb.Error as exc:
+            con.close()
+            raise StoreError(f"{path}: cannot open the DuckDB warehouse: {_first_line(exc)}") from exc
+        except BaseException:
+            con.close()
+            raise
+        warehouse = cls(con)
+        if not read_only:
+            try:
+                warehouse.create_schema()
+            except BaseException:
+                warehouse.close()
+                raise
+        return warehouse
+
+    def close(self) -> None:
+        """Close the connection (idempotent)."""
+        self._con.close()
+
+    def __enter__(self) -> Warehouse:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------ the API
+
+    def query(self, sql: str, params: Mapping[str, Any] | None = None) -> Result:
+        """Run one SQL statement and return its rows.
+
+        Parameters
+        ----------
+        sql
+            One statement; ``$name`` placeholders take values from ``params``.
+        params
+            Values of the placeholders.
+
+        Returns
+        -------
+        Result
+            The rows (no columns for a statement that returns none).
+
+        Raises
+        ------
+        QueryError
+            DuckDB refuses the statement (the message is DuckDB's first line).
+        """
+        try:
+            rel = self._con.sql(sql, params=dict(params) if params else None)
+            table = rel.to_arrow_table() if rel is not None else pa.table({})
+        except self._error as exc:
+            raise QueryError(f"SQL error: {_first_line(exc)} (query: {sql!r})") from exc
+        return Result(table, sql)
+
+    def execute(self, sql: str, params: Mapping[str, Any] | None = None) -> None:
+        """Run one SQL statement for its effect (DDL, INSERT, DELETE, SET, ...).
+
+        Raises
+        ------
+        StoreError
+            DuckDB refuses the statement (the message is DuckDB's first line).
+        """
+        try:
+            self._con.execute(sql, dict(params) if params else None)
+        except self._error as exc:
+            raise StoreError(f"SQL error: {_first_line(exc)} (statement: {_short(sql)!r})") from exc
+
+    def append(self, table: str, rows: pa.Table) -> None:
+        """Insert Arrow rows into ``table``, matching columns by name.
+
+        ``rows`` may carry a subset of the table's columns (the others get their
+        defaults); an empty ``rows`` writes nothing.
+
+        Raises
+        ------
+        StoreError
+            DuckDB refuses the rows (unknown column, type, constraint).
+
+        Notes
+        -----
+        O(rows), one vectorised INSERT ... SELECT from the Arrow table.
+        """
+        if rows.num_rows == 0:
+            return
+        cols = ", ".join(_ident(c) for c in rows.column_names)
+        with self.registered(_etstore_incoming=rows):
+            self.execute(f"INSERT INTO {_ident(table)} ({cols}) SELECT {cols} FROM _etstore_incoming")
+
+    def next_id(self, table: str, column: str) -> int:
+        """One more than the largest ``column`` in ``table`` (1 for an empty table).
+
+        Raises
+        ------
+        QueryError
+            The table or column does not exist.
+        """
+        return int(self.query(f"SELECT coalesce(max({_ident(column)}), 0) + 1 FROM {_ident(table)}").scalar())
+
+    @contextmanager
+    def transaction(self) -> Iterator[None]:
+        """Run the block in one DuckDB transaction: COMMIT at the end, ROLLBACK on any exception.
+
+        A block nested in another ``transaction()`` joins the outer transaction
+        (it commits or rolls back with it).
+
+        Raises
+        ------
+        StoreError
+            DuckDB cannot begin or commit (the changes are rolled back).
+        """
+        if self._depth:
+            self._depth += 1
+            try:
+                yield
+            finally:
+                self._depth -= 1
+            return
+        self.execute("BEGIN TRANSACTION")
+        self._depth = 1
+        try:
+            yield
+            self.execute("COMMIT")
+        except BaseException:
+            with suppress(self._error):  # a failed COMMIT has already ended it
+                self._con.execute("ROLLBACK")
+            raise
+        finally:
+            self._depth = 0
+
+    @contextmanager
+    def registered(self, **tables: pa.Table) -> Iterator[None]:
+        """Make Arrow tables queryable as views named by the keywords, for the block only.
+
+        Notes
+        -----
+        Zero-copy: DuckDB scans the Arrow buffers in place.
+        """
+        done: list[str] = []
+        try:
+            for name, table in tables.items():
+                self._con.register(name, table)
+                done.append(name)
+            yield
+        finally:
+            for name in done:
+                self._con.unregister(name)
+
+    # ------------------------------------------------------------ schema
+
+    def create_schema(self) -> None:
+        """Create every table (if absent) and (re)create every view, in one transaction.
+
+        Idempotent; views are replaced so a database written by an older etstore gains
+        the views (and their newer columns) the first time this version writes to it.
+
+        Raises
+        ------
+        StoreError
+            The database holds a newer metrics schema, or DuckDB refuses the DDL.
+        """
+        with self.transaction():
+            for ddl in TRACE_DDL:
+                self.execute(ddl)
+            self._create_metrics()
+            self.execute(OPPORTUNITIES_DDL)
+            self.execute(COMPARISONS_DDL)
+
+    def _create_metrics(self) -> None:
+        self.execute("CREATE TABLE IF NOT EXISTS etstore_sim_schema (version INTEGER)")
+        have = self.query("SELECT max(version) FROM etstore_sim_schema").scalar()
+        if have is not None and have > SCHEMA_VERSION:
+            raise StoreError(
+                f"the metrics tables are schema version {have}; this etstore writes version "
+                f"{SCHEMA_VERSION}: upgrade etstore"
+            )
+        for ddl in (*TABLES.values(), *VIEWS.values()):
+            self.execute(ddl)
+        if have is None:
+            self.execute("INSERT INTO etstore_sim_schema VALUES ($v)", {"v": SCHEMA_VERSION})
+
+    # ------------------------------------------------------------ traces
+
+    def insert_trace(
+        self,
+        trace: Trace,
+        name: str,
+        base: int,
+        dep_uids: pa.Table,
+        msgs: pa.Table,
+        row: Mapping[str, Any],
+        lineage: pa.Table | None = None,
+    ) -> None:
+        """Insert one trace's rows into the trace tables (inside the caller's transaction).
+
+        Parameters
+        ----------
+        trace
+            The trace; its ops get uids ``base``, ``base + 1``, ...
+        name
+            The stored name (column ``trace``).
+        base
+            The first op uid.
+        dep_uids
+            :func:`~etstore.store.graph.dep_edges` for uids from ``base`` (``from``, ``to``).
+        msgs
+            :func:`~etstore.store.graph.message_edges` rows (send uid, receive uid, tag, size).
+        row
+            The ``traces`` row: ``kind``, ``ranks``, ``ops``, ``deps``, ``missing``,
+            ``messages``, ``parent``, ``source``, ``params`` (a mapping), ``content_hash``.
+        lineage
+            The ``lineage`` table's columns but ``trace``, or None.
+
+        Raises
+        ------
+        StoreError
+            DuckDB refuses the rows.
+
+        Notes
+        -----
+        O(ops + deps + messages), columnar inserts.
+        """
+        n = trace.num_ops
+        ops = trace.ops.add_column(0, "uid", pa.array(np.arange(base, base + n, dtype=np.int64)))
+        deps = trace.deps.append_column("src_uid", dep_uids["from"]).append_column("dst_uid", dep_uids["to"])
+        deps = deps.add_column(0, "edge", pa.array(np.arange(deps.num_rows, dtype=np.int64)))
+        missing = trace.missing.add_column(0, "edge", pa.array(np.arange(trace.num_missing, dtype=np.int64)))
+        messages = msgs.rename_columns(["send_uid", "recv_uid", "tag", "comm_size"])
+        for table_name, table in (
+            ("ops", ops),
+            ("deps", deps),
+            ("missing_deps", missing),
+            ("meta", trace.meta),
+            ("messages", messages),
+            ("lineage", lineage),
+        ):
+            if table is not None and table.num_rows:
+                cols = ", ".join(table.column_names)
+                with self.registered(_etstore_incoming=table):
+                    self.execute(
+                        f"INSERT INTO {table_name} (trace, {cols}) SELECT $t, {cols} FROM _etstore_incoming",
+                        {"t": name},
+                    )
+        self.execute(
+            "INSERT INTO traces VALUES ($name, $kind, $ranks, $ops, $deps, $missing, $messages, $parent, "
+            "$source, $params, $content_hash)",
+            {
+                **{k: row[k] for k in ("kind", "ranks", "ops", "deps", "missing", "messages", "source")},
+                "name": name,
+                "parent": row.get("parent"),
+                "params": json.dumps(dict(row.get("params") or {}), sort_keys=True, default=str),
+                "content_hash": row["content_hash"],
+            },
+        )
+
+    def delete_trace(self, name: str) -> None:
+        """Delete one trace's rows from every trace table (inside the caller's transaction).
+
+        Raises
+        ------
+        StoreError
+            DuckDB refuses the delete.
+        """
+        for table in TRACE_TABLES:
+            self.execute(f"DELETE FROM {table} WHERE trace = $t", {"t": name})
+        self.execute("DELETE FROM traces WHERE name = $t", {"t": name})
+
+
+def _short(sql: str, limit: int = 200) -> str:
+    """``sql`` on one line, cut to ``limit`` characters (error messages)."""
+    text = " ".join(sql.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"

@@ -1,0 +1,272 @@
+"""Routes and distances over a topology: hop counts, transfer times, next-link tables.
+
+Everything here works on the link arrays of a
+:class:`~etstore.topology.links.LinkArrays` and is vectorised: breadth-first search
+from every NPU at once on bitsets, min-plus relaxation for weighted distances, and
+closed forms (sums of per-axis distances) for intact built-in shapes. Tables are
+cached on the topology, which is immutable.
+
+Routes take the fewest hops; among equally short ones the lowest link id wins.
+Built-in shapes list each NPU's links axis 0 first, so their routes are
+dimension-ordered (XY routing on a mesh). :func:`dims_of` and
+:func:`link_dimensions` give the axes and each link's axis for simulators that
+route by dimension themselves.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Sequence
+
+import numpy as np
+
+from etstore.errors import TopologyError
+from etstore.topology.axes import GIB, coordinates, link_values
+from etstore.topology.links import LinkArrays
+
+__all__ = [
+    "dims_of",
+    "distances_ns",
+    "hop_distances",
+    "link_dimensions",
+    "next_link",
+    "product_distances",
+    "require_connected",
+    "route",
+]
+
+log = logging.getLogger(__name__)
+
+_SIZES_RE = re.compile(r":(\d+(?:x\d+)*)$")
+
+
+# --------------------------------------------------------------- distances
+def hop_distances(t: LinkArrays) -> np.ndarray:
+    """``h[s, d]`` = fewest links from ``s`` to ``d`` (int32, N × N; -1 if unreachable).
+
+    Notes
+    -----
+    Built-in shapes add up per-axis distances, O(N² · axes). Other topologies run
+    a breadth-first search from every NPU at once on bitsets: each round ORs the
+    reach sets of the in-neighbours, O(D · E · N / 8) byte operations for hop
+    diameter D. Cached.
+    """
+    return t.memo("hops", lambda: _hop_distances(t))
+
+
+def _hop_distances(t: LinkArrays) -> np.ndarray:
+    """Uncached :func:`hop_distances`."""
+    n = t.num_npus
+    if t.is_regular():
+        return product_distances(t, [1.0] * len(t.dims)).astype(np.int32)
+    hops = np.full((n, n), -1, dtype=np.int32)
+    np.fill_diagonal(hops, 0)
+    if not t.num_links:
+        return hops
+    order = np.argsort(t.dst, kind="stable")
+    s_sorted, d_sorted = t.src[order], t.dst[order]
+    starts = np.flatnonzero(np.r_[True, d_sorted[1:] != d_sorted[:-1]])
+    targets = d_sorted[starts]
+    reach = np.packbits(np.eye(n, dtype=bool), axis=1)  # reach[v] = sources that reached v
+    h = 0
+    while True:
+        h += 1
+        incoming = np.bitwise_or.reduceat(reach[s_sorted], starts, axis=0)
+        new = reach.copy()
+        new[targets] |= incoming
+        fresh = new & ~reach
+        if not fresh.any():
+            break
+        rows = np.flatnonzero(fresh.any(axis=1))
+        bits = np.unpackbits(fresh[rows], axis=1, count=n).astype(bool)
+        v_idx, s_idx = np.nonzero(bits)
+        hops[s_idx, rows[v_idx]] = h
+        reach = new
+    return hops
+
+
+def require_connected(t: LinkArrays) -> None:
+    """Raise :class:`TopologyError` unless every NPU reaches every other.
+
+    Raises
+    ------
+    TopologyError
+        Naming one NPU pair with no directed path (by the NPUs' original ids).
+
+    Notes
+    -----
+    O(D · E · N / 8) through :func:`hop_distances`.
+    """
+    bad = np.argwhere(hop_distances(t) < 0)
+    if len(bad):
+        s, d = (t.label(int(x)) for x in bad[0])
+        raise TopologyError(f"topology {t.name} is disconnected: no path from NPU {s} to NPU {d}")
+
+
+def distances_ns(t: LinkArrays, size_bytes: float = 0.0) -> np.ndarray:
+    """``d[s, d]`` = least time to move ``size_bytes`` from ``s`` to ``d`` store-and-forward (ns).
+
+    Each hop costs its link's ``latency + size / bandwidth``; ``inf`` if unreachable.
+
+    Notes
+    -----
+    Built-in shapes add up per-axis distances, O(N² · axes); when all links take
+    the same time it is ``hops × t``, O(N²); otherwise Bellman–Ford from every
+    source at once (min-plus relaxation over the links), O(D' · N · E) with D' the
+    hop count of the slowest shortest path.
+    """
+    if t.is_regular():
+        per_axis = []
+        for d in t.dims:
+            bw, lat = link_values(d)  # a switch hop at the fair share its unwound links carry
+            per_axis.append(lat + size_bytes / (bw * GIB / 1e9))
+        return product_distances(t, per_axis)
+    w = t.link_time_ns(size_bytes)
+    hops = hop_distances(t)
+    if t.num_links == 0 or np.all(w == w[0]):
+        out = hops.astype(np.float64) * (w[0] if t.num_links else 0.0)
+        out[hops < 0] = np.inf
+        return out
+    return _relaxed_distances(t, w)
+
+
+def _relaxed_distances(t: LinkArrays, w: np.ndarray) -> np.ndarray:
+    """All-pairs least sums of link weights ``w`` by min-plus relaxation (Bellman–Ford)."""
+    n = t.num_npus
+    order = np.argsort(t.dst, kind="stable")
+    s_sorted, d_sorted, w_sorted = t.src[order], t.dst[order], w[order]
+    starts = np.flatnonzero(np.r_[True, d_sorted[1:] != d_sorted[:-1]])
+    targets = d_sorted[starts]
+    dist = np.full((n, n), np.inf)
+    np.fill_diagonal(dist, 0.0)
+    for _ in range(n):
+        cand = np.minimum.reduceat(dist[:, s_sorted] + w_sorted, starts, axis=1)
+        new = dist.copy()
+        new[:, targets] = np.minimum(dist[:, targets], cand)
+        if np.array_equal(new, dist):
+            break
+        dist = new
+    return dist
+
+
+def product_distances(t: LinkArrays, step: Sequence[float]) -> np.ndarray:
+    """Σ over the axes of ``t.dims`` of the per-axis distance, a hop on axis k costing ``step[k]``.
+
+    Notes
+    -----
+    O(N² · axes); valid only for intact built-in shapes (:meth:`LinkArrays.is_regular`).
+    """
+    n = t.num_npus
+    out = np.zeros((n, n))
+    u = np.arange(n)
+    stride = 1
+    for d, cost in zip(t.dims, step, strict=True):
+        coord = (u // stride) % d.size
+        i = np.arange(d.size)
+        diff = (i[None, :] - i[:, None]) % d.size  # steps forward from i to j
+        if d.kind == "line":
+            axis = np.abs(i[None, :] - i[:, None]).astype(float)
+        elif d.kind == "ring":
+            axis = np.minimum(diff, d.size - diff).astype(float)
+        elif d.kind == "uniring":
+            axis = diff.astype(float)
+        else:  # fc, switch: one hop
+            axis = (diff > 0).astype(float)
+        out += axis[coord[:, None], coord[None, :]] * cost
+        stride *= d.size
+    return out
+
+
+# ----------------------------------------------------------------- routing
+def next_link(t: LinkArrays) -> np.ndarray:
+    """``r[s, d]`` = id of the first link on a fewest-hops path ``s → d`` (int32, N × N).
+
+    -1 on the diagonal and where ``d`` is unreachable. Among equally short paths the
+    lowest link id wins.
+
+    Notes
+    -----
+    O(E · N) time and memory over the hop-distance matrix. Cached.
+    """
+    return t.memo("next_link", lambda: _next_link(t))
+
+
+def _next_link(t: LinkArrays) -> np.ndarray:
+    """Uncached :func:`next_link`."""
+    n = t.num_npus
+    hops = hop_distances(t)
+    table = np.full((n, n), -1, dtype=np.int32)
+    if t.num_links:
+        offsets, order = t.out_links()
+        big = np.int32(np.iinfo(np.int32).max)
+        s_sorted = t.src[order]
+        # a link s→x is on a shortest path to d iff hops[x, d] == hops[s, d] - 1
+        ok = (hops[t.dst[order]] == hops[s_sorted] - 1) & (hops[s_sorted] > 0)
+        score = np.where(ok, order[:, None], big)
+        has = np.flatnonzero(np.diff(offsets) > 0)
+        best = np.minimum.reduceat(score, offsets[has], axis=0)
+        best[best == big] = -1
+        table[has] = best
+    return table
+
+
+def route(t: LinkArrays, s: int, d: int) -> list[int]:
+    """Link ids of the :func:`next_link` route from NPU ``s`` to NPU ``d`` (empty if ``s == d``).
+
+    Raises
+    ------
+    TopologyError
+        If ``d`` is unreachable from ``s`` or either is not an NPU.
+
+    Notes
+    -----
+    O(route length) after the cached :func:`next_link` table.
+    """
+    n = t.num_npus
+    if not (0 <= s < n and 0 <= d < n):
+        raise TopologyError(f"topology {t.name}: route {s} → {d} names an NPU outside 0..{n - 1}")
+    nl = next_link(t)
+    path: list[int] = []
+    u = s
+    while u != d:
+        link = int(nl[u, d])
+        if link < 0:
+            raise TopologyError(f"topology {t.name}: no path from NPU {s} to NPU {d}")
+        path.append(link)
+        u = int(t.dst[link])
+    return path
+
+
+# -------------------------------------------------------------- dimensions
+def dims_of(t: LinkArrays) -> tuple[int, ...]:
+    """NPUs per dimension: the sizes of ``t.dims``, else parsed from ``t.name``.
+
+    ``mesh2d:8x8`` → ``(8, 8)``, ``ring:8`` → ``(8,)``; a name without sizes, or
+    sizes whose product is not ``num_npus``, gives ``(num_npus,)``.
+    """
+    if t.dims:
+        sizes = tuple(int(d.size) for d in t.dims)
+        if int(np.prod(sizes)) == t.num_npus:
+            return sizes
+    m = _SIZES_RE.search(t.name or "")
+    if m:
+        parsed = tuple(int(x) for x in m.group(1).split("x"))
+        if int(np.prod(parsed)) == t.num_npus:
+            return parsed
+    return (t.num_npus,)
+
+
+def link_dimensions(t: LinkArrays, dims: Sequence[int] | None = None) -> np.ndarray:
+    """Per link, the one dimension whose coordinate it changes (``len(dims)`` if several or none).
+
+    ``dims`` defaults to :func:`dims_of`; NPU ids are read as coordinates with
+    dimension 0 fastest. O(E · len(dims)).
+    """
+    sizes = tuple(dims) if dims is not None else dims_of(t)
+    if len(sizes) == 1 or t.num_links == 0:
+        return np.zeros(t.num_links, dtype=np.int64)
+    c = coordinates(t.num_npus, sizes)
+    diff = c[t.src] != c[t.dst]
+    one = diff.sum(axis=1) == 1
+    return np.where(one, np.argmax(diff, axis=1), len(sizes)).astype(np.int64)

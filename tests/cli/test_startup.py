@@ -1,0 +1,96 @@
+"""Start-up of the CLI: the listing and --version load no engine; a command loads only its module."""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+import subprocess
+import sys
+
+import pytest
+
+import etstore.cli
+from etstore import __version__, store
+from etstore.cli import COMMANDS, _parser, main
+
+HEAVY = ("duckdb", "pyarrow", "sqlalchemy", "sqlmodel", "ladybug", "neo4j", "plotly")
+
+# runs the CLI in a fresh interpreter, then names on stderr the heavy and etstore.cli modules it loaded
+_PROBE = """
+import atexit, sys
+heavy = {heavy!r}
+def loaded():
+    names = [m for m in heavy if m in sys.modules]
+    names += sorted(m for m in sys.modules if m.startswith("etstore.cli."))
+    print("loaded:" + ",".join(names), file=sys.stderr)
+atexit.register(loaded)
+from etstore.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def _run(*argv: str) -> tuple[str, list[str]]:
+    """stdout of ``etstore ARGV`` (which must succeed) and the modules it loaded."""
+    done = subprocess.run(
+        [sys.executable, "-c", _PROBE.format(heavy=HEAVY), *argv],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    report = [line for line in done.stderr.splitlines() if line.startswith("loaded:")]
+    assert done.returncode == 0 and len(report) == 1, done.stderr
+    return done.stdout, [m for m in report[0][len("loaded:") :].split(",") if m]
+
+
+def test_importing_the_cli_loads_no_engine() -> None:
+    code = f"import sys, etstore.cli; print(sorted(m for m in {HEAVY!r} if m in sys.modules))"
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert done.stdout.strip() == "[]"
+
+
+def test_version_and_help_load_no_engine_and_no_command_module() -> None:
+    out, loaded = _run("--version")
+    assert (out.strip(), loaded) == (f"etstore {__version__}", [])
+    out, loaded = _run("--help")
+    assert loaded == []
+    assert all(f"    {name}" in out for name in COMMANDS) and "$ETSTORE_STORE" in out
+
+
+def test_a_command_loads_its_own_module_only() -> None:
+    out, loaded = _run("topo", "show", "ring:4", "--format", "json")
+    assert '"npus": 4' in out
+    assert "etstore.cli.topology" in loaded and "etstore.cli.simulate" not in loaded
+    out, loaded = _run("rm", "--help")
+    assert out.startswith("usage: etstore rm")
+    assert "etstore.cli.traces" in loaded and "etstore.cli.topology" not in loaded
+
+
+def test_table_lists_every_command_module() -> None:
+    modules = {
+        m.name
+        for m in pkgutil.iter_modules(etstore.cli.__path__)
+        if not m.name.startswith("_")
+        and hasattr(importlib.import_module(f"etstore.cli.{m.name}"), "register")
+    }
+    assert modules == {c.module for c in COMMANDS.values()}
+
+
+def test_listing_is_the_same_whichever_module_is_loaded() -> None:
+    # the table's help lines and order match what each module registers, so the listing never drifts
+    placeholders = _parser().format_help()
+    for name in COMMANDS:
+        assert _parser(name).format_help() == placeholders, name
+
+
+def test_every_command_prints_its_own_help(capsys: pytest.CaptureFixture[str]) -> None:
+    for name in COMMANDS:
+        with pytest.raises(SystemExit) as exit_:
+            main([name, "--help"])
+        assert exit_.value.code == 0 and capsys.readouterr().out.startswith(f"usage: etstore {name} "), name
+
+
+def test_store_defaults_named_in_the_help_are_the_stores() -> None:
+    assert (etstore.cli._STORE_ENV_VAR, etstore.cli._DEFAULT_STORE) == (store.ENV_VAR, store.DEFAULT_STORE)

@@ -1,0 +1,90 @@
+"""The interface itself: context manager, the warehouse and its schema, kind checks, batch ingest."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from etstore.errors import OptionError, StoreError, TraceFormatError
+from etstore.ingest import read_et
+from etstore.model import DepKind, Trace, TraceKind, deps_table, ops_table
+from etstore.store import Store, open_store
+from etstore.store.batch import ingest_paths
+from etstore.store.warehouse import COMPARISONS_DDL, TABLES, TRACE_TABLES, VIEWS, Warehouse
+
+
+def _tiny(name: str = "tiny", kind: str = "workload") -> Trace:
+    ops = ops_table({"rank": [0, 0], "id": [1, 2], "name": ["a", "b"], "type": ["COMP_NODE", "COMP_NODE"]})
+    return Trace(ops, deps=deps_table([0], [1], [2]), name=name, kind=kind)
+
+
+def test_store_is_a_context_manager_with_a_warehouse(backend_location: str) -> None:
+    with open_store(backend_location) as store:
+        assert isinstance(store, Store)
+        wh = store.warehouse
+        assert isinstance(wh, Warehouse)
+        names = {r[0] for r in wh.query("SELECT table_name FROM information_schema.tables")}
+        # every table and view exists from the first open, before anything is written
+        assert {*TRACE_TABLES, "traces", *TABLES, *VIEWS, "opportunities", "comparisons"} <= names
+        assert "comparisons" in COMPARISONS_DDL
+        with pytest.raises(AttributeError):
+            store.warehouse = wh  # type: ignore[misc]
+
+
+def test_unknown_kinds_are_refused(backend_store: Store) -> None:
+    with pytest.raises(StoreError, match="unknown kind 'weird'"):
+        backend_store.ingest(_tiny(kind="weird"))
+    bad = _tiny()
+    bad = replace(bad, deps=bad.deps.set_column(3, "kind", pa.array(["maybe"])))
+    with pytest.raises(StoreError, match="dependency kind 'maybe'"):
+        backend_store.ingest(bad)
+    assert backend_store.traces() == []
+    report = backend_store.ingest(_tiny(kind=TraceKind.ALGORITHM))
+    assert report.trace.kind == "algorithm" and type(report.trace.kind) is str
+    assert backend_store.sql("SELECT kind FROM traces").scalar() == "algorithm"
+    assert backend_store.sql("SELECT kind FROM deps").scalar() == DepKind.DATA.value
+
+
+def test_batch_raise_names_the_file_and_what_landed(
+    backend_store: Store, rt_template: Path, tmp_path: Path
+) -> None:
+    bad = tmp_path / "bad.0.et"
+    bad.write_bytes(b"")
+    with pytest.raises(TraceFormatError) as err:
+        ingest_paths(backend_store, [rt_template, bad])
+    assert str(err.value).startswith(str(bad))
+    assert "stored before this failure: chakra_trace" in str(err.value)
+    assert [t.name for t in backend_store.traces()] == ["chakra_trace"]
+
+
+def test_batch_skip_goes_on(
+    backend_store: Store, rt_template: Path, custom_allreduce: Path, tmp_path: Path
+) -> None:
+    bad = tmp_path / "bad.0.et"
+    bad.write_bytes(b"")
+    seen: list[tuple[str, str]] = []
+    stats = ingest_paths(
+        backend_store,
+        [rt_template, bad, custom_allreduce, rt_template],
+        on_error="skip",
+        progress=lambda path, stage, _done, _total: seen.append((path, stage)),
+    )
+    assert (stats.files_ok, stats.files_skipped) == (3, 1)
+    assert stats.skipped[0][0] == str(bad) and "empty file" in stats.skipped[0][1]
+    assert [r.created for r in stats.reports] == [True, True, False]
+    expected = read_et(rt_template).num_ops * 2 + read_et(custom_allreduce).num_ops
+    assert stats.ops == expected and stats.deps >= 0 and stats.missing >= 0
+    assert (str(bad), "read") in seen and (str(custom_allreduce), "read") in seen
+
+
+def test_batch_options(backend_store: Store, rt_template: Path) -> None:
+    with pytest.raises(OptionError, match="one trace"):
+        ingest_paths(backend_store, [rt_template, rt_template], name="x")
+    with pytest.raises(OptionError, match="on_error"):
+        ingest_paths(backend_store, [rt_template], on_error="ignore")  # type: ignore[arg-type]
+    stats = ingest_paths(backend_store, [rt_template], name="named")
+    assert stats.reports[0].trace.name == "named"
+    assert backend_store.traces()[0].name == "named"
