@@ -10,6 +10,8 @@ from typing import Any
 
 __all__ = [
     "ConfigError",
+    "CycleError",
+    "DependencyError",
     "EtstoreError",
     "ExpansionError",
     "OptionError",
@@ -52,6 +54,14 @@ class TopologyError(EtstoreError):
 
 class UnsatisfiableError(EtstoreError):
     """An algorithm cannot deliver what its collective promises (or cannot be built)."""
+
+
+class CycleError(EtstoreError):
+    """A trace's dependencies form a cycle where an order is needed (a critical path, a schedule)."""
+
+
+class DependencyError(EtstoreError):
+    """An optional package the request needs is not installed; the message says what to install."""
 
 
 class OptionError(EtstoreError):

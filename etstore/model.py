@@ -36,6 +36,7 @@ from etstore.proto import COLLECTIVE_COMM_TYPES, NODE_TYPES, ONEOF_FIELDS, Attri
 __all__ = [
     "ATTR_COLUMNS",
     "CHUNK_COLUMNS",
+    "CORE_OP_COLUMNS",
     "DEPS_SCHEMA",
     "META_SCHEMA",
     "OPS_SCHEMA",
@@ -88,6 +89,22 @@ ATTR_COLUMNS: dict[str, tuple[pa.DataType, str]] = {
     "tb_id": (pa.int64(), "int64_val"),
     "local_time_step": (pa.int64(), "int64_val"),
 }
+
+# What every op has to be walked and timed: identity, type, duration and the communication
+# fields (the graph store's op properties; what generators fill for each op).
+CORE_OP_COLUMNS: tuple[str, ...] = (
+    "rank",
+    "id",
+    "name",
+    "type",
+    "duration_micros",
+    "comm_type",
+    "comm_size",
+    "comm_src",
+    "comm_dst",
+    "comm_tag",
+    "pg_name",
+)
 
 # Chunk attributes of algorithm DAGs (collectiveapi convention), in their column order.
 CHUNK_COLUMNS: tuple[str, ...] = (

@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from etstore.errors import EtstoreError
-from etstore.model import Trace, deps_table, ops_table
+from etstore.errors import OptionError
+from etstore.model import CORE_OP_COLUMNS, Trace, deps_table, ops_table
 
 __all__ = ["transformer"]
 
@@ -57,12 +57,12 @@ def transformer(
     O(ranks × layers) ops; built columnar per rank.
     """
     if ranks < 1 or tp < 1 or ranks % tp:
-        raise EtstoreError(f"transformer: ranks ({ranks}) must be a positive multiple of tp ({tp})")
+        raise OptionError(f"transformer: ranks ({ranks}) must be a positive multiple of tp ({tp})")
     for label, value in (("layers", layers), ("hidden", hidden), ("seq_tokens", seq_tokens)):
         if value < 1:
-            raise EtstoreError(f"transformer: {label} must be at least 1, got {value}")
+            raise OptionError(f"transformer: {label} must be at least 1, got {value}")
     if bytes_per_elem < 1:
-        raise EtstoreError(f"transformer: bytes_per_elem must be at least 1, got {bytes_per_elem}")
+        raise OptionError(f"transformer: bytes_per_elem must be at least 1, got {bytes_per_elem}")
     rng = np.random.default_rng(seed)
     layer_flops = 24 * seq_tokens * hidden * hidden / tp
     fwd_us = layer_flops / 100e12 * 1e6
@@ -74,23 +74,7 @@ def transformer(
     for j in range(tp):
         groups[f"dp{j}"] = list(range(j, ranks, tp))
 
-    cols: dict[str, list[Any]] = {
-        k: []
-        for k in (
-            "rank",
-            "id",
-            "name",
-            "type",
-            "duration_micros",
-            "comm_type",
-            "comm_size",
-            "comm_src",
-            "comm_dst",
-            "comm_tag",
-            "pg_name",
-            "is_cpu_op",
-        )
-    }
+    cols: dict[str, list[Any]] = {k: [] for k in (*CORE_OP_COLUMNS, "is_cpu_op")}
     d_rank: list[int] = []
     d_src: list[int] = []
     d_dst: list[int] = []

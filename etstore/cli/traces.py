@@ -14,7 +14,7 @@ from rich.console import Console
 from etstore.cli._common import add_format, open_from_args, progress
 from etstore.cli._render import render
 from etstore.cli.demo import run_demo
-from etstore.errors import EtstoreError
+from etstore.errors import OptionError
 from etstore.ingest import write_et
 from etstore.ingest.export import EXPORT_FORMATS, export_trace
 from etstore.query.summary import summarize
@@ -27,7 +27,7 @@ __all__ = ["register"]
 
 def _ingest(args: argparse.Namespace, console: Console) -> int:
     if args.name and len(args.paths) > 1:
-        raise EtstoreError("ingest: --name names one trace; give one path with it")
+        raise OptionError("ingest: --name names one trace; give one path with it")
     on_error: OnError = "skip" if args.keep_going else "raise"
     with open_from_args(args) as store:
         bar = progress(console)
@@ -156,7 +156,7 @@ def _workload(args: argparse.Namespace, console: Console) -> int:
             soft_wrap=True,
         )
     if not args.out and not args.ingest:
-        raise EtstoreError("workload: give --out PREFIX (write .et files) and/or --ingest")
+        raise OptionError("workload: give --out PREFIX (write .et files) and/or --ingest")
     return 0
 
 

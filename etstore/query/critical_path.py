@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from etstore.dag import break_cycles, generations, longest_path, match_messages, trace_edges
-from etstore.errors import EtstoreError, OptionError, UnknownTraceError
+from etstore.errors import CycleError, OptionError, UnknownTraceError
 from etstore.model import Trace
 
 __all__ = ["PATH_COLUMNS", "PATH_VIA", "CriticalPath", "critical_path", "path_table"]
@@ -137,7 +137,7 @@ def critical_path(trace: Trace, *, rank: int | None = None, on_cycle: str = "bre
         if on_cycle == "raise":
             bad = np.flatnonzero(gen < 0)[:5]
             where = ", ".join(f"rank {ops['rank'][int(i)]} id {ops['id'][int(i)]}" for i in bad)
-            raise EtstoreError(
+            raise CycleError(
                 f"trace {trace.name!r} has a dependency cycle ({where}, ...); no critical path"
             )
         keep = break_cycles(n, src, dst)

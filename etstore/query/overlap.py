@@ -34,7 +34,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from etstore.errors import EtstoreError, StoreError, UnknownTraceError
+from etstore.errors import OptionError, StoreError, UnknownTraceError
 from etstore.model import Trace
 from etstore.query._rankgraph import (
     chunk_consumers,
@@ -397,7 +397,7 @@ def find_opportunities(
     """
     bad = [k for k in kinds if k not in OPPORTUNITY_KINDS]
     if bad:
-        raise EtstoreError(f"unknown opportunity kind {bad[0]!r}; expected {', '.join(OPPORTUNITY_KINDS)}")
+        raise OptionError(f"unknown opportunity kind {bad[0]!r}; expected {', '.join(OPPORTUNITY_KINDS)}")
     tr = store.load(trace)
     timings = opportunity_timings(store, tr, topo=topo, config=config, run_id=run_id)
     unit_ns = float((config or SimConfig()).duration_unit_ns)

@@ -17,7 +17,7 @@ import pyarrow as pa
 
 from etstore.dag import match_messages
 from etstore.errors import StoreError
-from etstore.model import Trace, op_rows
+from etstore.model import CORE_OP_COLUMNS, Trace, op_rows
 
 __all__ = [
     "GRAPH_OP_COLUMNS",
@@ -36,21 +36,7 @@ LINEAGE_SCHEMA = pa.schema([("rank", pa.int32()), ("id", pa.uint64()), ("parent_
 # queries walk by. Chunk bookkeeping (msg_chunk_*, chunk_offset, tb_id, ...) and
 # raw attributes stay in the DuckDB ``ops`` table: fewer graph columns is the
 # largest single saving in the graph bulk load.
-GRAPH_OP_COLUMNS: tuple[str, ...] = (
-    "uid",
-    "trace",
-    "rank",
-    "id",
-    "name",
-    "type",
-    "duration_micros",
-    "comm_type",
-    "comm_size",
-    "comm_src",
-    "comm_dst",
-    "comm_tag",
-    "pg_name",
-)
+GRAPH_OP_COLUMNS: tuple[str, ...] = ("uid", "trace", *CORE_OP_COLUMNS)
 
 
 def uid_base(seq: int) -> int:

@@ -7,13 +7,13 @@ from typing import Any
 
 import pyarrow as pa
 
-from etstore.errors import EtstoreError
+from etstore.errors import DependencyError, QueryError
 
 __all__ = ["Result"]
 
 
-def _missing(package: str) -> EtstoreError:
-    return EtstoreError(f"{package} is not installed; run: pip install {package}")
+def _missing(package: str) -> DependencyError:
+    return DependencyError(f"{package} is not installed; run: pip install {package}")
 
 
 class Result:
@@ -52,7 +52,7 @@ class Result:
     def scalar(self) -> Any:
         """The single value of a one-row, one-column result."""
         if self._table.num_rows != 1 or self._table.num_columns != 1:
-            raise EtstoreError(f"expected one value, got {self._table.num_rows}×{self._table.num_columns}")
+            raise QueryError(f"expected one value, got {self._table.num_rows}×{self._table.num_columns}")
         return self._table.column(0)[0].as_py()
 
     def to_pandas(self) -> Any:
