@@ -16,6 +16,7 @@ import numpy as np
 
 from etstore.errors import OptionError
 from etstore.model import CORE_OP_COLUMNS, Trace, deps_table, ops_table
+from etstore.units import budget_exceeded
 
 __all__ = ["transformer"]
 
@@ -63,6 +64,11 @@ def transformer(
             raise OptionError(f"transformer: {label} must be at least 1, got {value}")
     if bytes_per_elem < 1:
         raise OptionError(f"transformer: bytes_per_elem must be at least 1, got {bytes_per_elem}")
+    # about 7.3 ops per rank and layer plus a few per rank, ~300 bytes each at peak (measured)
+    need = ranks * (8.0 * layers + 4) * 400
+    too_big = budget_exceeded(need, f"transformer: {ranks:,} ranks x {layers:,} layers")
+    if too_big is not None:
+        raise OptionError(too_big)
     rng = np.random.default_rng(seed)
     layer_flops = 24 * seq_tokens * hidden * hidden / tp
     fwd_us = layer_flops / 100e12 * 1e6

@@ -14,16 +14,38 @@ line on stderr and exit code 1.
 
 from __future__ import annotations
 
-import argparse
-import importlib
+import contextlib
+import os
+import signal
 import sys
-from collections.abc import Sequence
-from typing import NamedTuple
+from types import FrameType
 
-from rich.console import Console
 
-from etstore import __version__
-from etstore.errors import EtstoreError
+def _interrupted_while_starting(signum: int, frame: FrameType | None) -> None:
+    """SIGINT before :func:`main` runs (the imports below): nothing has started, so leave now."""
+    sys.stderr.write("etstore: interrupted\n")
+    sys.stderr.flush()
+    os._exit(130)
+
+
+# A Ctrl-C during the imports would otherwise print a traceback from inside some library, so the
+# handler goes in before them (only builtin modules above). Only the console script gets it
+# (argv[0] is the script); main() puts the default back.
+if os.path.basename(sys.argv[0] if sys.argv else "") == "etstore" and (
+    signal.getsignal(signal.SIGINT) is signal.default_int_handler
+):
+    with contextlib.suppress(ValueError):  # not the main thread: signals are not ours to handle
+        signal.signal(signal.SIGINT, _interrupted_while_starting)
+
+import argparse  # noqa: E402  (after the interrupt handler, on purpose)
+import importlib  # noqa: E402
+from collections.abc import Sequence  # noqa: E402
+from typing import NamedTuple  # noqa: E402
+
+from rich.console import Console  # noqa: E402  (after the interrupt handler, on purpose)
+
+from etstore import __version__  # noqa: E402
+from etstore.errors import EtstoreError  # noqa: E402
 
 __all__ = ["COMMANDS", "Command", "main"]
 
@@ -66,6 +88,10 @@ COMMANDS: dict[str, Command] = {
     ),
     "report": Command(
         "report", "write an HTML report (timelines, breakdowns, bandwidth, links) of simulation runs"
+    ),
+    "timeline": Command(
+        "timeline",
+        "timeline of a run or timestamped trace as Chrome trace JSON (Perfetto, chrome://tracing)",
     ),
     "overlap": Command("analysis", "find overlap, chunk and reorder opportunities with estimated gains"),
     "rewrite": Command("analysis", "store a new trace applying overlap, reorder or chunk-split"),
@@ -123,12 +149,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     ``--help`` and ``--version`` and names the command, then against the parser its
     module completes.
     """
-    arg_list = list(sys.argv[1:] if argv is None else argv)
-    chosen, _ = _parser().parse_known_args(arg_list)
-    args = _parser(chosen.command).parse_args(arg_list)
-    # piped output is read by scripts and wide terminals alike: do not fold tables at 80 columns
-    console = Console(soft_wrap=False, width=None if sys.stdout.isatty() else 200)
+    if signal.getsignal(signal.SIGINT) is _interrupted_while_starting:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
+        arg_list = list(sys.argv[1:] if argv is None else argv)
+        chosen, _ = _parser().parse_known_args(arg_list)
+        args = _parser(chosen.command).parse_args(arg_list)  # imports the command's module
+        # piped output is read by scripts and wide terminals alike: do not fold tables at 80 columns
+        console = Console(soft_wrap=False, width=None if sys.stdout.isatty() else 200)
         return int(args.handler(args, console))
     except EtstoreError as exc:
         print(f"etstore: error: {exc}", file=sys.stderr)
@@ -137,6 +165,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         where = f": {exc.filename}" if getattr(exc, "filename", None) else ""
         print(f"etstore: error: {exc.strerror or exc}{where}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        print("etstore: interrupted; nothing partial was kept", file=sys.stderr)
+    except KeyboardInterrupt:  # whatever was being written has rolled back on its way out
+        print("etstore: interrupted", file=sys.stderr)
         return 130

@@ -12,7 +12,7 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from etstore.cli._render import FORMATS
+from etstore.cli._render import FORMATS, json_text
 from etstore.errors import OptionError
 from etstore.ingest import read_trace
 from etstore.model import Trace
@@ -66,5 +66,5 @@ def trace_from(store: Store, spec: str) -> Trace:
 
 
 def print_json(doc: Any) -> None:
-    """Stable, indented JSON on stdout (for ``--format json``)."""
-    sys.stdout.write(json.dumps(doc, indent=1, default=str) + "\n")
+    """Stable, indented, valid JSON on stdout (for ``--format json``; NaN and ±inf as null)."""
+    sys.stdout.write(json_text(doc) + "\n")

@@ -6,6 +6,7 @@ import base64
 import csv
 import io
 import json
+import math
 import sys
 from typing import Any, TextIO
 
@@ -13,13 +14,19 @@ import pyarrow as pa
 from rich.console import Console
 from rich.table import Table
 
-__all__ = ["FORMATS", "render", "to_json_value"]
+__all__ = ["FORMATS", "json_text", "render", "to_json_value"]
 
 FORMATS = ("table", "csv", "json")
 
 
 def to_json_value(value: Any) -> Any:
-    """A JSON-safe form of an Arrow value (bytes → base64, other objects → str)."""
+    """A JSON-safe form of an Arrow value (bytes → base64, NaN/±inf → None, other objects → str).
+
+    JSON has no NaN or Infinity; ``json.dumps`` would write them anyway and most readers
+    then reject the whole document, so they become ``null``.
+    """
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
     if isinstance(value, bytes):
         return base64.b64encode(value).decode()
     if isinstance(value, dict):
@@ -29,6 +36,17 @@ def to_json_value(value: Any) -> Any:
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
     return str(value)
+
+
+def json_text(doc: Any) -> str:
+    """``doc`` as indented, strictly valid JSON (NaN/±inf → null; unknown objects → str), no newline.
+
+    Raises
+    ------
+    ValueError
+        Never for values :func:`to_json_value` has converted (it guarantees finite floats).
+    """
+    return json.dumps(to_json_value(doc), indent=1, allow_nan=False)
 
 
 def _cell(value: Any) -> str:
@@ -67,12 +85,13 @@ def render(
 
     Notes
     -----
-    O(rows x columns); the rows are materialised as Python values once.
+    O(rows x columns); the rows are materialised as Python values once. Numeric
+    columns never wrap; JSON writes NaN and ±inf as ``null``.
     """
     out = out or sys.stdout
     rows = table.to_pylist()
     if fmt == "json":
-        out.write(json.dumps([to_json_value(r) for r in rows], indent=1) + "\n")
+        out.write(json_text(rows) + "\n")
     elif fmt == "csv":
         buf = io.StringIO()
         writer = csv.writer(buf, lineterminator="\n")
@@ -86,12 +105,17 @@ def render(
             )
         out.write(buf.getvalue())
     else:
+        cells = [[_cell(v) for v in r.values()] for r in rows]
         t = Table(title=title, show_lines=False, header_style="bold")
-        for name in table.column_names:
-            numeric = pa.types.is_integer(table.schema.field(name).type) or pa.types.is_floating(
-                table.schema.field(name).type
-            )
-            t.add_column(name, justify="right" if numeric else "left", overflow="fold")
-        for r in rows:
-            t.add_row(*(_cell(v) for v in r.values()))
+        for i, name in enumerate(table.column_names):
+            typ = table.schema.field(name).type
+            if pa.types.is_integer(typ) or pa.types.is_floating(typ):
+                # a number split over two lines reads as two numbers: never fold one; text
+                # columns fold instead, and a table wider than the terminal overflows it
+                widest = max((len(row[i]) for row in cells), default=0)
+                t.add_column(name, justify="right", no_wrap=True, overflow="ellipsis", min_width=widest)
+            else:
+                t.add_column(name, justify="left", overflow="fold")
+        for row in cells:
+            t.add_row(*row)
         (console or Console(file=out)).print(t)

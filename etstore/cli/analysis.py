@@ -11,7 +11,7 @@ import pyarrow as pa
 from rich.console import Console
 
 from etstore.cli._common import add_format, open_from_args
-from etstore.cli._render import render
+from etstore.cli._render import json_text, render
 from etstore.errors import OptionError
 from etstore.query.overlap import explain, find_opportunities
 from etstore.query.rewrite import rewrite_stored
@@ -51,7 +51,7 @@ def _overlap(args: argparse.Namespace, console: Console) -> int:
         rows = found.to_pylist()
         for r in rows:
             r["detail"] = json.loads(r["detail"])
-        sys.stdout.write(json.dumps(rows, indent=1) + "\n")
+        sys.stdout.write(json_text(rows) + "\n")
         return 0
     render(found, args.format, title=f"opportunities in {args.trace}", console=console)
     if args.format == "table":
@@ -106,7 +106,7 @@ def _compare(args: argparse.Namespace, console: Console) -> int:
             "diff_ns": cmp.diff_ns,
             "ranks": cmp.table.to_pylist(),
         }
-        sys.stdout.write(json.dumps(doc, indent=1) + "\n")
+        sys.stdout.write(json_text(doc) + "\n")
         return 0
     render(
         cmp.table,

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 from typing import Any
 
 from rich.console import Console
@@ -34,17 +32,7 @@ def _critical_path(args: argparse.Namespace, console: Console) -> int:
     with open_from_args(args, read_only=True) as store:
         trace = store.load(args.trace)
     cp = critical_path(trace, rank=args.rank)
-    if args.format == "json":
-        doc = {
-            "trace": args.trace,
-            "rank": args.rank,
-            "length_micros": cp.length_micros,
-            "dropped_cycle_edges": cp.dropped_edges,
-            "per_rank": cp.per_rank.to_pylist(),
-            "path": cp.path.to_pylist(),
-        }
-        sys.stdout.write(json.dumps(doc, indent=1) + "\n")
-        return 0
+    # every format prints the same rows (JSON: a list of row objects, as for every command)
     path = cp.path if args.limit <= 0 else cp.path.slice(0, args.limit)
     render(path, args.format, title=f"critical path of {args.trace}", console=console)
     if args.format == "table":
@@ -83,6 +71,8 @@ def register(sub: Any) -> None:
     sp = sub.add_parser("critical-path", help="duration-weighted longest dependency path")
     sp.add_argument("trace")
     sp.add_argument("--rank", type=int, default=None, help="only this rank (default: all, across messages)")
-    sp.add_argument("--limit", type=int, default=50, help="rows of the path to print (0 = all)")
+    sp.add_argument(
+        "--limit", type=int, default=50, help="rows of the path to print in every format (0 = all)"
+    )
     add_format(sp)
     sp.set_defaults(handler=_critical_path)

@@ -199,7 +199,9 @@ def _synth_factory(chunks: int, seed: int) -> Any:
 def _common(sp: argparse.ArgumentParser) -> None:
     sp.add_argument("--congestion", choices=("aware", "unaware"), help="network model (default unaware)")
     sp.add_argument(
-        "--policy", choices=("FIFO", "LIFO"), help="scheduling policy (default LIFO, as ASTRA-sim)"
+        "--policy",
+        choices=("FIFO", "LIFO"),
+        help="collective priority (default LIFO, as ASTRA-sim); ready ops always issue by node id",
     )
     sp.add_argument("--chunks", type=int, default=None, help="chunks per rank for generated algorithms")
     sp.add_argument("--system-config", metavar="FILE", help="ASTRA-sim system config JSON")
@@ -221,7 +223,11 @@ def register(sub: Any) -> None:
         help="collective algorithm: native, replay, ring, direct, halving-doubling, tree or a stored "
         "algorithm; COLL=ALGO for one collective type (e.g. allreduce=ring,allgather=my-algo)",
     )
-    sp.add_argument("--comm-groups", metavar="FILE", help="ASTRA-sim communicator group JSON")
+    sp.add_argument(
+        "--comm-groups",
+        metavar="FILE",
+        help="ASTRA-sim communicator group JSON; replaces the trace's groups, every pg_name must be in it",
+    )
     sp.add_argument("--limit", type=int, default=20, help="rows of each table to print (default 20)")
     _common(sp)
     add_format(sp)

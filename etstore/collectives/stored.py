@@ -77,7 +77,12 @@ def expand_stored(
     ``algorithms`` is as for :func:`expand`, except that a string may also name a
     stored algorithm trace. Generated algorithms are stored too, so the expanded
     trace's ``params["algorithms"]`` names stored traces; if the expanded trace then
-    fails to land, the algorithms stored here are removed again (nothing partial).
+    fails to land, the names stored here are removed again (nothing partial).
+
+    The result is stored as ``name`` (default ``<workload>-expanded``, with ``-2``, ...
+    when that name holds other content) with ``workload`` as its parent, even when the
+    same content is already stored under another name: the new name then shares that
+    content (``report.same_as``) and keeps its own parent and parameters.
 
     Raises
     ------

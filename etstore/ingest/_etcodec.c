@@ -402,6 +402,51 @@ static int parse_attr(const uint8_t *p, const uint8_t *e, int depth, AttrInfo *a
     return 0;
 }
 
+/* Whether a file's first frame is a Node rather than a GlobalMetadata: Chakra files
+   written before GlobalMetadata existed (2023 ASTRA-sim examples) start with a node. A
+   GlobalMetadata has only length-delimited fields 1 and 2; a Node shows itself by its
+   varint id (field 1) or any of fields 3..10. The scan stops at the first malformed
+   field; et._looks_like_node is the same rule. */
+static int looks_like_node(const uint8_t *p, const uint8_t *e)
+{
+    while (p < e) {
+        uint64_t tag = 0, v;
+        int i;
+        for (i = 0; i < 5; i++) {
+            if (p >= e) return 0;
+            uint64_t b = *p++;
+            tag |= (b & 0x7F) << (7 * i);
+            if (!(b & 0x80)) break;
+        }
+        if (i == 5) return 0;
+        uint64_t f = tag >> 3;
+        int wt = (int)(tag & 7);
+        if ((f == 1 && wt == 0) || (f >= 3 && f <= 10)) return 1;
+        switch (wt) {
+        case 0:
+            p = rd_varint(p, e, &v);
+            if (!p) return 0;
+            break;
+        case 1:
+            if (e - p < 8) return 0;
+            p += 8;
+            break;
+        case 5:
+            if (e - p < 4) return 0;
+            p += 4;
+            break;
+        case 2:
+            p = rd_varint(p, e, &v);
+            if (!p || v > (uint64_t)(e - p)) return 0;
+            p += v;
+            break;
+        default:
+            return 0;
+        }
+    }
+    return 0;
+}
+
 /* GlobalMetadata; *nonempty says whether ListFields() would be non-empty. */
 static int parse_meta(const uint8_t *p, const uint8_t *e, int *nonempty)
 {
@@ -826,10 +871,14 @@ static int frame_varint(const uint8_t *data, size_t n, size_t *pos, uint64_t *ou
 
 typedef struct {
     size_t meta_off, meta_len;
+    int no_meta; /* the file starts with a node (no GlobalMetadata frame) */
+    size_t max_rows; /* refuse (-4) a file of more node frames than this; 0: no limit */
+    size_t rows;     /* node frames the pre-scan counted */
     char msg[256]; /* error text after "{path}: " */
 } RunInfo;
 
-/* The whole file. 0 ok, -1 format error (info->msg), -2 out of memory, -3 too large. */
+/* The whole file. 0 ok, -1 format error (info->msg), -2 out of memory, -3 too large,
+ * -4 more node frames than info->max_rows (info->rows; nothing allocated). */
 static int run_decode(Dec *d, const uint8_t *data, size_t n, RunInfo *info)
 {
     size_t pos = 0, start;
@@ -848,13 +897,19 @@ static int run_decode(Dec *d, const uint8_t *data, size_t n, RunInfo *info)
         return -1;
     }
     int nonempty = 0;
-    if (parse_meta(data + pos, data + pos + len, &nonempty) || (len && !nonempty)) {
+    if (len && looks_like_node(data + pos, data + pos + len)) {
+        info->no_meta = 1; /* frame 1 is this node, at byte 0 */
+        info->meta_off = 0;
+        info->meta_len = 0;
+        pos = 0;
+    } else if (parse_meta(data + pos, data + pos + len, &nonempty) || (len && !nonempty)) {
         snprintf(info->msg, sizeof info->msg, "byte 0: first frame is not a Chakra GlobalMetadata");
         return -1;
+    } else {
+        info->meta_off = pos;
+        info->meta_len = (size_t)len;
+        pos += (size_t)len;
     }
-    info->meta_off = pos;
-    info->meta_len = (size_t)len;
-    pos += (size_t)len;
 
     /* count the frames first, so fixed-width columns are allocated once, exactly */
     size_t rows = 0, scan = pos;
@@ -863,6 +918,8 @@ static int run_decode(Dec *d, const uint8_t *data, size_t n, RunInfo *info)
         scan += (size_t)len;
         rows++;
     }
+    info->rows = rows;
+    if (info->max_rows && rows > info->max_rows) return -4;
     if (dec_alloc(d, rows)) return -2;
 
     for (size_t frame = 1; pos < n; frame++) {
@@ -1020,11 +1077,13 @@ static PyObject *raise_format(PyObject *path, const char *msg)
 }
 
 PyDoc_STRVAR(decode_doc,
-             "decode(data, path) -> (rows, ndeps, metadata, ops_columns, deps_columns) | None\n\n"
+             "decode(data, path, max_rows=0) -> (rows, ndeps, metadata, ops_columns, deps_columns)"
+             " | None | int\n\n"
              "Decode one rank's uncompressed .et bytes into Arrow-layout buffers.\n"
              "ops_columns maps every OPS_SCHEMA column except rank, deps_columns maps src, dst,\n"
              "kind and pos; each value is (validity|None, [offsets,] values, null_count).\n"
-             "Returns None when a string column would pass 2 GiB (int32 offsets). Raises\n"
+             "Returns None when a string column would pass 2 GiB (int32 offsets), and the number\n"
+             "of node frames, having allocated nothing, when max_rows > 0 and it is more. Raises\n"
              "TraceFormatError('{path}: byte {offset}: ...') exactly where the pure-Python\n"
              "decoder does.");
 
@@ -1034,11 +1093,13 @@ static PyObject *codec_decode(PyObject *self, PyObject *args)
     PyObject *path, *ops = NULL, *deps = NULL, *meta = NULL, *out = NULL;
     int32_t *koff = NULL;
     (void)self;
-    if (!PyArg_ParseTuple(args, "y*O:decode", &view, &path)) return NULL;
+    Py_ssize_t max_rows = 0;
+    if (!PyArg_ParseTuple(args, "y*O|n:decode", &view, &path, &max_rows)) return NULL;
     Dec d;
     RunInfo info;
     memset(&d, 0, sizeof d);
     memset(&info, 0, sizeof info);
+    info.max_rows = max_rows > 0 ? (size_t)max_rows : 0;
     int rc;
     Py_BEGIN_ALLOW_THREADS
     rc = run_decode(&d, (const uint8_t *)view.buf, (size_t)view.len, &info);
@@ -1055,8 +1116,14 @@ static PyObject *codec_decode(PyObject *self, PyObject *args)
         out = none();
         goto done;
     }
+    if (rc == -4) {
+        out = PyLong_FromSize_t(info.rows);
+        goto done;
+    }
     size_t n = d.n, m = d.ndeps;
-    meta = PyBytes_FromStringAndSize((const char *)view.buf + info.meta_off, (Py_ssize_t)info.meta_len);
+    meta = info.no_meta ? none()
+                        : PyBytes_FromStringAndSize((const char *)view.buf + info.meta_off,
+                                                    (Py_ssize_t)info.meta_len);
     ops = PyDict_New();
     deps = PyDict_New();
     if (!meta || !ops || !deps) goto done;

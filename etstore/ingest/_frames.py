@@ -1,14 +1,24 @@
-"""Varint-framed protobuf streams: open (gzip-sniffed), validate and split into frames."""
+"""Varint-framed protobuf streams: open (gzip-sniffed, decompressed within a budget), validate and
+split into frames, and the upfront limits on what one file may make us hold in memory."""
 
 from __future__ import annotations
 
-import gzip
 import zlib
 from pathlib import Path
 
 from etstore.errors import TraceFormatError
+from etstore.units import BUDGET_ENV_VAR, format_bytes, memory_budget
 
-__all__ = ["read_bytes", "varint", "write_varint"]
+__all__ = [
+    "BYTES_PER_NODE",
+    "DECODED_BYTES_FACTOR",
+    "frame_limit_message",
+    "max_decoded_bytes",
+    "max_nodes",
+    "read_bytes",
+    "varint",
+    "write_varint",
+]
 
 _GZIP_MAGIC = b"\x1f\x8b"
 _FOREIGN_MAGIC = {
@@ -21,19 +31,114 @@ _FOREIGN_MAGIC = {
     b"BZh": "a bzip2 archive",
 }
 
+BYTES_PER_NODE = 320
+"""Peak bytes one decoded node costs on its way into the store: the decoder's columns (~150 B for
+an empty node), the duplicate-id sort and the concatenated copy."""
 
-def read_bytes(path: Path, *, sniff: bool = True) -> bytes:
-    """The file's bytes, gunzipped if it starts with the gzip magic; ``sniff`` rejects
-    well-known foreign formats (PNG, PDF, ...) with a clear message."""
+DECODED_BYTES_FACTOR = 2
+"""A file's (decompressed) bytes may take at most 1/this of the memory budget: the rest is for the
+columns decoded from them."""
+
+_CHUNK = 1 << 20  # decompress in 1 MiB steps, so a bomb stops within one step of the limit
+
+
+def max_decoded_bytes() -> int:
+    """Most (decompressed) bytes one trace file may hold: the budget / :data:`DECODED_BYTES_FACTOR`."""
+    return memory_budget() // DECODED_BYTES_FACTOR
+
+
+def max_nodes() -> int:
+    """Most nodes one rank file may hold: the memory budget / :data:`BYTES_PER_NODE`."""
+    return max(1, memory_budget() // BYTES_PER_NODE)
+
+
+def frame_limit_message(nodes: int) -> str:
+    """Why a file of ``nodes`` node frames is refused (one line, no path)."""
+    limit = max_nodes()
+    return (
+        f"{nodes:,} node frames, more than the {limit:,} the memory budget of "
+        f"{format_bytes(memory_budget())} allows at {BYTES_PER_NODE} bytes per decoded node "
+        f"(set the environment variable {BUDGET_ENV_VAR} to raise it)"
+    )
+
+
+def _too_big(path: Path, what: str, limit: int) -> TraceFormatError:
+    return TraceFormatError(
+        f"{path}: {what} more than {format_bytes(limit)}, the most one file may take of the memory "
+        f"budget of {format_bytes(memory_budget())} (set the environment variable {BUDGET_ENV_VAR} "
+        "to raise it)"
+    )
+
+
+def _gunzip(data: bytes, path: Path, limit: int) -> bytes:
+    """Every gzip member of ``data`` decompressed, refusing once the output passes ``limit`` bytes.
+
+    Notes
+    -----
+    Streams in :data:`_CHUNK` steps, so a decompression bomb costs at most ``limit`` plus one
+    step of memory and the time to inflate that much, never its full expansion.
+    """
+    out = bytearray()
+    rest = data
     try:
+        while rest:
+            inflater = zlib.decompressobj(wbits=31)
+            pending = rest
+            while pending and not inflater.eof:
+                out += inflater.decompress(pending, _CHUNK)
+                if len(out) > limit:
+                    raise _too_big(path, "decompresses to", limit)
+                pending = inflater.unconsumed_tail
+            while not inflater.eof:  # input consumed; drain what zlib still holds
+                piece = inflater.decompress(b"", _CHUNK)
+                if not piece:
+                    break
+                out += piece
+                if len(out) > limit:
+                    raise _too_big(path, "decompresses to", limit)
+            if not inflater.eof:
+                raise TraceFormatError(f"{path}: truncated gzip stream (it ends before its last block)")
+            rest = inflater.unused_data
+            if rest and not rest.startswith(_GZIP_MAGIC):
+                break  # trailing bytes after the last member are ignored, as gzip does
+    except zlib.error as exc:
+        raise TraceFormatError(f"{path}: corrupt gzip stream: {exc}") from exc
+    return bytes(out)
+
+
+def read_bytes(path: Path, *, sniff: bool = True, limit: int | None = None) -> bytes:
+    """The file's bytes, gunzipped if it starts with the gzip magic.
+
+    Parameters
+    ----------
+    path
+        The file.
+    sniff
+        Reject well-known foreign formats (PNG, PDF, ...) with a clear message.
+    limit
+        Most bytes (after decompression) to accept; default :func:`max_decoded_bytes`.
+
+    Raises
+    ------
+    TraceFormatError
+        Unreadable, empty, foreign (with ``sniff``), a corrupt or truncated gzip stream,
+        or more than ``limit`` bytes (checked before reading a plain file and while
+        decompressing a gzip one).
+
+    Notes
+    -----
+    O(bytes); a gzip stream is inflated in 1 MiB steps, so memory stays within ``limit``.
+    """
+    limit = max_decoded_bytes() if limit is None else limit
+    try:
+        size = path.stat().st_size
+        if size > limit:
+            raise _too_big(path, f"holds {format_bytes(size)},", limit)
         data = path.read_bytes()
     except OSError as exc:
         raise TraceFormatError(f"{path}: cannot read: {exc.strerror or exc}") from exc
     if data[:2] == _GZIP_MAGIC:
-        try:
-            data = gzip.decompress(data)
-        except (OSError, EOFError, zlib.error) as exc:
-            raise TraceFormatError(f"{path}: corrupt or truncated gzip stream: {exc}") from exc
+        data = _gunzip(data, path, limit)
     if not data:
         raise TraceFormatError(f"{path}: empty file; a trace file cannot be empty")
     for magic, what in _FOREIGN_MAGIC.items():
@@ -43,7 +148,14 @@ def read_bytes(path: Path, *, sniff: bool = True) -> bytes:
 
 
 def varint(data: bytes, pos: int, path: Path) -> tuple[int, int]:
-    """Decode a varint32 frame length at ``pos``; returns (value, next position)."""
+    """Decode a varint32 frame length at ``pos``; returns (value, next position).
+
+    Raises
+    ------
+    TraceFormatError
+        The varint runs past the end or is longer than five bytes. (A length beyond the
+        rest of the file is the caller's check, with the frame's own wording.)
+    """
     result = 0
     shift = 0
     start = pos

@@ -15,7 +15,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from etstore.errors import TraceFormatError
 from etstore.ingest import _etcodec  # type: ignore[attr-defined]  # ImportError when not built
+from etstore.ingest._frames import frame_limit_message
 from etstore.model import ATTR_COLUMNS, DEPS_SCHEMA, OPS_SCHEMA, member_number, node_type_code
 from etstore.proto import COLLECTIVE_COMM_TYPES, NODE_TYPES
 
@@ -55,12 +57,20 @@ def _array(typ: pa.DataType, length: int, parts: tuple[Any, ...]) -> pa.Array:
     )
 
 
-def decode_rank(data: bytes, rank: int, path: Path) -> tuple[pa.Table, pa.Table, bytes] | None:
+def decode_rank(
+    data: bytes, rank: int, path: Path, *, max_nodes: int = 0
+) -> tuple[pa.Table, pa.Table, bytes] | None:
     """``(ops, deps, metadata)`` for one rank's bytes, as the reference decoder gives them;
-    None when a string column would pass 2 GiB (the reference decoder then chunks it)."""
-    result = _etcodec.decode(data, str(path))
+    None when a string column would pass 2 GiB (the reference decoder then chunks it).
+
+    Raises :class:`TraceFormatError` before allocating any column when ``max_nodes > 0``
+    and the file has more node frames (the codec counts them first).
+    """
+    result = _etcodec.decode(data, str(path), max_nodes)
     if result is None:
         return None
+    if isinstance(result, int):
+        raise TraceFormatError(f"{path}: {frame_limit_message(result)}")
     n, m, meta, ops_cols, deps_cols = result
     arrays = []
     for f in OPS_SCHEMA:

@@ -21,8 +21,8 @@ import pyarrow.compute as pc
 from google.protobuf.message import DecodeError
 
 from etstore.errors import TraceFormatError
-from etstore.ingest._frames import read_bytes, varint, write_varint
-from etstore.ingest.files import RankFile, resolve_rank_files
+from etstore.ingest._frames import frame_limit_message, max_nodes, read_bytes, varint, write_varint
+from etstore.ingest.files import RankFile, comm_groups_path, read_comm_groups, resolve_rank_files
 from etstore.model import (
     ATTR_COLUMNS,
     DEPS_SCHEMA,
@@ -52,22 +52,85 @@ Progress = Callable[[int], None]
 # ---------------------------------------------------------------- decoding
 
 
+def _looks_like_node(frame: bytes) -> bool:
+    """Whether a file's first frame is a Node rather than a GlobalMetadata.
+
+    Chakra files written before GlobalMetadata existed (the 2023 ASTRA-sim examples)
+    start with a node. A GlobalMetadata has only length-delimited fields 1 and 2; a Node
+    shows itself by its varint id (field 1) or any of fields 3..10. The scan stops at
+    the first malformed field; the native codec's ``looks_like_node`` is the same rule.
+    """
+    pos, n = 0, len(frame)
+    while pos < n:
+        tag = 0
+        for i in range(5):
+            if pos >= n:
+                return False
+            b = frame[pos]
+            pos += 1
+            tag |= (b & 0x7F) << (7 * i)
+            if b < 0x80:
+                break
+        else:
+            return False
+        field, wire = tag >> 3, tag & 7
+        if (field == 1 and wire == 0) or 3 <= field <= 10:
+            return True
+        if wire in (0, 2):
+            value, pos = _bounded_varint(frame, pos)
+            if pos < 0:
+                return False
+            if wire == 2:
+                if value > n - pos:
+                    return False
+                pos += value
+        elif wire in (1, 5):
+            width = 8 if wire == 1 else 4
+            if n - pos < width:
+                return False
+            pos += width
+        else:
+            return False
+    return False
+
+
+def _bounded_varint(buf: bytes, pos: int) -> tuple[int, int]:
+    """A varint of at most 10 bytes (bits past 64 dropped); position -1 when malformed."""
+    value = 0
+    for i in range(10):
+        if pos >= len(buf):
+            return 0, -1
+        b = buf[pos]
+        pos += 1
+        value |= (b & 0x7F) << (7 * i)
+        if b < 0x80:
+            return value & 0xFFFFFFFFFFFFFFFF, pos
+    return 0, -1
+
+
 def _decode_py(data: bytes, rank: int, path: Path) -> tuple[pa.Table, pa.Table, bytes | None]:
-    """Reference decoder: one protobuf parse per frame."""
+    """Reference decoder: one protobuf parse per frame.
+
+    A file whose first frame is a node (no GlobalMetadata, the 2023 form) decodes from
+    byte 0 and has no metadata (None).
+    """
     meta_len, pos = varint(data, 0, path)
     if meta_len > len(data) - pos:
         raise TraceFormatError(
             f"{path}: byte 0: GlobalMetadata frame claims {meta_len} bytes but only "
             f"{len(data) - pos} remain (truncated, or not a Chakra ET file)"
         )
-    meta_bytes = data[pos : pos + meta_len]
-    try:
-        meta = GlobalMetadata.FromString(meta_bytes)
-    except DecodeError as exc:
-        raise TraceFormatError(f"{path}: byte 0: first frame is not a Chakra GlobalMetadata") from exc
-    if meta_bytes and not meta.ListFields():
-        raise TraceFormatError(f"{path}: byte 0: first frame is not a Chakra GlobalMetadata")
-    pos += meta_len
+    meta_bytes: bytes | None = data[pos : pos + meta_len]
+    if meta_len and _looks_like_node(data[pos : pos + meta_len]):
+        meta_bytes, pos = None, 0
+    else:
+        try:
+            meta = GlobalMetadata.FromString(meta_bytes)
+        except DecodeError as exc:
+            raise TraceFormatError(f"{path}: byte 0: first frame is not a Chakra GlobalMetadata") from exc
+        if meta_bytes and not meta.ListFields():
+            raise TraceFormatError(f"{path}: byte 0: first frame is not a Chakra GlobalMetadata")
+        pos += meta_len
 
     cols: dict[str, list[Any]] = {f.name: [] for f in OPS_SCHEMA}
     seen: dict[bytes, tuple[str, Any, str] | None] = {}
@@ -77,8 +140,11 @@ def _decode_py(data: bytes, rank: int, path: Path) -> tuple[pa.Table, pa.Table, 
     d_pos: list[int] = []
     n = len(data)
     frame = 1
+    limit = max_nodes()
     while pos < n:
         start = pos
+        if frame > limit:
+            raise TraceFormatError(f"{path}: byte {start}: at least {frame_limit_message(frame)}")
         length, pos = varint(data, pos, path)
         if length > n - pos:
             raise TraceFormatError(
@@ -279,10 +345,12 @@ def _skip_value(buf: bytes, pos: int, wire: int) -> int:
 def decode_rank(data: bytes, rank: int, path: Path) -> tuple[pa.Table, pa.Table, bytes | None]:
     """Decode one rank's (already gunzipped) ``.et`` bytes into ``(ops, deps, metadata)``.
 
-    Raises :class:`TraceFormatError` naming the file and byte offset of a bad frame.
+    Raises :class:`TraceFormatError` naming the file and byte offset of a bad frame, or
+    before decoding when the file has more node frames than the memory budget allows
+    (:func:`etstore.ingest._frames.max_nodes`).
     """
     if _native is not None:
-        decoded = _native.decode_rank(data, rank, path)
+        decoded = _native.decode_rank(data, rank, path, max_nodes=max_nodes())
         if decoded is not None:
             return decoded
     return _decode_py(data, rank, path)
@@ -346,6 +414,26 @@ def duplicate_ids(ops: pa.Table) -> tuple[int, int] | None:
     return k >> 40, k & ((1 << 40) - 1)
 
 
+def _decode_file(path: Path, rank: int) -> tuple[pa.Table, pa.Table, bytes | None, bytes]:
+    """Read and decode one rank's file.
+
+    A first frame of 123 bytes starts the file with ``{``, which the foreign-format check
+    takes for JSON; such a file is decoded anyway, and the check's message stands only
+    when the bytes are no Chakra file either.
+    """
+    try:
+        data = read_bytes(path)
+    except TraceFormatError as foreign:
+        data = read_bytes(path, sniff=False)
+        if data[:1] != b"{":
+            raise
+        try:
+            return (*decode_rank(data, rank, path), data)
+        except TraceFormatError:
+            raise foreign from None
+    return (*decode_rank(data, rank, path), data)
+
+
 def read_et(
     spec: str | Path | Sequence[RankFile],
     *,
@@ -389,8 +477,7 @@ def read_et(
 
     def one(item: tuple[int, Path]) -> tuple[pa.Table, pa.Table, bytes | None, int]:
         rank, path = item
-        data = read_bytes(path)
-        ops, deps, meta = decode_rank(data, rank, path)
+        ops, deps, meta, data = _decode_file(path, rank)
         dup = duplicate_ids(ops)
         if dup is not None:
             raise TraceFormatError(f"{path}: node id {dup[1]} appears twice on rank {dup[0]}")
@@ -412,6 +499,10 @@ def read_et(
     deps = pa.concat_tables(deps_parts) if deps_parts else DEPS_SCHEMA.empty_table()
     present, missing = split_missing(ops, deps)
     meta = pa.Table.from_pydict({"rank": meta_ranks, "metadata": meta_blobs}, schema=META_SCHEMA)
+    params: dict[str, object] = {}
+    sidecar = comm_groups_path(files[0][1].parent / prefix) if files else None
+    if sidecar is not None and sidecar.is_file():  # ASTRA-sim's groups, as export writes them
+        params["comm_groups"] = read_comm_groups(sidecar)
     return Trace(
         ops=ops.combine_chunks(),
         deps=present.combine_chunks(),
@@ -420,6 +511,7 @@ def read_et(
         name=name or prefix,
         kind="workload",
         source=source,
+        params=params,
     )
 
 

@@ -9,19 +9,30 @@ rather than ignored.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from etstore.errors import OptionError
 from etstore.ingest.algorithm_et import write_algorithm_et
 from etstore.ingest.chakra_json import write_chakra_json
-from etstore.ingest.et import write_et
+from etstore.ingest.chrome_trace import write_chrome_trace
+from etstore.ingest.comm_groups import write_astra_et
 from etstore.ingest.msccl_writer import write_msccl_xml
 from etstore.model import Trace
 from etstore.units import parse_size
 
 __all__ = ["EXPORT_FORMATS", "export_trace"]
 
-EXPORT_FORMATS = ("et", "json", "msccl-xml")
+EXPORT_FORMATS = ("et", "json", "msccl-xml", "chrome-trace")
+
+
+def _inside_directory(out: str | Path, name: str) -> Path:
+    """``out`` as a file prefix: a directory (existing, or written with a trailing slash) gets the
+    trace's name inside it, so ``dir/`` means ``dir/<trace>.<rank>.et`` and not ``dir.<rank>.et``."""
+    text = str(out)
+    if text.endswith(("/", os.sep)) or Path(text).is_dir():
+        return Path(text) / name
+    return Path(text)
 
 
 def export_trace(
@@ -37,9 +48,14 @@ def export_trace(
 
     Parameters
     ----------
+    out
+        File prefix; a directory (existing, or given with a trailing ``/``) writes
+        ``<out>/<trace name>.<rank>.et`` (``.json``, ``.xml``) inside it.
     format
-        ``et`` (``<out>.<rank>.et``), ``json`` (``<out>.<rank>.json``) or ``msccl-xml``
-        (``<out>.xml``, algorithm traces only).
+        ``et`` (``<out>.<rank>.et``; with collectives, also ``<out>.comm_groups.json``
+        and integer ``pg_name``s, as ASTRA-sim reads them), ``json`` (``<out>.<rank>.json``) or ``msccl-xml``
+        (``<out>.xml``, algorithm traces only) or ``chrome-trace`` (``<out>.json``: the
+        timeline of a trace with timestamps, for Perfetto UI and chrome://tracing).
     coll_size
         ``et`` of an algorithm trace: the collective size (bytes or ``"1MiB"``) that
         sets every message's ``comm_size``.
@@ -75,6 +91,9 @@ def export_trace(
         raise OptionError("export: gzip applies only to the et format of non-algorithm traces")
     if proto and format != "msccl-xml":
         raise OptionError("export: a protocol applies only to the msccl-xml format")
+    out = _inside_directory(out, trace.name)
+    if format == "chrome-trace":  # a trace without start_time_micros raises OptionError there
+        return [write_chrome_trace(trace, out)]
     if format == "json":
         return list(write_chakra_json(trace, out))
     if format == "msccl-xml":
@@ -83,4 +102,5 @@ def export_trace(
     if trace.kind == "algorithm":  # ASTRA-sim's custom-collective convention (int32 chunk fields)
         size = parse_size(coll_size) if coll_size is not None else None
         return write_algorithm_et(trace, out, coll_size=size)
-    return list(write_et(trace, out, gzip_output=gzip))
+    # integer pg_names + <out>.comm_groups.json: ASTRA-sim stoi()s pg_name and looks the group up there
+    return write_astra_et(trace, out, gzip_output=gzip)

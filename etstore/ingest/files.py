@@ -1,14 +1,50 @@
-"""Which files make a trace, and which rank each holds (``<prefix>.<rank>.et``)."""
+"""Which files make a trace, what each one is, and which rank each holds.
+
+Chakra files name their rank (``<prefix>.<rank>.et``). PyTorch files are recognised by
+their content (:func:`sniff_format`), and their rank comes from the file's own metadata
+where it has some (Kineto's ``distributedInfo.rank``), else from the number in the file
+name (``rank0_et.json``, ``worker3_step_12.<ts>.pt.trace.json``, ``dlrm_eg_3.json``).
+"""
 
 from __future__ import annotations
 
 import glob
+import gzip
+import json
 import re
+import zlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from etstore.errors import TraceFormatError
+from etstore.errors import ConfigError, TraceFormatError
+from etstore.ingest._torch_link import load_json
 
-__all__ = ["RankFile", "resolve_rank_files"]
+__all__ = [
+    "CHAKRA_ET",
+    "CHAKRA_JSON",
+    "COMM_GROUPS_SUFFIX",
+    "KINETO",
+    "MSCCL_XML",
+    "PYTORCH_ET",
+    "RankFile",
+    "TorchFiles",
+    "candidate_files",
+    "comm_groups_path",
+    "rank_in_name",
+    "read_comm_groups",
+    "resolve_rank_files",
+    "sniff_format",
+    "stated_rank",
+    "torch_rank_files",
+]
+
+CHAKRA_ET = "chakra-et"
+CHAKRA_JSON = "chakra-json"
+PYTORCH_ET = "pytorch-et"
+KINETO = "kineto"
+MSCCL_XML = "msccl-xml"
 
 _RANKED = re.compile(r"^(?P<prefix>.+)\.(?P<rank>\d+)\.(?P<ext>et|et\.gz|json|json\.gz)$")
 _EXTS = (".et", ".et.gz", ".json", ".json.gz")
@@ -28,6 +64,49 @@ def _split(path: Path) -> tuple[str, int | None]:
     return stem, None
 
 
+COMM_GROUPS_SUFFIX = ".comm_groups.json"
+
+
+def comm_groups_path(prefix: str | Path) -> Path:
+    """``<prefix>.comm_groups.json``: ASTRA-sim's communicator groups beside a trace's rank files."""
+    prefix = Path(prefix)
+    return prefix.with_name(f"{prefix.name}{COMM_GROUPS_SUFFIX}")
+
+
+def read_comm_groups(path: str | Path) -> dict[str, list[int]]:
+    """Read ASTRA-sim's communicator-group JSON (``{"1": [0, 1, 2, 3], ...}``).
+
+    Raises
+    ------
+    ConfigError
+        The file is missing, not JSON, or a group is not a list of ranks.
+    """
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError as exc:
+        raise ConfigError(f"{path}: no such communicator group file") from exc
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: cannot read the communicator group file ({exc})") from exc
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{path}: line {exc.lineno}: not valid JSON ({exc.msg})") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected an object mapping group names to rank lists")
+    out: dict[str, list[int]] = {}
+    for name, ranks in data.items():
+        if not isinstance(ranks, list) or not all(
+            isinstance(r, int) and not isinstance(r, bool) for r in ranks
+        ):
+            raise ConfigError(f"{path}: group {name!r} must be a list of integer ranks")
+        out[str(name)] = list(ranks)
+    return out
+
+
+def _trace_file(p: Path, exts: tuple[str, ...]) -> bool:
+    """A file that may hold a rank's trace: the extension fits and it is no comm-group sidecar."""
+    return p.is_file() and p.name.endswith(exts) and not p.name.endswith(COMM_GROUPS_SUFFIX)
+
+
 def resolve_rank_files(spec: str | Path) -> tuple[str, list[RankFile]]:
     """Resolve a file, directory, glob or ``<dir>/<prefix>`` into ``(prefix, [(rank, path)])``.
 
@@ -38,10 +117,10 @@ def resolve_rank_files(spec: str | Path) -> tuple[str, list[RankFile]]:
     text = str(spec)
     path = Path(text)
     if any(ch in text for ch in "*?["):
-        candidates = [Path(p) for p in sorted(glob.glob(text)) if Path(p).is_file()]
+        candidates = [Path(p) for p in sorted(glob.glob(text)) if _trace_file(Path(p), _EXTS)]
         where = f"pattern {text!r}"
     elif path.is_dir():
-        candidates = sorted(p for p in path.iterdir() if p.is_file() and p.name.endswith(_EXTS))
+        candidates = sorted(p for p in path.iterdir() if _trace_file(p, _EXTS))
         where = f"directory {path}"
     elif path.is_file():
         prefix, rank = _split(path)
@@ -79,3 +158,206 @@ def resolve_rank_files(spec: str | Path) -> tuple[str, list[RankFile]]:
             raise TraceFormatError(f"{p}: rank {rank} also given by {seen[rank]}")
         seen[rank] = p
     return prefix, sorted(files)
+
+
+# ---------------------------------------------------------------- recognition by content
+
+_HEAD = 1 << 16  # bytes looked at: the top-level keys precede the event / node lists
+_TRACE_EXTS = (".et", ".et.gz", ".json", ".json.gz", ".xml")
+_KINETO_KEYS = re.compile(
+    rb'"(?:traceEvents|schemaVersion|deviceProperties|distributedInfo|displayTimeUnit)"\s*:'
+)
+_ET_KEYS = re.compile(rb'"nodes"\s*:')
+_ET_SCHEMA = re.compile(rb'"schema"\s*:\s*"')
+_JSON_START = re.compile(rb'(?:\{\s*["}]|\[\s*[{\]])')
+_CHAKRA_JSON_KEYS = re.compile(rb'"workload_graph"\s*:')
+
+
+def _head(path: Path) -> bytes:
+    """The first bytes of a file, gunzipped when it is gzip."""
+    try:
+        with path.open("rb") as f:
+            data = f.read(_HEAD)
+            if data[:2] == b"\x1f\x8b":
+                f.seek(0)
+                with gzip.GzipFile(fileobj=f) as g:
+                    try:
+                        return g.read(_HEAD)
+                    except (EOFError, zlib.error) as exc:
+                        raise TraceFormatError(f"{path}: corrupt or truncated gzip stream: {exc}") from exc
+            return data
+    except OSError as exc:
+        raise TraceFormatError(f"{path}: cannot read: {exc.strerror or exc}") from exc
+
+
+def sniff_format(path: Path) -> str:
+    """What a trace file is, from its first bytes (gzip-aware), not its name.
+
+    Returns one of :data:`CHAKRA_ET` (binary protobuf frames, the fallback),
+    :data:`CHAKRA_JSON`, :data:`PYTORCH_ET`, :data:`KINETO` and :data:`MSCCL_XML`.
+
+    Raises
+    ------
+    TraceFormatError
+        An unreadable or empty file, or a JSON document that is none of the JSON forms.
+    """
+    head = _head(path)
+    text = head.lstrip(b"\xef\xbb\xbf \t\r\n")
+    if not text:
+        raise TraceFormatError(f"{path}: empty file; a trace file cannot be empty")
+    # a Chakra frame length may be the byte of "<" or "{" (60, 123): look one token further
+    if text.startswith((b"<?xml", b"<algo", b"<!--")):
+        return MSCCL_XML
+    whole = len(head) < _HEAD  # the head is the whole (decompressed) file
+    if not (_JSON_START.match(text) or (text[:1] in (b"{", b"[") and whole and head[0] >= len(head))):
+        return CHAKRA_ET
+    if _CHAKRA_JSON_KEYS.search(head):
+        return CHAKRA_JSON
+    if _KINETO_KEYS.search(head):
+        return KINETO
+    if _ET_KEYS.search(head) or _ET_SCHEMA.search(head):
+        return PYTORCH_ET
+    if whole:
+        try:
+            json.loads(head)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise TraceFormatError(f"{path}: not valid JSON (truncated or corrupt): {exc}") from exc
+    raise TraceFormatError(
+        f"{path}: a JSON document that is no trace etstore reads (expected Chakra JSON "
+        "'workload_graph', a PyTorch execution trace 'nodes' or a Kineto 'traceEvents')"
+    )
+
+
+_RANK_WORD = re.compile(r"(?:rank|worker|gpu|device|node|proc)[_\-.]?(\d+)", re.IGNORECASE)
+_NUMBER = re.compile(r"\d+")
+
+
+def rank_in_name(name: str) -> int | None:
+    """The rank a file name states: the number after ``rank``/``worker``/..., else its only
+    or first number (``dlrm_eg_3.json`` → 3); None when it has none."""
+    stem = name
+    for ext in (".pt.trace.json.gz", ".pt.trace.json", ".json.gz", ".json", ".et.gz", ".et"):
+        if stem.endswith(ext):
+            stem = stem[: -len(ext)]
+            break
+    m = _RANK_WORD.search(stem)
+    if m:
+        return int(m[1])
+    numbers = _NUMBER.findall(stem)
+    return int(numbers[0]) if numbers else None
+
+
+def candidate_files(spec: str | Path) -> tuple[str, list[Path]] | None:
+    """``(where, files)`` of a directory or glob holding trace files; None for anything else."""
+    text = str(spec)
+    if any(ch in text for ch in "*?["):
+        return f"pattern {text!r}", [
+            Path(p) for p in sorted(glob.glob(text)) if _trace_file(Path(p), _TRACE_EXTS)
+        ]
+    path = Path(text)
+    if path.is_dir():
+        files = sorted(p for p in path.iterdir() if _trace_file(p, _TRACE_EXTS))
+        return f"directory {path}", files
+    return None
+
+
+@dataclass
+class TorchFiles:
+    """The PyTorch files of one trace: ET and Kineto per rank, and the parsed Kineto documents."""
+
+    et: dict[int, Path] = field(default_factory=dict)
+    kineto: dict[int, Path] = field(default_factory=dict)
+    docs: dict[Path, Any] = field(default_factory=dict)
+    world_size: int | None = None
+
+
+def stated_rank(doc: Any) -> tuple[int | None, int | None]:
+    """``(rank, world size)`` a Kineto document's ``distributedInfo`` states (None where it does not)."""
+    info = doc.get("distributedInfo") if isinstance(doc, Mapping) else None
+    if not isinstance(info, Mapping):
+        return None, None
+    rank, world = info.get("rank"), info.get("world_size")
+    ok_rank = isinstance(rank, int) and not isinstance(rank, bool) and 0 <= rank < 2**31
+    ok_world = isinstance(world, int) and not isinstance(world, bool) and 0 < world < 2**31
+    return (rank if ok_rank else None), (world if ok_world else None)
+
+
+def torch_rank_files(where: str, files: Sequence[tuple[Path, str]]) -> TorchFiles:
+    """Assign each PyTorch file (ET or Kineto, with its sniffed format) its rank.
+
+    Parameters
+    ----------
+    where
+        What the files came from (a directory, a pattern), for messages.
+    files
+        ``(path, format)`` of every file, format :data:`PYTORCH_ET` or :data:`KINETO`.
+
+    Returns
+    -------
+    TorchFiles
+
+    Raises
+    ------
+    TraceFormatError
+        Two files of one kind for one rank, a file with no rank when there are several,
+        Kineto files of different world sizes, a rank outside the world, or a missing
+        rank (every rank below the world size, or the highest rank, must have a file).
+
+    Notes
+    -----
+    Parses each Kineto file once (the documents are handed on, not parsed again).
+    """
+    out = TorchFiles()
+    worlds: dict[int, Path] = {}
+    several = len(files) > 1
+    for path, fmt in files:
+        rank: int | None = None
+        if fmt == KINETO:
+            doc = load_json(path)
+            out.docs[path] = doc
+            rank, world = stated_rank(doc)
+            if world is not None:
+                if worlds and world not in worlds:
+                    other_world, other = next(iter(worlds.items()))
+                    raise TraceFormatError(
+                        f"{path}: distributedInfo.world_size is {world} but {other} says {other_world} "
+                        "(files of different runs)"
+                    )
+                worlds.setdefault(world, path)
+        if rank is None:
+            rank = rank_in_name(path.name)
+        if rank is None:
+            if several:
+                raise TraceFormatError(
+                    f"{path}: no rank in the file's metadata or name; name per-rank files rank<N>_..."
+                )
+            rank = 0
+        table = out.kineto if fmt == KINETO else out.et
+        if rank in table:
+            raise TraceFormatError(f"{path}: rank {rank} also given by {table[rank]}")
+        table[rank] = path
+    out.world_size = next(iter(worlds)) if worlds else None
+    _check_ranks(where, out)
+    return out
+
+
+def _check_ranks(where: str, files: TorchFiles) -> None:
+    """Every rank of the world has its file(s); ET and Kineto cover the same ranks."""
+    ranks = sorted(set(files.et) | set(files.kineto))
+    world = files.world_size
+    if world is not None:
+        outside = [r for r in ranks if r >= world]
+        if outside:
+            r = outside[0]
+            path = files.kineto.get(r) or files.et[r]
+            raise TraceFormatError(f"{path}: rank {r} is outside the world of {world} ranks")
+    size = world if world is not None else (ranks[-1] + 1 if ranks else 0)
+    # ranks are distinct and ascending: the first gap is the first index that differs
+    gap = next((i for i, r in enumerate(ranks) if i != r), len(ranks) if len(ranks) < size else None)
+    if gap is not None and (len(ranks) > 1 or (world is not None and world > 1)):
+        have = ", ".join(map(str, ranks[:16])) + (", ..." if len(ranks) > 16 else "")
+        raise TraceFormatError(f"{where}: rank {gap} is missing (files for ranks {have} of {size})")
+    if files.et and files.kineto and set(files.et) != set(files.kineto):
+        lone = sorted(set(files.et) ^ set(files.kineto))[0]
+        has, lacks = ("an execution trace", "Kineto") if lone in files.et else ("a Kineto trace", "execution")
+        raise TraceFormatError(f"{where}: rank {lone} has {has} but no {lacks} trace")

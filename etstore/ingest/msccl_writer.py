@@ -19,6 +19,7 @@ import re
 from collections import Counter, deque
 from dataclasses import dataclass, field
 from pathlib import Path
+from xml.sax.saxutils import escape
 
 import numpy as np
 import pyarrow.compute as pc
@@ -53,6 +54,7 @@ MAX_CHANNELS = 32  # MAXCHANNELS in NCCL (RCCL allows more); channel ids stay be
 MAX_PEERS_PER_CHANNEL = 32  # MSCCL_MAX_NUM_THREAD_BLOCKS_PER_CHANNEL: sending (receiving) tbs per channel
 _PROTOS = ("Simple", "LL", "LL128")
 _NAME_OK = re.compile(r"[^A-Za-z0-9_.:+-]")
+_QUOTE = {'"': "&quot;"}  # attributes are double-quoted (the runtime's parser knows no other quote)
 
 
 @dataclass
@@ -324,6 +326,42 @@ def _threadblocks(trace: Trace, steps: list[_Step]) -> dict[tuple[int, int], dic
     return tbs
 
 
+def _same_value(key: str, raw: str, value: object) -> bool:
+    """Whether an attribute as the input spelled it still says ``value``."""
+    if isinstance(value, int):
+        try:
+            number = int(raw.strip())
+        except ValueError:
+            return False
+        return bool(number) == bool(value) if key in ("inplace", "outofplace") else number == value
+    if key == "coll":  # "allreduce", "all_reduce", "AllReduce" all name one collective
+        return raw.replace("_", "").lower() == str(value).replace("_", "").lower()
+    if key == "name":
+        return _NAME_OK.sub("_", raw) == value
+    return raw == str(value)
+
+
+def _header_attrs(typed: list[tuple[str, object]], raw: object) -> list[tuple[str, str]]:
+    """The ``<algo>`` attributes: each as the input document spelled it (``params["xml_header"]``,
+    ``[name, value]`` pairs in its order, or a dict) while it still says what the trace says,
+    then the required ones it lacked."""
+    written = dict(typed)
+    out: list[tuple[str, str]] = []
+    pairs = raw.items() if isinstance(raw, dict) else raw if isinstance(raw, list) else []
+    for pair in pairs:
+        if isinstance(pair, list | tuple) and len(pair) == 2:
+            key, text = str(pair[0]), str(pair[1])
+            if not re.fullmatch(r"[A-Za-z_][\w.:-]*", key):
+                continue
+            if key in written:
+                value = written.pop(key)
+                out.append((key, text if _same_value(key, text, value) else str(value)))
+            else:
+                out.append((key, text))  # an attribute etstore does not interpret: kept as read
+    out.extend((k, str(v)) for k, v in written.items())
+    return out
+
+
 def to_msccl_xml(
     trace: Trace, *, name: str | None = None, proto: str | None = None, check_limits: bool = True
 ) -> str:
@@ -418,8 +456,9 @@ def to_msccl_xml(
     outofplace = params.get("outofplace")
     if inplace is None and outofplace is None:
         inplace, outofplace = (not uses_o), uses_o
-    nchannels = max((info["chan"] for info in tbs.values()), default=0) + 1
-    attrs = [
+    needed_channels = max((info["chan"] for info in tbs.values()), default=0) + 1
+    nchannels = max(needed_channels, int(params.get("nchannels") or 0))
+    typed: list[tuple[str, object]] = [
         ("name", algo_name),
         ("proto", proto),
         ("nchannels", nchannels),
@@ -432,8 +471,9 @@ def to_msccl_xml(
         ("maxBytes", int(params.get("maxBytes", 0))),
     ]
     for k, v in dict(params.get("xml_attrs") or {}).items():
-        if re.fullmatch(r"[A-Za-z_][\w]*", k) and k not in dict(attrs):
-            attrs.append((k, _NAME_OK.sub("_", str(v))))
+        if re.fullmatch(r"[A-Za-z_][\w]*", k) and k not in dict(typed):
+            typed.append((k, _NAME_OK.sub("_", str(v))))
+    attrs = _header_attrs(typed, params.get("xml_header"))
     # buffer sizes: what the trace declares, at least what the steps touch
     declared = params.get("gpu_chunks") or {}
     size = {(r, b): 0 for r in range(ngpus) for b in range(3)}
@@ -450,7 +490,7 @@ def to_msccl_xml(
         if st.stype in local_dst:
             size[(st.rank, st.dstbuf)] = max(size[(st.rank, st.dstbuf)], st.dstoff + st.cnt)
 
-    out = ["<algo " + " ".join(f'{k}="{v}"' for k, v in attrs) + ">"]
+    out = ["<algo " + " ".join(f'{k}="{escape(v, _QUOTE)}"' for k, v in attrs) + ">"]
     by_rank: dict[int, list[tuple[int, int]]] = {}
     for tb_key in sorted(per_tb):
         by_rank.setdefault(tb_key[0], []).append(tb_key)

@@ -34,9 +34,19 @@ from etstore.errors import TraceFormatError
 from etstore.ir import BUF_CODE, BUFFERS, STEP_TYPES, TYPE_CODE, StepTable, build_trace
 from etstore.model import Trace
 
-__all__ = ["parse_msccl_xml", "read_msccl_xml"]
+__all__ = ["MAX_CHUNKS_PER_LOOP", "MAX_NGPUS", "parse_msccl_xml", "read_msccl_xml"]
 
 log = logging.getLogger(__name__)
+
+MAX_NGPUS = 65_536
+"""Default upper limit on a document's declared ``ngpus`` (keyword ``max_ngpus`` raises it):
+the reader allocates per declared GPU before it sees a step, so an 890-byte file
+declaring 2^31 GPUs would otherwise ask for gigabytes."""
+MAX_CHUNKS_PER_LOOP = 1 << 20
+"""Default upper limit on ``nchunksperloop`` and on each ``<gpu>``'s ``i_chunks``, ``o_chunks``
+and ``s_chunks`` (keyword ``max_chunks_per_loop`` raises it): what checks and simulates the
+algorithm allocates per declared chunk."""
+_INT64 = (-(1 << 63), (1 << 63) - 1)
 
 # What an <algo coll=...> may name: the collectives etstore checks, plus those RCCL also accepts
 # (ingested, but their postcondition cannot be checked).
@@ -82,7 +92,10 @@ _ATTR_WS = bytes.maketrans(b"\t\n\r", b"   ")  # XML normalises these in attribu
 def _tag_attrs(buf: bytes | bytearray, start: int, end: int) -> dict[str, str]:
     """Attributes of the start tag at ``buf[start:end + 1]``, which the scanner checked."""
     pairs = _ATTR_RE.findall(buf, start, end + 1)
-    out = {k.decode(): v[1:-1].translate(_ATTR_WS).decode() for k, v in pairs}
+    try:
+        out = {k.decode(): v[1:-1].translate(_ATTR_WS).decode() for k, v in pairs}
+    except UnicodeDecodeError:
+        raise _Fallback from None  # expat reports the bad byte with its line
     if len(out) != len(pairs):
         raise _Fallback  # duplicate attribute: let expat report it
     return out
@@ -182,6 +195,7 @@ def _expat(data: bytes, source: str) -> _Parsed:
     try:
         parser.Parse(data, True)
     except expat.ExpatError as exc:
+        _refuse_bad_utf8(data, source)
         raise TraceFormatError(
             f"{source}:{exc.lineno}: not well-formed XML ({expat.ErrorString(exc.code)} at column "
             f"{exc.offset}); truncated file?"
@@ -192,16 +206,42 @@ def _expat(data: bytes, source: str) -> _Parsed:
     return parsed
 
 
+def _refuse_bad_utf8(data: bytes, source: str) -> None:
+    """Name the first byte that is not UTF-8 (expat only says "invalid token")."""
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise TraceFormatError(
+            f"{source}:{line}: byte 0x{data[exc.start]:02x} is not UTF-8 (MSCCL-IR XML is UTF-8 text)"
+        ) from None
+
+
 def _int(value: str | None, what: str, where: str | Callable[[], str]) -> int:
     try:
         if value is None:
             raise ValueError
-        return int(value.strip())
+        number = int(value.strip())
     except ValueError:
         place = where() if callable(where) else where
         if value is None:
             raise TraceFormatError(f"{place}: missing attribute {what!r}") from None
         raise TraceFormatError(f"{place}: attribute {what}={value!r} is not an integer") from None
+    if not _INT64[0] <= number <= _INT64[1]:
+        place = where() if callable(where) else where
+        raise TraceFormatError(
+            f"{place}: attribute {what}={value!r} is out of range (a signed 64-bit integer is expected)"
+        )
+    return number
+
+
+def _limit(value: int, what: str, limit: int, option: str, where: Callable[[], str]) -> None:
+    """Refuse a declared size above ``limit`` before anything is allocated for it."""
+    if value > limit:
+        raise TraceFormatError(
+            f"{where()}: {what}={value} exceeds the reader's limit of {limit:,} "
+            f"(raise it with the keyword argument {option})"
+        )
 
 
 def _steps_from_rows(parsed: _Parsed, rows: list[tuple[str, dict[str, str], int, int]], source: str) -> None:
@@ -275,7 +315,15 @@ def _steps_from_rows(parsed: _Parsed, rows: list[tuple[str, dict[str, str], int,
 # ---------------------------------------------------------------- assembly
 
 
-def _header(parsed: _Parsed, where: Callable[[], str]) -> dict[str, Any]:
+@dataclass(frozen=True)
+class _Limits:
+    """Upper limits on declared sizes (see :data:`MAX_NGPUS`, :data:`MAX_CHUNKS_PER_LOOP`)."""
+
+    ngpus: int = MAX_NGPUS
+    chunks: int = MAX_CHUNKS_PER_LOOP
+
+
+def _header(parsed: _Parsed, where: Callable[[], str], limits: _Limits) -> dict[str, Any]:
     a = parsed.algo
     h: dict[str, Any] = dict(a)
     coll = a.get("coll")
@@ -289,9 +337,12 @@ def _header(parsed: _Parsed, where: Callable[[], str]) -> dict[str, Any]:
         )
     h["coll"] = short
     h["ngpus"] = _int(a.get("ngpus"), "ngpus", where)
+    _limit(h["ngpus"], "ngpus", limits.ngpus, "max_ngpus", where)
     for key in ("nchannels", "nchunksperloop", "minBytes", "maxBytes"):
         if key in a:
             h[key] = _int(a[key], key, where)
+    if "nchunksperloop" in h:
+        _limit(h["nchunksperloop"], "nchunksperloop", limits.chunks, "max_chunks_per_loop", where)
     inplace = _int(a.get("inplace", "0"), "inplace", where)
     h["inplace"] = inplace
     h["outofplace"] = _int(a.get("outofplace", str(1 - min(inplace, 1))), "outofplace", where)
@@ -309,7 +360,7 @@ def _tb_where(at: Callable[[str, int], str], i: int, gpu: int) -> str:
 
 
 def _assemble(
-    parsed: _Parsed, source: str, data: bytes
+    parsed: _Parsed, source: str, data: bytes, limits: _Limits
 ) -> tuple[StepTable, dict[str, Any], Callable[[str, int], str]]:
     def at(kind: str, index: int) -> str:
         positions: dict[str, Any] = {
@@ -322,7 +373,7 @@ def _assemble(
         line = int(pos) if parsed.at_is_line else data.count(b"\n", 0, int(pos)) + 1
         return f"{source}:{line}"
 
-    header = _header(parsed, lambda: at("algo", 0))
+    header = _header(parsed, lambda: at("algo", 0), limits)
     if not parsed.gpus:
         raise TraceFormatError(f"{at('algo', 0)}: <algo> has no <gpu> elements")
     g = len(parsed.gpus)
@@ -330,6 +381,8 @@ def _assemble(
     for i, attrs in enumerate(parsed.gpus):
         for k, col in gpu_cols.items():
             col[i] = _int(attrs.get(k), k, partial(_gpu_where, at, i))
+            if k != "id":
+                _limit(int(col[i]), k, limits.chunks, "max_chunks_per_loop", partial(_gpu_where, at, i))
     t = len(parsed.tbs)
     tb_cols = {k: np.zeros(t, dtype=np.int64) for k in ("id", "send", "recv", "chan")}
     for i, attrs in enumerate(parsed.tbs):
@@ -393,7 +446,12 @@ def _refuse_dtd(data: bytes, source: str) -> None:
 
 
 def parse_msccl_xml(
-    data: bytes | bytearray | str, *, name: str = "algorithm", source: str = "<memory>"
+    data: bytes | bytearray | str,
+    *,
+    name: str = "algorithm",
+    source: str = "<memory>",
+    max_ngpus: int = MAX_NGPUS,
+    max_chunks_per_loop: int = MAX_CHUNKS_PER_LOOP,
 ) -> Trace:
     """Parse MSCCL-IR XML held in memory; see :func:`read_msccl_xml`.
 
@@ -405,6 +463,8 @@ def parse_msccl_xml(
         Trace name.
     source
         Used in error messages in place of a file name.
+    max_ngpus, max_chunks_per_loop
+        As :func:`read_msccl_xml`.
 
     Returns
     -------
@@ -430,11 +490,22 @@ def parse_msccl_xml(
         parsed = _native(raw)
     except _Fallback:
         parsed = _expat(raw, source)
-    st, header, at = _assemble(parsed, source, raw)
-    return build_trace(st, header, name=name, source=source, producer="msccl-xml", locate=at)
+    st, header, at = _assemble(parsed, source, raw, _Limits(max_ngpus, max_chunks_per_loop))
+    # the <algo> attributes exactly as written, as [name, value] pairs so that document
+    # order survives JSON with sorted keys: the writer gives each back as it was
+    raw_header = {"xml_header": [[k, v] for k, v in parsed.algo.items()]}
+    return build_trace(
+        st, header, name=name, source=source, producer="msccl-xml", extra_params=raw_header, locate=at
+    )
 
 
-def read_msccl_xml(path: str | Path, *, name: str | None = None) -> Trace:
+def read_msccl_xml(
+    path: str | Path,
+    *,
+    name: str | None = None,
+    max_ngpus: int = MAX_NGPUS,
+    max_chunks_per_loop: int = MAX_CHUNKS_PER_LOOP,
+) -> Trace:
     """Read an MSCCL-IR XML file into an ``algorithm`` trace.
 
     Every step type (``s r rcs rrs rrc rrcs cpy re nop``, and ``d``/``st`` as
@@ -451,22 +522,32 @@ def read_msccl_xml(path: str | Path, *, name: str | None = None) -> Trace:
         The ``.xml`` file.
     name
         Trace name; defaults to the file's stem.
+    max_ngpus
+        Refuse documents declaring more GPUs than this (default :data:`MAX_NGPUS`),
+        before anything is allocated for them.
+    max_chunks_per_loop
+        Refuse documents declaring more chunks per loop, or a ``<gpu>`` with more
+        ``i_chunks``/``o_chunks``/``s_chunks``, than this (default :data:`MAX_CHUNKS_PER_LOOP`).
 
     Returns
     -------
     Trace
         ``kind="algorithm"``; one rank per ``<gpu>``; node ids count from 0 per
         rank in threadblock, then step order. ``params`` holds the ``<algo>``
-        attributes (``collective``, ``ngpus``, ``nchunksperloop``, ``inplace``,
-        ``outofplace``, ``proto``, ...) and ``gpu_chunks`` (per-rank buffer sizes).
+        attributes typed (``collective``, ``ngpus``, ``nchunksperloop``, ``inplace``,
+        ``outofplace``, ``proto``, ``minBytes``, ``maxBytes``, ...), ``gpu_chunks``
+        (per-rank buffer sizes) and ``xml_header``: every ``<algo>`` attribute as
+        written, as ``[name, value]`` pairs in document order (what
+        :func:`~etstore.ingest.msccl_writer.to_msccl_xml` writes back).
 
     Raises
     ------
     TraceFormatError
         The file cannot be read, is not well-formed (e.g. truncated), declares a
-        DOCTYPE/ENTITY (XML bombs), lacks a required attribute, has an unknown step
-        type, a ``depid``/``deps`` that points nowhere, a peer or buffer range that
-        is impossible, or a dependency cycle. The message starts with
+        DOCTYPE/ENTITY (XML bombs), is not UTF-8, lacks a required attribute, has
+        an integer attribute that is not a signed 64-bit integer, declares sizes
+        above the limits, has an unknown step type, a ``depid``/``deps`` that points
+        nowhere, a peer or buffer range that is impossible, or a dependency cycle. The message starts with
         ``file:line`` and names the gpu, threadblock and step.
 
     Notes
@@ -485,4 +566,10 @@ def read_msccl_xml(path: str | Path, *, name: str | None = None) -> Trace:
         data = p.read_bytes()
     except OSError as exc:
         raise TraceFormatError(f"{p}: cannot read: {exc.strerror or exc}") from exc
-    return parse_msccl_xml(data, name=name or p.name.removesuffix(".xml"), source=str(p))
+    return parse_msccl_xml(
+        data,
+        name=name or p.name.removesuffix(".xml"),
+        source=str(p),
+        max_ngpus=max_ngpus,
+        max_chunks_per_loop=max_chunks_per_loop,
+    )

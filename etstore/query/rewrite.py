@@ -351,8 +351,10 @@ def rewrite_stored(
     Returns
     -------
     IngestReport
-        Of the stored result (``report.trace.name``); ``created`` is false when the
-        same rewritten content was already stored.
+        Of the stored result (``report.trace.name``: ``name``, default
+        ``<trace>-<kind>``, with parent ``trace``); ``created`` is false when that name
+        already holds the same rewritten content; the same content under another name
+        gets this name too (``report.same_as``).
 
     Raises
     ------

@@ -18,7 +18,7 @@ import pyarrow.compute as pc
 
 from etstore.collective import COLLECTIVE_NAMES
 from etstore.collectives.generators import GENERATORS, generate
-from etstore.errors import EtstoreError
+from etstore.errors import ConfigError, EtstoreError
 from etstore.model import Trace
 from etstore.sim import _templates as tpl
 from etstore.sim.config import SimConfig, collective_name
@@ -154,22 +154,46 @@ class Algorithms:
         return trace
 
 
+def _trace_groups(trace: Trace) -> dict[str, Sequence[int]] | None:
+    """The communicator groups a trace carries in ``params["comm_groups"]`` (the workload generator's)."""
+    found = (trace.params or {}).get("comm_groups")
+    if not isinstance(found, Mapping):
+        return None
+    return {str(k): v for k, v in found.items() if isinstance(v, Sequence)}
+
+
 def _comm_groups(
+    trace: Trace,
     pg: np.ndarray,
     is_coll: np.ndarray,
     rank: np.ndarray,
+    ids: np.ndarray,
     all_ranks: np.ndarray,
     groups: Mapping[str, Sequence[int]] | None,
 ) -> dict[str, tuple[int, ...]]:
-    """Member ranks of every communicator group used by a collective."""
+    """Member ranks of every communicator group used by a collective.
+
+    ``""`` and ``"0"`` are every rank (ASTRA-sim's default group). Other names come
+    from ``groups`` when given — a name it lacks is an error, as in ASTRA-sim —
+    else from the trace's own ``params["comm_groups"]``, else they are the ranks
+    whose collectives carry the name.
+    """
     out: dict[str, tuple[int, ...]] = {}
-    given = {str(k): tuple(sorted(int(r) for r in v)) for k, v in (groups or {}).items()}
+    explicit = groups is not None
+    source = groups if explicit else _trace_groups(trace)
+    given = {str(k): tuple(sorted(int(r) for r in v)) for k, v in (source or {}).items()}
     for name in np.unique(pg[is_coll]):
         name = str(name)
         if name in ("", "0"):
             out[name] = tuple(int(r) for r in all_ranks)
         elif name in given:
             out[name] = given[name]
+        elif explicit:
+            i = int(np.flatnonzero(is_coll & (pg == name))[0])
+            raise ConfigError(
+                f"trace {trace.name!r}: rank {int(rank[i])} node {int(ids[i])}: communicator group "
+                f"{name} not found in the communicator groups given ({', '.join(sorted(given)) or 'none'})"
+            )
         else:
             out[name] = tuple(int(r) for r in np.unique(rank[is_coll & (pg == name)]))
     return out
@@ -184,23 +208,29 @@ def collective_instances(
     all_ranks: np.ndarray,
     groups: Mapping[str, Sequence[int]] | None,
 ) -> list[CollectiveInstance]:
-    """Group the trace's ``COMM_COLL_NODE`` rows into instances, in first-seen order.
+    """Group the trace's ``COMM_COLL_NODE`` rows into instances: the k-th of a group on each
+    member rank, in node-id order, is instance k (instances numbered rank by rank).
 
     Raises
     ------
     SimulationError
         A node without ``comm_type``, an instance whose ranks disagree on type or
         size, or a rank outside its group.
+    ConfigError
+        ``groups`` is given and lacks a group a collective names.
     """
     ops = trace.ops
     n0 = ops.num_rows
     coll_rows = np.flatnonzero(is_coll)
+    # the k-th collective of a group on each rank in node-id order (the order ASTRA-sim
+    # issues them in, and so numbers their streams) is instance k
+    coll_rows = coll_rows[np.lexsort((ids[coll_rows], rank[coll_rows]))]
     take = pa.array(coll_rows)
     ctype = np.full(n0, "", dtype=object)
     pg = np.full(n0, "", dtype=object)
     ctype[coll_rows] = pc.fill_null(ops["comm_type"].take(take), "").to_pylist()
     pg[coll_rows] = pc.fill_null(ops["pg_name"].take(take), "").to_pylist()
-    members = _comm_groups(pg, is_coll, rank, all_ranks, groups)
+    members = _comm_groups(trace, pg, is_coll, rank, ids, all_ranks, groups)
     instances: list[CollectiveInstance] = []
     seq_counter: dict[tuple[str, int], int] = {}
     inst_index: dict[tuple[str, int], int] = {}

@@ -105,6 +105,7 @@ class LoopInputs:
     msrc: np.ndarray  # message source and destination NPU of sends and receives
     mdst: np.ndarray
     mkey: np.ndarray  # dense match key of sends and receives, -1 for other ops
+    prio: np.ndarray  # issue order among ops waiting for one slot: a trace op's rank of (rank, node id)
 
 
 class _Plan:
@@ -291,6 +292,8 @@ def _expand_node(
     sinks = first + np.flatnonzero(t.sink[a:b])
     plan.edges(np.full(len(roots), row), roots)
     plan.edges(sinks, np.full(len(sinks), join))
+    if m == 0:  # nothing to do on this rank (a 1-rank group): the join follows the node at once
+        plan.edges(np.array([row]), np.array([join]))
     return join
 
 
@@ -469,6 +472,10 @@ def loop_inputs(built: Built, config: SimConfig) -> LoopInputs:
     succ, ptr, indeg = _successors(built.esrc, built.edst, n)
     acq, rel, free = _slots(built, kind, rank, config)
     msrc, mdst, mkey = _message_keys(kind, rank, peer, tag, size, config)
+    # ASTRA-sim issues a rank's dependency-free nodes in ascending node id; ids are uint64,
+    # so the loop gets each trace op's position in (rank, id) order instead
+    prio = np.zeros(n, dtype=np.int64)
+    prio[np.lexsort((built.ids, rank[: built.n0]))] = np.arange(built.n0, dtype=np.int64)
     return LoopInputs(
         kind=kind,
         dur=a["dur"],
@@ -487,4 +494,5 @@ def loop_inputs(built: Built, config: SimConfig) -> LoopInputs:
         msrc=msrc,
         mdst=mdst,
         mkey=mkey,
+        prio=prio,
     )

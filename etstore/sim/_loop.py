@@ -68,23 +68,28 @@ def _run(
     lbw: list[float],
     integer_ns: bool,
     overhead: float,
-    lifo: bool,
+    prio: list[int],
     n: int,
 ) -> dict[str, Any]:
     """The event loop: a calendar of distinct times (a heap of floats) with a bucket of items each.
 
     An item ``x >= 0`` finishes op ``x``; ``x < 0`` moves the message of send ``~x``
     (one hop, or its arrival). Items of one time run in the order they were
-    scheduled. Ready and start times are not recorded here (they follow from the end
-    times, see :func:`simulate`), except for ops that waited for a slot.
+    scheduled. An op that needs an NPU slot joins its slot's ready queue; after each
+    item (and after the roots) every touched slot is given to its ready ops in
+    ascending ``(prio, op)`` order while places are free — ASTRA-sim's workload layer
+    issues the dependency-free nodes of a rank in ascending node id each time a node
+    finishes. Ready and start times are not recorded here (they follow from the end
+    times, see :func:`simulate`), except for ops that took a slot.
     """
     end_t = [-1.0] * n
-    start_t = [-1.0] * n  # only for ops that waited for an NPU slot
+    start_t = [-1.0] * n  # only for ops that took an NPU slot
     partner = [-1] * n
     arrived = [False] * n
     nres = len(free)
-    waitq: list[deque[int]] = [deque() for _ in range(nres)]
-    take = deque.pop if lifo else deque.popleft
+    waitq: list[list[tuple[int, int]]] = [[] for _ in range(nres)]
+    touched = [False] * nres
+    dirty: list[int] = []
     send_q: dict[int, deque[int]] = {}
     recv_q: dict[int, deque[int]] = {}
     nl = len(ldst)
@@ -97,61 +102,78 @@ def _run(
     push = heapq.heappush
     pop = heapq.heappop
     floor = int
-    go = [i for i in range(n) if indeg[i] == 0]
     t = 0.0
     nev = 0
-    while True:
-        # start ops taken from a slot queue (or the roots): same as the inline start below
-        if go:
-            for j in go:
-                c = acq[j]
-                if c >= 0 and start_t[j] < 0.0:
-                    if free[c] > 0:
-                        free[c] -= 1
-                    else:
-                        waitq[c].append(j)
-                        continue
-                k = kind[j]
-                if k == K_SEND:
-                    mk = mkey[j]
-                    q = recv_q.get(mk)
-                    if q:
-                        partner[j] = q.popleft()
-                    else:
-                        q = send_q.get(mk)
-                        if q is None:
-                            send_q[mk] = deque((j,))
-                        else:
-                            q.append(j)
-                    t2 = t + (overhead if aware else mt[j])
-                    x = ~j
-                elif k == K_RECV:
-                    mk = mkey[j]
-                    q = send_q.get(mk)
-                    if q:
-                        s = q.popleft()
-                        if not arrived[s]:
-                            partner[s] = j
-                            continue
-                        t2, x = t, j
-                    else:
-                        q = recv_q.get(mk)
-                        if q is None:
-                            recv_q[mk] = deque((j,))
-                        else:
-                            q.append(j)
-                        continue
+
+    def begin(j: int) -> None:
+        """Op ``j`` starts at ``t``: match its message, schedule its end (or its message's first move)."""
+        k = kind[j]
+        if k == K_SEND:
+            mk = mkey[j]
+            q = recv_q.get(mk)
+            if q:
+                partner[j] = q.popleft()
+            else:
+                q = send_q.get(mk)
+                if q is None:
+                    send_q[mk] = deque((j,))
                 else:
-                    t2, x = t + dur[j], j
-                b = buckets.get(t2)
-                if b is None:
-                    buckets[t2] = [x]
-                    push(cal, t2)
+                    q.append(j)
+            t2 = t + (overhead if aware else mt[j])
+            x = ~j
+        elif k == K_RECV:
+            mk = mkey[j]
+            q = send_q.get(mk)
+            if q:
+                s = q.popleft()
+                if not arrived[s]:
+                    partner[s] = j
+                    return
+                t2, x = t, j
+            else:
+                q = recv_q.get(mk)
+                if q is None:
+                    recv_q[mk] = deque((j,))
                 else:
-                    b.append(x)
-            go = []
-        if not cal:
-            break
+                    q.append(j)
+                return
+        else:
+            t2, x = t + dur[j], j
+        b = buckets.get(t2)
+        if b is None:
+            buckets[t2] = [x]
+            push(cal, t2)
+        else:
+            b.append(x)
+
+    def ready(j: int) -> None:
+        """Op ``j``'s dependencies are done: start it, or queue it for its slot."""
+        c = acq[j]
+        if c < 0:
+            begin(j)
+            return
+        push(waitq[c], (prio[j], j))
+        if not touched[c]:
+            touched[c] = True
+            dirty.append(c)
+
+    def dispatch() -> None:
+        """Give every touched slot's free places to its ready ops, lowest (prio, op) first."""
+        for c in dirty:
+            touched[c] = False
+            w = waitq[c]
+            while w and free[c] > 0:
+                free[c] -= 1
+                j = pop(w)[1]
+                start_t[j] = t
+                begin(j)
+        dirty.clear()
+
+    for i in range(n):
+        if indeg[i] == 0:
+            ready(i)
+    dispatch()
+    while cal:
         t = pop(cal)
         items = buckets.pop(t)
         for x in items:
@@ -193,63 +215,17 @@ def _run(
             end_t[y] = t
             c = rel[y]
             if c >= 0:
-                w = waitq[c]
-                if w:
-                    j = take(w)
-                    start_t[j] = t
-                    go.append(j)
-                else:
-                    free[c] += 1
+                free[c] += 1
+                if waitq[c] and not touched[c]:
+                    touched[c] = True
+                    dirty.append(c)
             for j in succs[y]:
                 d = indeg[j] - 1
                 indeg[j] = d
-                if d:
-                    continue
-                c = acq[j]
-                if c >= 0:
-                    if free[c] > 0:
-                        free[c] -= 1
-                    else:
-                        waitq[c].append(j)
-                        continue
-                k = kind[j]
-                if k == K_SEND:
-                    mk = mkey[j]
-                    q = recv_q.get(mk)
-                    if q:
-                        partner[j] = q.popleft()
-                    else:
-                        q = send_q.get(mk)
-                        if q is None:
-                            send_q[mk] = deque((j,))
-                        else:
-                            q.append(j)
-                    t2 = t + (overhead if aware else mt[j])
-                    x2 = ~j
-                elif k == K_RECV:
-                    mk = mkey[j]
-                    q = send_q.get(mk)
-                    if q:
-                        s2 = q.popleft()
-                        if not arrived[s2]:
-                            partner[s2] = j
-                            continue
-                        t2, x2 = t, j
-                    else:
-                        q = recv_q.get(mk)
-                        if q is None:
-                            recv_q[mk] = deque((j,))
-                        else:
-                            q.append(j)
-                        continue
-                else:
-                    t2, x2 = t + dur[j], j
-                b = buckets.get(t2)
-                if b is None:
-                    buckets[t2] = [x2]
-                    push(cal, t2)
-                else:
-                    b.append(x2)
+                if not d:
+                    ready(j)
+            if dirty:
+                dispatch()
         nev += len(items)
     return {
         "start": start_t,
@@ -259,7 +235,7 @@ def _run(
         "indeg": indeg,
         "send_q": send_q,
         "recv_q": recv_q,
-        "waitq": waitq,
+        "waitq": [[j for _, j in sorted(w)] for w in waitq],
         "lbusy": lbusy,
         "lbytes": lbytes,
         "lmsgs": lmsgs,
@@ -307,7 +283,7 @@ def _run_lists(
         net.bytes_per_ns.tolist(),
         config.integer_ns,
         float(config.message_overhead_ns),
-        config.scheduling_policy == "LIFO",
+        col["prio"].tolist(),
         n,
     )
     return out, time.process_time() - t_loop
@@ -381,7 +357,7 @@ def _run_native(
         aware,
         bool(config.integer_ns),
         float(config.message_overhead_ns),
-        config.scheduling_policy == "LIFO",
+        i64("prio"),
     )
     loop_s = time.process_time() - t_loop
     out = {
@@ -476,6 +452,7 @@ def run_loop(inp: LoopInputs, net: Network, config: SimConfig, n0: int) -> LoopO
         "cur": cur,
         "dstn": inp.mdst,
         "size": inp.size,
+        "prio": inp.prio,
     }
     run = _run_native if native else _run_lists
     out, loop_s = run(perm, inv, inp.succ, inp.ptr, cols, list(inp.free), aware, hop, net, config)

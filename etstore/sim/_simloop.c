@@ -23,8 +23,10 @@
  * starts, a send or receive matching queue after), so all queues are singly linked
  * lists through one `qnext` array. Matching queues are FIFO, one per distinct
  * message key `mkey` (renumbered densely here: mkey is a mixed-radix code whose
- * range can be far larger than the number of messages); slot wait queues are FIFO
- * or LIFO (a stack) by policy.
+ * range can be far larger than the number of messages). A slot's ready queue is kept
+ * sorted by (prio, op): ASTRA-sim issues a rank's dependency-free nodes in ascending node
+ * id each time a node finishes, so after every item the touched slots are handed out,
+ * lowest first, while places are free (the reference's heap pops the same order).
  *
  * The loop runs without the GIL: it only touches the input buffers and malloc'd
  * memory. Input errors raise ValueError before the loop starts.
@@ -103,8 +105,9 @@ typedef struct {
     /* inputs (read-only) */
     const int64_t *kind, *sptr, *succ, *acq, *rel, *mkey, *dstn, *ldst;
     const double *dur, *mt, *size, *llat, *lbw;
-    const int32_t *hop; /* [dst * nn + src] -> next link, or NULL when congestion-unaware */
-    int aware, integer_ns, lifo;
+    const int64_t *prio; /* issue order among ops waiting for one slot */
+    const int32_t *hop;  /* [dst * nn + src] -> next link, or NULL when congestion-unaware */
+    int aware, integer_ns;
     double overhead;
     /* inputs updated in place */
     int64_t *indeg, *cur, *lmsgs;
@@ -113,11 +116,12 @@ typedef struct {
     int64_t *partner, *qnext;
     int64_t *dkey, *keyval; /* dense message key per op (-1: none) and its mkey */
     uint8_t *arrived;
-    int64_t *whead, *wtail;                 /* slot wait queues, per resource */
+    int64_t *whead, *wtail;                 /* slot ready queues, per resource, sorted by (prio, op) */
+    uint8_t *touched;                       /* per resource: in `dirty` */
+    int64_t *dirty, ndirty;                 /* resources to hand out after the running item */
     int64_t *shead, *stail, *sorder;        /* sends waiting for a receive, per dense key */
     int64_t *rhead, *rtail, *rorder;        /* receives waiting for a send, per dense key */
     int64_t screated, rcreated;             /* creation counters: dict order of the reference */
-    int64_t *go, ngo;                       /* ops taken from a wait queue, started after the round */
     int64_t *items, nitems, items_cap;      /* the running round */
     Heap heap;
     uint64_t seq;
@@ -149,26 +153,38 @@ static inline int64_t fifo_pop(Loop *s, int64_t *head, int64_t *tail, int64_t ke
     return j;
 }
 
-/* A ready op waits for its slot: appended on the right of the reference's deque. */
-static inline void wait_push(Loop *s, int64_t c, int64_t j)
+/* (prio, op) order of two ops: ties in prio (never within one rank's trace ops) fall back to the op. */
+static inline int wait_before(const Loop *s, int64_t a, int64_t b)
 {
-    if (s->lifo) { /* a stack: head is the deque's right end */
-        s->qnext[j] = s->whead[c];
-        s->whead[c] = j;
-    } else {
-        fifo_push(s, s->whead, s->wtail, c, j);
-    }
+    return s->prio[a] < s->prio[b] || (s->prio[a] == s->prio[b] && a < b);
 }
 
-/* A freed slot goes to the op that waited first (FIFO: popleft) or last (LIFO: pop). */
-static inline int64_t wait_take(Loop *s, int64_t c)
+/* Op j joins slot c's ready queue in (prio, op) order; ops mostly arrive in order, so look at the tail first. */
+static inline void wait_push(Loop *s, int64_t c, int64_t j)
 {
-    if (s->lifo) {
-        int64_t j = s->whead[c];
-        s->whead[c] = s->qnext[j];
-        return j;
+    int64_t tail = s->wtail[c];
+    if (tail < 0 || wait_before(s, tail, j)) {
+        fifo_push(s, s->whead, s->wtail, c, j);
+        return;
     }
-    return fifo_pop(s, s->whead, s->wtail, c);
+    int64_t prev = -1, cur = s->whead[c];
+    while (cur >= 0 && wait_before(s, cur, j)) {
+        prev = cur;
+        cur = s->qnext[cur];
+    }
+    s->qnext[j] = cur;
+    if (prev < 0)
+        s->whead[c] = j;
+    else
+        s->qnext[prev] = j;
+}
+
+static inline void touch(Loop *s, int64_t c)
+{
+    if (!s->touched[c]) {
+        s->touched[c] = 1;
+        s->dirty[s->ndirty++] = c;
+    }
 }
 
 static inline int schedule(Loop *s, double t2, int64_t x)
@@ -180,22 +196,9 @@ static inline int schedule(Loop *s, double t2, int64_t x)
     return 0;
 }
 
-/*
- * Start ready op j at time t: take its NPU slot (or wait for it), match messages,
- * schedule its completion. Same steps, in the same order, as the two inline copies
- * in the reference (roots / ops from a wait queue, and successors).
- */
-static int start_op(Loop *s, int64_t j, double t)
+/* Op j starts at time t: match its message, schedule its end (or its message's first move). */
+static int begin_op(Loop *s, int64_t j, double t)
 {
-    int64_t c = s->acq[j];
-    if (c >= 0 && s->start[j] < 0.0) { /* ops from a wait queue already hold their slot */
-        if (s->free_[c] > 0) {
-            s->free_[c] -= 1;
-        } else {
-            wait_push(s, c, j);
-            return 0;
-        }
-    }
     int64_t k = s->kind[j];
     double t2;
     int64_t x;
@@ -231,6 +234,33 @@ static int start_op(Loop *s, int64_t j, double t)
     return schedule(s, t2, x);
 }
 
+/* Op j's dependencies are done: start it, or queue it for its slot (handed out by dispatch). */
+static inline int ready_op(Loop *s, int64_t j, double t)
+{
+    int64_t c = s->acq[j];
+    if (c < 0) return begin_op(s, j, t);
+    wait_push(s, c, j);
+    touch(s, c);
+    return 0;
+}
+
+/* Every touched slot's free places go to its ready ops, lowest (prio, op) first; same as the reference. */
+static int dispatch(Loop *s, double t)
+{
+    for (int64_t q = 0; q < s->ndirty; q++) {
+        int64_t c = s->dirty[q];
+        s->touched[c] = 0;
+        while (s->whead[c] >= 0 && s->free_[c] > 0) {
+            s->free_[c] -= 1;
+            int64_t j = fifo_pop(s, s->whead, s->wtail, c);
+            s->start[j] = t;
+            if (begin_op(s, j, t) < 0) return -1;
+        }
+    }
+    s->ndirty = 0;
+    return 0;
+}
+
 static int items_append(Loop *s, int64_t x)
 {
     if (s->nitems == s->items_cap) {
@@ -250,13 +280,10 @@ static int items_append(Loop *s, int64_t x)
 static int run_loop(Loop *s)
 {
     double t = 0.0;
-    s->ngo = 0;
     for (int64_t i = 0; i < s->n; i++)
-        if (s->indeg[i] == 0) s->go[s->ngo++] = i;
+        if (s->indeg[i] == 0 && ready_op(s, i, t) < 0) return -1;
+    if (dispatch(s, t) < 0) return -1;
     for (;;) {
-        for (int64_t g = 0; g < s->ngo; g++)
-            if (start_op(s, s->go[g], t) < 0) return -1;
-        s->ngo = 0;
         if (s->heap.len == 0) break;
         /* one round: every item of the earliest time, in the order scheduled */
         t = s->heap.a[0].t;
@@ -302,19 +329,15 @@ static int run_loop(Loop *s)
             s->end[y] = t;
             int64_t c = s->rel[y];
             if (c >= 0) {
-                if (s->whead[c] >= 0) { /* hand the slot over; the op starts after the round */
-                    int64_t j = wait_take(s, c);
-                    s->start[j] = t;
-                    s->go[s->ngo++] = j;
-                } else {
-                    s->free_[c] += 1;
-                }
+                s->free_[c] += 1;
+                if (s->whead[c] >= 0) touch(s, c);
             }
             for (int64_t e = s->sptr[y]; e < s->sptr[y + 1]; e++) {
                 int64_t j = s->succ[e];
                 if (--s->indeg[j]) continue;
-                if (start_op(s, j, t) < 0) return -1;
+                if (ready_op(s, j, t) < 0) return -1;
             }
+            if (s->ndirty && dispatch(s, t) < 0) return -1;
         }
         s->events += s->nitems;
     }
@@ -392,7 +415,7 @@ static int get_buf(PyObject *obj, Py_buffer *v, char type, int writable, Py_ssiz
     return 0;
 }
 
-#define NBUF 21
+#define NBUF 21 /* op and link buffers before the scalars; prio follows them */
 
 /* Every index the loop follows is checked once here, so bad input cannot crash it. */
 static int check_indices(Loop *s, Py_ssize_t m)
@@ -457,7 +480,7 @@ static PyObject *queues_dict(Loop *s, const int64_t *head, const int64_t *order,
     return d;
 }
 
-/* Every slot's wait queue, left to right like the reference's deques. */
+/* Every slot's ready queue in (prio, op) order, like the reference's sorted heaps. */
 static PyObject *wait_lists(Loop *s)
 {
     PyObject *out = PyList_New(s->nres);
@@ -477,17 +500,13 @@ static PyObject *wait_lists(Loop *s)
             }
             Py_DECREF(v);
         }
-        if (s->lifo && PyList_Reverse(lst) < 0) { /* a stack lists its top first */
-            Py_DECREF(out);
-            return NULL;
-        }
     }
     return out;
 }
 
 PyDoc_STRVAR(run_doc,
              "run(kind, dur, sptr, succ, indeg, acq, rel, free, mkey, mt, cur, dstn, size, hop, ldst, llat,\n"
-             "    lbw, start, end, lfree, lbusy, lbytes, lmsgs, aware, integer_ns, overhead, lifo)\n"
+             "    lbw, start, end, lfree, lbusy, lbytes, lmsgs, aware, integer_ns, overhead, prio)\n"
              "--\n\n"
              "The simulator's event loop over numpy arrays (see engine._run, the reference).\n"
              "indeg, free, cur, start, end, lfree, lbusy, lbytes and lmsgs are updated in place; start\n"
@@ -496,16 +515,16 @@ PyDoc_STRVAR(run_doc,
 static PyObject *simloop_run(PyObject *self, PyObject *args)
 {
     (void)self;
-    PyObject *o[NBUF + 2];
-    int aware, integer_ns, lifo;
+    PyObject *o[NBUF + 3];
+    int aware, integer_ns;
     double overhead;
-    if (!PyArg_ParseTuple(args, "OOOOOOOOOOOOOOOOOOOOOOOpidp", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5],
+    if (!PyArg_ParseTuple(args, "OOOOOOOOOOOOOOOOOOOOOOOpidO", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5],
                           &o[6], &o[7], &o[8], &o[9], &o[10], &o[11], &o[12], &o[13], &o[14], &o[15], &o[16],
                           &o[17], &o[18], &o[19], &o[20], &o[21], &o[22], &aware, &integer_ns, &overhead,
-                          &lifo))
+                          &o[23]))
         return NULL;
     enum { KIND, DUR, SPTR, SUCC, INDEG, ACQ, REL, FREE, MKEY, MT, CUR, DSTN, SIZE, HOP, LDST, LLAT, LBW,
-           START, END, LFREE, LBUSY, LBYTES, LMSGS, NB };
+           START, END, LFREE, LBUSY, LBYTES, LMSGS, PRIO, NB };
     Py_buffer b[NB];
     int held = 0;
     PyObject *result = NULL;
@@ -530,7 +549,7 @@ static PyObject *simloop_run(PyObject *self, PyObject *args)
         {HOP, 'i', 0, 2, "hop"},       {LDST, 'q', 0, 2, "ldst"},     {LLAT, 'd', 0, 3, "llat"},
         {LBW, 'd', 0, 3, "lbw"},       {START, 'd', 1, 0, "start"},   {END, 'd', 1, 0, "end"},
         {LFREE, 'd', 1, 3, "lfree"},   {LBUSY, 'd', 1, 3, "lbusy"},   {LBYTES, 'd', 1, 3, "lbytes"},
-        {LMSGS, 'q', 1, 3, "lmsgs"},
+        {LMSGS, 'q', 1, 3, "lmsgs"},   {PRIO, 'q', 0, 0, "prio"},
     };
     Py_ssize_t nl = -1;
     for (size_t q = 0; q < sizeof spec / sizeof spec[0]; q++) {
@@ -568,7 +587,7 @@ static PyObject *simloop_run(PyObject *self, PyObject *args)
     s.lmsgs = b[LMSGS].buf;
     s.aware = aware;
     s.integer_ns = integer_ns;
-    s.lifo = lifo;
+    s.prio = b[PRIO].buf;
     s.overhead = overhead;
     /* the routing table is square: nn NPUs */
     Py_ssize_t nhop = b[HOP].len / 4;
@@ -586,7 +605,8 @@ static PyObject *simloop_run(PyObject *self, PyObject *args)
            nn1 = (size_t)(n ? n : 1);
     s.partner = malloc(nn1 * sizeof(int64_t));
     s.qnext = malloc(nn1 * sizeof(int64_t));
-    s.go = malloc(nn1 * sizeof(int64_t));
+    s.touched = calloc(nr, 1);
+    s.dirty = malloc(nr * sizeof(int64_t));
     s.arrived = calloc(nn1, 1);
     s.whead = malloc(nr * sizeof(int64_t));
     s.wtail = malloc(nr * sizeof(int64_t));
@@ -596,7 +616,7 @@ static PyObject *simloop_run(PyObject *self, PyObject *args)
     s.rhead = malloc(nk * sizeof(int64_t));
     s.rtail = malloc(nk * sizeof(int64_t));
     s.rorder = malloc(nk * sizeof(int64_t));
-    if (!s.partner || !s.qnext || !s.go || !s.arrived || !s.whead || !s.wtail || !s.shead || !s.stail ||
+    if (!s.partner || !s.qnext || !s.touched || !s.dirty || !s.arrived || !s.whead || !s.wtail || !s.shead || !s.stail ||
         !s.sorder || !s.rhead || !s.rtail || !s.rorder) {
         PyErr_NoMemory();
         goto done;
@@ -639,7 +659,8 @@ done:
     free(s.qnext);
     free(s.dkey);
     free(s.keyval);
-    free(s.go);
+    free(s.touched);
+    free(s.dirty);
     free(s.arrived);
     free(s.whead);
     free(s.wtail);

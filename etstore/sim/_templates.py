@@ -71,8 +71,14 @@ def _finish(
     size: np.ndarray,
     esrc: np.ndarray,
     edst: np.ndarray,
+    *,
+    await_sends: bool = True,
 ) -> Template:
-    """Sort rows rank-major, make edges rank-local and find roots and sinks (global rows in)."""
+    """Sort rows rank-major, make edges rank-local and find roots and sinks (global rows in).
+
+    With ``await_sends=False`` a send is never a sink: the collective ends on a rank
+    without waiting for its last messages to land (ASTRA-sim's native ring).
+    """
     order = np.argsort(rank, kind="stable")
     inv = np.empty_like(order)
     inv[order] = np.arange(len(order))
@@ -100,6 +106,8 @@ def _finish(
     root[edst] = False
     sink = np.ones(len(rank), dtype=bool)
     sink[esrc] = False
+    if not await_sends:
+        sink &= kind != K_SEND
     base = starts[erank]
     return Template(
         name,
@@ -184,6 +192,8 @@ def native_template(
     reduce-scatter ``n-1`` of ``c/n`` all reducing; all-gather ``n-1`` of ``c``;
     all-to-all ``n(n-1)/2`` of ``c/n``. At most ``active_chunks`` chunks occupy a
     dimension at once, in chunk order, phase-major.
+    A rank's part ends with its last receive's step: its own last sends are not
+    waited for (ASTRA-sim's ring sends without a completion callback).
 
     Notes
     -----
@@ -310,6 +320,9 @@ def native_template(
         np.tile(size1, n_ranks),
         esrc,
         edst,
+        # ASTRA-sim's ring sends without a completion callback: a rank leaves the
+        # collective after its last receive, its own last message may be in flight
+        await_sends=False,
     )
 
 

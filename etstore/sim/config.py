@@ -26,6 +26,7 @@ from typing import Any
 
 from etstore.collective import COLLECTIVE_NAMES, chakra_name
 from etstore.errors import ConfigError
+from etstore.ingest.files import read_comm_groups
 from etstore.topology import AstraNetwork, astra_topology, read_network_config
 
 __all__ = [
@@ -79,8 +80,11 @@ class SimConfig:
     Attributes
     ----------
     scheduling_policy
-        ``"FIFO"`` or ``"LIFO"``: which waiting op takes a freed NPU slot (the one
-        that became ready first, or last). Ties break by op order in the trace.
+        ``"FIFO"`` or ``"LIFO"``, ASTRA-sim's collective priority: under LIFO a
+        rank's newest collective's chunks are served first, under FIFO its oldest.
+        It does not order ready ops (they issue in ascending node id) and, as in
+        ASTRA-sim, changes no time while a rank runs one collective at a time
+        (``max_comm_ops=1``); see docs/simulator.md.
     congestion
         ``"unaware"``: a message takes ``sum(latency) + size / min(bandwidth)`` over
         its route; ``"aware"``: store-and-forward per link with FIFO link queues.
@@ -289,28 +293,3 @@ def read_system_config(path: str | Path, **overrides: Any) -> SimConfig:
         return SimConfig.from_astra(data, **overrides)
     except ConfigError as exc:
         raise ConfigError(f"{path}: {exc}") from exc
-
-
-def read_comm_groups(path: str | Path) -> dict[str, list[int]]:
-    """Read ASTRA-sim's communicator-group JSON (``{"1": [0, 1, 2, 3], ...}``).
-
-    Raises
-    ------
-    ConfigError
-        The file is missing, not JSON, or a group is not a list of ranks.
-    """
-    path = Path(path)
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError as exc:
-        raise ConfigError(f"{path}: no such communicator group file") from exc
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"{path}: line {exc.lineno}: not valid JSON ({exc.msg})") from exc
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: expected an object mapping group names to rank lists")
-    out: dict[str, list[int]] = {}
-    for name, ranks in data.items():
-        if not isinstance(ranks, list) or not all(isinstance(r, int) for r in ranks):
-            raise ConfigError(f"{path}: group {name!r} must be a list of integer ranks")
-        out[str(name)] = list(ranks)
-    return out

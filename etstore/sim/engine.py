@@ -5,9 +5,9 @@ Issue semantics (FORMATS.md §1, ASTRA-sim's workload layer):
 * an op is *ready* when every dependency (data and ctrl) has finished;
 * per NPU at most ``max_comp_ops`` compute, ``max_cpu_ops`` CPU, ``max_comm_ops``
   communication (sends and collectives) and ``max_mem_ops`` memory ops run at once,
-  receives are unlimited unless ``max_recv_ops`` says otherwise; a ready op that
-  finds its slot busy waits, and a freed slot goes to the waiting op that became
-  ready first (``FIFO``) or last (``LIFO``);
+  receives are unlimited unless ``max_recv_ops`` says otherwise; whenever an op
+  ends, the ready ops of its rank take free slots in ascending node id (ASTRA-sim's
+  workload issue loop), whatever the scheduling policy;
 * ``COMP_NODE`` lasts ``duration_micros · 1000`` ns (1 ns when 0);
 * a send completes when its message arrives; a receive completes when its matching
   message has arrived and the receive was posted; sends and receives match on
@@ -78,8 +78,11 @@ def simulate(
         algorithm :class:`Trace` with as many ranks as the group. Defaults come from
         ``config.*_impl``; collectives with no default replay their duration.
     groups
-        Communicator groups by ``pg_name``; ``""`` and ``"0"`` mean every rank, an
-        unknown name means the ranks whose collectives carry it.
+        Communicator groups by ``pg_name`` (ASTRA-sim's comm-group JSON); ``""`` and
+        ``"0"`` mean every rank. When given, they replace the trace's own
+        ``params["comm_groups"]`` and every other name must be in them; when not,
+        the trace's groups are used, and a name in neither means the ranks whose
+        collectives carry it.
     dims
         Network dimensions for dimension-order routing and native collectives;
         default from the topology.
@@ -98,7 +101,8 @@ def simulate(
     TopologyError
         The trace has more ranks than the topology has NPUs, or a peer is unreachable.
     ConfigError
-        An unknown collective name in ``algorithms``.
+        An unknown collective name in ``algorithms``; ``groups`` lacks a group that a
+        collective names.
 
     Notes
     -----

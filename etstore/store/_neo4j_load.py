@@ -12,7 +12,7 @@ client-side SQL warehouse read it back byte-exact, whichever client ingested.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -93,14 +93,15 @@ def edge_batches(edges: pa.Table, rel: str, batch_rows: int) -> Iterator[Batch]:
         yield query, params, stop - start
 
 
-def encode_payload(trace: Trace, lineage: pa.Table | None = None) -> list[tuple[str, int, bytes]]:
-    """The trace's tables (and its lineage rows, if any) as (table, part, bytes) chunks of
-    compressed Arrow IPC."""
+def encode_payload(
+    trace: Trace | None, extra: Mapping[str, pa.Table] | None = None
+) -> list[tuple[str, int, bytes]]:
+    """The trace's tables (none for ``None``) and the ``extra`` tables by name (lineage rows,
+    ``lineage@<parent seq>``) as (table, part, bytes) chunks of compressed Arrow IPC."""
     options = pa.ipc.IpcWriteOptions(compression="zstd")
     chunks: list[tuple[str, int, bytes]] = []
-    tables: dict[str, pa.Table] = {name: getattr(trace, name) for name in PAYLOAD_TABLES}
-    if lineage is not None:
-        tables["lineage"] = lineage
+    tables: dict[str, pa.Table] = {name: getattr(trace, name) for name in PAYLOAD_TABLES} if trace else {}
+    tables.update(extra or {})
     for name, table in tables.items():
         sink = pa.BufferOutputStream()
         with pa.ipc.new_stream(sink, table.schema, options=options) as writer:
@@ -112,7 +113,7 @@ def encode_payload(trace: Trace, lineage: pa.Table | None = None) -> list[tuple[
 
 
 def decode_payload(chunks: Sequence[tuple[str, int, bytes]], where: str) -> dict[str, pa.Table]:
-    """Invert :func:`encode_payload` (``lineage`` is present only if it was stored);
+    """Invert :func:`encode_payload` (lineage tables are present only if they were stored);
     ``where`` names the trace in errors."""
     parts: dict[str, list[tuple[int, bytes]]] = {}
     for name, part, data in chunks:

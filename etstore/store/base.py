@@ -35,6 +35,8 @@ class TraceInfo:
     parent: str | None = None
     params: Mapping[str, Any] = field(default_factory=dict)
     created: datetime | None = None
+    trace_id: int | None = None
+    """The stored content this name points at; names with equal ``trace_id`` share one content."""
 
     def as_row(self) -> dict[str, Any]:
         """JSON-able dict (for ``--format json``)."""
@@ -49,6 +51,7 @@ class TraceInfo:
             "parent": self.parent,
             "source": self.source,
             "content_hash": self.content_hash,
+            "trace_id": self.trace_id,
             "params": json.dumps(dict(self.params), sort_keys=True),
             "created": self.created.isoformat(timespec="seconds") if self.created else None,
         }
@@ -60,6 +63,9 @@ class IngestReport:
 
     trace: TraceInfo
     created: bool
+    """Whether the name is new (its content may still have been stored before: ``same_as``)."""
+    same_as: str | None = None
+    """When the content was already stored: its oldest other name (nothing was written but the name)."""
     cycles: int = 0
     unmatched_sends: int = 0
     unmatched_recvs: int = 0
@@ -122,7 +128,7 @@ class Store(Protocol):
         lineage: pa.Table | None = None,
         progress: ProgressFn | None = None,
     ) -> IngestReport:
-        """Store a trace atomically; the same content (and kind) twice returns the existing trace.
+        """Store a trace atomically under a name; content already stored gets one more name.
 
         Parameters
         ----------
@@ -131,7 +137,10 @@ class Store(Protocol):
             value and its dependency kinds :class:`~etstore.model.DepKind` values.
         name
             The stored name. Default: ``trace.name``, or ``trace.name-2``, ``-3``, ... when
-            that is taken; an explicit name that is taken by other content is an error.
+            that is taken by other content; an explicit name that is taken by other
+            content is an error. A name that already points at this content makes the
+            call a no-op (``created`` false); a new name for content stored under
+            another name points at that content (``same_as``) and stores nothing twice.
         parent
             The stored trace this one derives from (expanded, rewritten).
         lineage
@@ -143,7 +152,8 @@ class Store(Protocol):
         Returns
         -------
         IngestReport
-            The stored trace's catalog entry, whether it was new (``created``), the
+            The stored name's catalog entry, whether the name was new (``created``),
+            the other name of its content if it was stored before (``same_as``), the
             dependency cycles and unmatched sends/receives found, and the wall time (s).
 
         Raises
@@ -160,12 +170,13 @@ class Store(Protocol):
         -----
         All or nothing: a failure or an interrupt undoes whatever landed, and a
         partial write left by a crash is removed at the next writable open.
-        O(ops + deps) columnar work in both engines; a duplicate costs one content hash.
+        O(ops + deps) columnar work in both engines; known content costs one content
+        hash (see :mod:`etstore.store._identity` for what counts as content).
         """
         ...
 
     def traces(self) -> list[TraceInfo]:
-        """Every stored trace, oldest first."""
+        """Every stored name, oldest first (names sharing one content each appear)."""
         ...
 
     def info(self, name: str) -> TraceInfo:
@@ -177,7 +188,7 @@ class Store(Protocol):
         ...
 
     def remove(self, name: str) -> None:
-        """Delete a trace everywhere; UnknownTraceError if absent."""
+        """Delete a name; its content goes with its last name. UnknownTraceError if absent."""
         ...
 
     def cypher(self, query: str, params: Mapping[str, Any] | None = None) -> Result:

@@ -2,9 +2,11 @@
 
 Each input (a file, directory, glob or ``<dir>/<prefix>``, as
 :func:`~etstore.ingest.read_trace` reads it) becomes one trace, stored all or
-nothing; a failure never undoes the traces stored before it. ``on_error`` decides
-what a failure does to the rest of the batch: ``"raise"`` stops there, ``"skip"``
-records it and goes on.
+nothing; a failure never undoes the traces stored before it. A file whose content
+is nccl-tests or rccl-tests output (:func:`~etstore.ingest.nccl_tests.is_nccl_tests_log`)
+becomes a measured run instead (:func:`~etstore.store.measured.store_measured_run`),
+whatever its name. ``on_error`` decides what a failure does to the rest of the batch:
+``"raise"`` stops there, ``"skip"`` records it and goes on.
 """
 
 from __future__ import annotations
@@ -16,7 +18,9 @@ from typing import Literal
 
 from etstore.errors import EtstoreError, OptionError, StoreError
 from etstore.ingest import read_trace
+from etstore.ingest.nccl_tests import is_nccl_tests_log, read_nccl_tests
 from etstore.store.base import IngestReport, Store
+from etstore.store.measured import MeasuredReport, store_measured_run
 
 __all__ = ["BatchProgressFn", "BatchStats", "OnError", "ingest_paths"]
 
@@ -35,7 +39,8 @@ class BatchStats:
     inputs that failed (with ``on_error="skip"``; ``skipped`` holds each one's path
     and message, which starts with the path). ``ops``, ``deps`` and ``missing`` (dependencies on absent nodes)
     add up the stored traces; ``reports`` has one :class:`IngestReport` per
-    successful input, in input order.
+    successful trace input, in input order; ``measured`` one
+    :class:`~etstore.store.measured.MeasuredReport` per nccl-tests / rccl-tests log.
     """
 
     files_ok: int
@@ -45,6 +50,7 @@ class BatchStats:
     missing: int
     reports: tuple[IngestReport, ...]
     skipped: tuple[tuple[str, str], ...] = ()
+    measured: tuple[MeasuredReport, ...] = ()
 
 
 def ingest_paths(
@@ -63,9 +69,11 @@ def ingest_paths(
         Where the traces go.
     paths
         Inputs, one trace each: a ``.et``/``.json`` file, a directory, a glob,
-        ``<dir>/<prefix>``, or an MSCCL-IR ``.xml``.
+        ``<dir>/<prefix>``, or an MSCCL-IR ``.xml``; or one measured run each: a
+        nccl-tests / rccl-tests log (recognised by its content).
     name
-        The stored name; only with a single input (default: each input's prefix).
+        The stored name (trace or measured run); only with a single input (default:
+        each input's prefix, a log's file name without its extension).
     on_error
         ``"raise"``: the first failing input stops the batch (the traces stored
         before it stay). ``"skip"``: a failing input is recorded in
@@ -96,23 +104,29 @@ def ingest_paths(
     if name is not None and len(paths) > 1:
         raise OptionError("a name names one trace; give a single input with it")
     reports: list[IngestReport] = []
+    measured: list[MeasuredReport] = []
     skipped: list[tuple[str, str]] = []
     for path in paths:
         spec = str(path)
         try:
-            reports.append(_ingest_one(store, spec, name, progress))
+            if is_nccl_tests_log(spec):
+                measured.append(_store_log(store, spec, name, progress))
+            else:
+                reports.append(_ingest_one(store, spec, name, progress))
         except EtstoreError as exc:
             if on_error == "raise":
-                raise _located(exc, spec, [r.trace.name for r in reports]) from exc
+                stored = [r.trace.name for r in reports] + [m.name for m in measured]
+                raise _located(exc, spec, stored) from exc
             skipped.append((spec, _path_led(exc, spec)))
     return BatchStats(
-        files_ok=len(reports),
+        files_ok=len(reports) + len(measured),
         files_skipped=len(skipped),
         ops=sum(r.trace.ops for r in reports),
         deps=sum(r.trace.deps for r in reports),
         missing=sum(r.trace.missing for r in reports),
         reports=tuple(reports),
         skipped=tuple(skipped),
+        measured=tuple(measured),
     )
 
 
@@ -126,6 +140,16 @@ def _ingest_one(store: Store, spec: str, name: str | None, progress: BatchProgre
     return store.ingest(
         trace, name=name, progress=lambda stage, done, total: progress(spec, stage, done, total)
     )
+
+
+def _store_log(store: Store, spec: str, name: str | None, progress: BatchProgressFn | None) -> MeasuredReport:
+    """Parse one nccl-tests / rccl-tests log and store it as a measured run."""
+    if progress is not None:
+        progress(spec, "read", 0, 1)
+    parsed = read_nccl_tests(spec, name=name)
+    if progress is not None:
+        progress(spec, "read", 1, 1)
+    return store_measured_run(store.warehouse, parsed, name=name)
 
 
 def _path_led(exc: EtstoreError, spec: str) -> str:

@@ -2,15 +2,26 @@
 
 Layout of the directory::
 
-    catalog.sqlite     traces (SQLModel); the commit point of every ingest
-    warehouse.duckdb   ops, deps, missing_deps, messages, meta, traces (+ sim metrics)
+    catalog.sqlite     contents, the names pointing at them, the format version
+                       (SQLModel, :mod:`etstore.store.catalog`); the commit point of
+                       every ingest and removal
+    warehouse.duckdb   trace_ops, trace_deps, ... (each content once, by trace id),
+                       traces (one row per name), the views ops, deps, ... by name
+                       (+ sim metrics)
     graph/             Ladybug database: (:Op)-[:DEP]->(:Op), (:Op)-[:MSG]->(:Op),
                        (:Op)-[:BECOMES]->(:Op) from a parent trace's op to its replacements
 
-DuckDB is the lossless source (export reads it); Ladybug holds the graph
-projection for Cypher. An ingest writes catalog(loading) → DuckDB (one
-transaction) → Ladybug (bulk COPY) → catalog(ready); any failure or interrupt
-undoes what landed, and a row stuck in ``loading`` is swept at the next open.
+Content is stored once; a name is a handle on it (``docs/store.md``). DuckDB is the
+lossless source (export reads it); Ladybug holds the graph projection for Cypher,
+each content once, its ops carrying one of its names in ``trace`` (other names are
+resolved to it in queries, :mod:`etstore.store._cypher`). An ingest of new content
+writes catalog(loading) → DuckDB (one transaction) beside Ladybug (bulk COPY) →
+catalog(ready + name); any failure or interrupt undoes what landed, and content left
+``loading`` or without a name is swept at the next writable open. Known content
+under a new name writes only the name (and lineage from a new parent, if any).
+
+A store written before names existed (format 1) is upgraded in place by the first
+writable open; a read-only open of one says how to upgrade it.
 """
 
 from __future__ import annotations
@@ -28,11 +39,16 @@ import pyarrow as pa
 
 from etstore.dag import cycle_members
 from etstore.errors import QueryError, StoreError, UnknownTraceError
-from etstore.model import DEPS_SCHEMA, META_SCHEMA, OPS_SCHEMA, Trace, content_hash
+from etstore.model import DEPS_SCHEMA, META_SCHEMA, OPS_SCHEMA, Trace, TraceKind
+from etstore.store import _trace_rows as rows
+from etstore.store._cypher import check_parameters, resolve_names
+from etstore.store._format import check_format, upgrade_format1
+from etstore.store._identity import identity
 from etstore.store.base import IngestReport, ProgressFn, Store, TraceInfo, checked_kind
-from etstore.store.catalog import Catalog, TraceRecord
+from etstore.store.catalog import Catalog, ContentRecord, NameRecord
 from etstore.store.graph import (
     GRAPH_OP_COLUMNS,
+    UID_SHIFT,
     dep_edges,
     lineage_edges,
     message_edges,
@@ -88,7 +104,14 @@ def _first_line(exc: BaseException) -> str:
 
 
 class EmbeddedStore:
-    """Ladybug + DuckDB + catalog in one directory (see the module docstring)."""
+    """Ladybug + DuckDB + catalog in one directory (see the module docstring).
+
+    Raises
+    ------
+    StoreError
+        The path is not a store directory, the store was written by a newer etstore,
+        or it is of format 1 and opened read-only (the message says how to upgrade).
+    """
 
     def __init__(self, path: str | os.PathLike[str], *, read_only: bool = False) -> None:
         self.path = Path(path)
@@ -99,14 +122,21 @@ class EmbeddedStore:
         if read_only and not (self.path / "catalog.sqlite").exists():
             read_only = False  # a fresh store: create it once, then nothing writes
         self.path.mkdir(parents=True, exist_ok=True)
-        self.catalog = Catalog(self.path / "catalog.sqlite")
+        self._read_only_engines = self.read_only and read_only
+        self.catalog = Catalog(self.path / "catalog.sqlite", create=not self._read_only_engines)
         self._warehouse: Warehouse | None = None
         self._graph_conn: Any = None
         self._graph_db: Any = None
         self._graph_columns: tuple[str, ...] = GRAPH_OP_COLUMNS
-        self._read_only_engines = self.read_only and read_only
-        if not self.read_only:
-            self._sweep()
+        self._aliases: tuple[tuple[int, ...], dict[str, str]] | None = None
+        try:
+            if check_format(self.catalog, self.location, read_only=self._read_only_engines):
+                self._warehouse = upgrade_format1(self.catalog, self.path / "warehouse.duckdb", self.location)
+            if not self.read_only:
+                self._sweep()
+        except BaseException:
+            self.close()
+            raise
 
     # ------------------------------------------------------------ engines
 
@@ -172,31 +202,32 @@ class EmbeddedStore:
     # ------------------------------------------------------------ catalog
 
     def traces(self) -> list[TraceInfo]:
-        return [r.info() for r in self.catalog.ready()]
+        return [n.info(c) for n, c in self.catalog.names()]
 
-    def _record(self, name: str) -> TraceRecord:
-        rec = self.catalog.by_name(name)
-        if rec is None:
-            known = sorted(r.name for r in self.catalog.ready())
-            hint = f"; stored traces: {', '.join(known[:10])}" if known else "; the store is empty"
+    def _lookup(self, name: str) -> tuple[NameRecord, ContentRecord]:
+        got = self.catalog.name(name)
+        if got is None:
+            known = [n.name for n, _ in self.catalog.names()]
+            hint = f"; stored traces: {', '.join(sorted(known)[:10])}" if known else "; the store is empty"
             raise UnknownTraceError(f"no trace named {name!r} in {self.location}{hint}")
-        return rec
+        return got
 
     def info(self, name: str) -> TraceInfo:
-        return self._record(name).info()
+        n, c = self._lookup(name)
+        return n.info(c)
 
     # ------------------------------------------------------------ ingest
 
-    def _free_name(self, wanted: str, explicit: bool) -> str:
-        taken = self.catalog.names()
-        if wanted not in taken:
-            return wanted
-        if explicit:
-            raise StoreError(f"a different trace is already named {wanted!r}; pick another name or remove it")
-        i = 2
-        while f"{wanted}-{i}" in taken:
-            i += 1
-        return f"{wanted}-{i}"
+    def _choose_name(self, wanted: str, explicit: bool, seq: int | None) -> tuple[str, bool]:
+        """The name to store under, and whether it already points at content ``seq``."""
+        taken = self.catalog.name_ids()
+        candidates = [wanted] if explicit else [wanted, *(f"{wanted}-{i}" for i in range(2, len(taken) + 3))]
+        for cand in candidates:
+            if cand not in taken:
+                return cand, False
+            if seq is not None and taken[cand] == seq:
+                return cand, True
+        raise StoreError(f"a different trace is already named {wanted!r}; pick another name or remove it")
 
     def ingest(
         self,
@@ -213,33 +244,46 @@ class EmbeddedStore:
         kind = checked_kind(trace)
         if lineage is not None and parent is None:
             raise StoreError(f"trace {name or trace.name!r}: lineage given without a parent trace")
-        if parent is not None:
-            self._record(parent)
+        parent_id = self._lookup(parent)[1].seq if parent is not None else None
         started = time.perf_counter()
-        digest = content_hash(trace)
-        existing = self.catalog.by_hash(digest, kind)
-        if existing is not None:
-            return IngestReport(existing.info(), created=False, seconds=time.perf_counter() - started)
-        rec = self.catalog.add(
-            TraceRecord(
-                name=self._free_name(name or trace.name, explicit=name is not None),
-                kind=kind.value,
-                source=trace.source,
-                content_hash=digest,
-                ranks=trace.num_ranks,
-                parent=parent,
-                params=json.dumps(dict(trace.params), sort_keys=True, default=str),
-            )
+        digest = identity(trace)
+        existing = self.catalog.by_identity(digest, kind.value)
+        final, same = self._choose_name(
+            name or trace.name, name is not None, existing.seq if existing else None
         )
-        seq, final = rec.seq, rec.name
+        name_rec = NameRecord(
+            name=final,
+            trace_id=0,
+            source=trace.source,
+            parent=parent,
+            parent_trace_id=parent_id,
+            params=json.dumps(dict(trace.params), sort_keys=True, default=str),
+        )
+        if existing is not None:
+            assert existing.seq is not None
+            if same:
+                n, c = self._lookup(final)
+                return IngestReport(n.info(c), created=False, seconds=time.perf_counter() - started)
+            name_rec.trace_id = existing.seq
+            others = self.catalog.names_of(existing.seq)
+            info = self._add_name(name_rec, existing, trace, lineage)
+            first = others[0].name if others else None
+            return IngestReport(info, created=True, same_as=first, seconds=time.perf_counter() - started)
+        rec = self.catalog.add_content(
+            ContentRecord(content_hash=digest, kind=kind.value, ranks=trace.num_ranks, graph_name=final)
+        )
+        seq = rec.seq
         assert seq is not None  # the catalog assigned it
+        name_rec.trace_id = seq
         try:
-            rec, cycles, unmatched_sends, unmatched_recvs = self._write(trace, rec, lineage, progress)
+            rec, cycles, unmatched_sends, unmatched_recvs = self._write(
+                trace, rec, name_rec, lineage, progress
+            )
         except BaseException:
-            self._purge(seq, final)
+            self._purge(seq)
             raise
         return IngestReport(
-            rec.info(),
+            name_rec.info(rec),
             created=True,
             cycles=cycles,
             unmatched_sends=unmatched_sends,
@@ -247,22 +291,39 @@ class EmbeddedStore:
             seconds=time.perf_counter() - started,
         )
 
-    def _write(
-        self, trace: Trace, rec: TraceRecord, lineage: pa.Table | None, progress: ProgressFn | None
-    ) -> tuple[TraceRecord, int, int, int]:
-        """Write a claimed trace to both engines and mark it ready; the caller purges on failure.
+    def _warehouse_row(self, rec: ContentRecord, name: NameRecord, params: Any) -> dict[str, Any]:
+        """The ``traces`` row of ``name`` (see :func:`etstore.store._trace_rows.insert_name`)."""
+        return {
+            **{k: getattr(rec, k) for k in ("kind", "ranks", "ops", "deps", "missing", "messages")},
+            "parent": name.parent,
+            "source": name.source,
+            "params": params,
+            "content_hash": rec.content_hash,
+        }
 
-        Returns the ready record, the dependency cycles and the unmatched sends and receives.
+    def _write(
+        self,
+        trace: Trace,
+        rec: ContentRecord,
+        name: NameRecord,
+        lineage: pa.Table | None,
+        progress: ProgressFn | None,
+    ) -> tuple[ContentRecord, int, int, int]:
+        """Write a claimed content to both engines and commit it with its first name; the
+        caller purges on failure.
+
+        Returns the ready content, the dependency cycles and the unmatched sends and receives.
         """
-        assert rec.seq is not None
-        base = uid_base(rec.seq)
+        seq = rec.seq
+        assert seq is not None
+        base = uid_base(seq)
         # One helper thread, fed in order: it computes the edge rows while Ladybug loads
         # the nodes, then writes DuckDB while Ladybug loads the edges (both engines
         # release the GIL in their bulk paths).
         with ThreadPoolExecutor(max_workers=1) as pool:
             g = self._open_graph(incoming=trace.ops.nbytes + trace.deps.nbytes)
             edge_rows = pool.submit(lambda: (dep_edges(trace, base), message_edges(trace, base)))
-            nodes = op_nodes(trace, rec.name, base, self._graph_columns)  # the graph's own columns
+            nodes = op_nodes(trace, name.name, base, self._graph_columns)  # the graph's own columns
             g.execute("COPY Op FROM nodes")
             deps, (msgs, unmatched_sends, unmatched_recvs) = edge_rows.result()
             counts = {
@@ -272,19 +333,15 @@ class EmbeddedStore:
                 "messages": msgs.num_rows,
                 "ranks": trace.num_ranks,
             }
+            for k, v in counts.items():
+                setattr(rec, k, v)
             links = lineage_rows = None
-            if lineage is not None and lineage.num_rows and rec.parent is not None:
-                links, lineage_rows = self._lineage_rows(lineage, nodes, rec.name, rec.parent)
-            row = {
-                **counts,
-                "kind": rec.kind,
-                "parent": rec.parent,
-                "source": rec.source,
-                "params": trace.params,
-                "content_hash": rec.content_hash,
-            }
-            rows_in = (trace, rec.name, base, deps, msgs, row, lineage_rows)
-            warehouse = pool.submit(self._write_warehouse, *rows_in)
+            if lineage is not None and lineage.num_rows and name.parent_trace_id is not None:
+                links, lineage_rows = self._lineage_rows(lineage, nodes, name.name, name.parent_trace_id)
+            row = self._warehouse_row(rec, name, trace.params)
+            warehouse = pool.submit(
+                self._write_warehouse, trace, seq, base, deps, msgs, name, row, lineage_rows
+            )
             try:
                 self._write_edges(deps, msgs, links)
             finally:
@@ -293,42 +350,53 @@ class EmbeddedStore:
             progress("warehouse", 1, 2)
             progress("graph", 2, 2)
         # the edges as op rows, from the uids already computed
-        rows = (deps["from"].to_numpy() - base, deps["to"].to_numpy() - base)
-        cycles = len(cycle_members(trace, rows))
-        return self.catalog.mark_ready(rec.seq, **counts), cycles, unmatched_sends, unmatched_recvs
+        op_pairs = (deps["from"].to_numpy() - base, deps["to"].to_numpy() - base)
+        cycles = len(cycle_members(trace, op_pairs))
+        ready = self.catalog.commit_content(seq, name, **counts)
+        self._aliases = None
+        return ready, cycles, unmatched_sends, unmatched_recvs
 
     def _write_warehouse(
         self,
         trace: Trace,
-        name: str,
+        seq: int,
         base: int,
         dep_uids: pa.Table,
         msgs: pa.Table,
+        name: NameRecord,
         row: Mapping[str, Any],
-        lineage: pa.Table | None = None,
+        lineage: pa.Table | None,
     ) -> None:
         wh = self.warehouse
         # one core for the warehouse while the graph's bulk load (the longer of the two) runs beside it
         wh.execute("SET threads TO 1")
         try:
             with wh.transaction():
-                wh.insert_trace(trace, name, base, dep_uids, msgs, row, lineage)
+                rows.insert_content(wh, trace, seq, base, dep_uids, msgs)
+                rows.insert_name(wh, name.name, seq, name.parent_trace_id, row)
+                if lineage is not None and name.parent_trace_id is not None:
+                    rows.insert_lineage(wh, seq, name.parent_trace_id, lineage)
         finally:
             wh.execute("RESET threads")
 
     def _lineage_rows(
-        self, lineage: pa.Table, nodes: pa.Table, name: str, parent: str
+        self, lineage: pa.Table, nodes: pa.Table, name: str, parent_id: int
     ) -> tuple[pa.Table, pa.Table]:
-        """``BECOMES`` edges and ``lineage`` table rows for a derived trace."""
+        """``BECOMES`` edges and ``trace_lineage`` rows for a name derived from content ``parent_id``."""
         parent_ops = self.warehouse.query(
-            "SELECT rank, id, uid FROM ops WHERE trace = $t", {"t": parent}
+            "SELECT rank, id, uid FROM trace_ops WHERE trace_id = $p", {"p": parent_id}
         ).to_arrow()
         links = lineage_edges(lineage, nodes, parent_ops, what=f"trace {name!r}")
-        # the trace column is the insert's own (insert_trace_rows)
-        rows = links.append_column("parent_trace", pa.array([parent] * links.num_rows, pa.string()))
-        for col in ("rank", "id", "parent_id"):
-            rows = rows.append_column(col, lineage[col])
-        return links, rows.rename_columns(["parent_uid", "uid", *rows.column_names[2:]])
+        table = pa.table(
+            {
+                "rank": lineage["rank"].cast(pa.int32()),
+                "id": lineage["id"].cast(pa.uint64()),
+                "parent_id": lineage["parent_id"].cast(pa.uint64()),
+                "parent_uid": links["from"],
+                "uid": links["to"],
+            }
+        )
+        return links, table
 
     def _write_edges(self, deps: pa.Table, msgs: pa.Table, links: pa.Table | None) -> None:
         """Load the edges (the nodes are in) and checkpoint the graph once for the whole ingest."""
@@ -342,25 +410,80 @@ class EmbeddedStore:
             g.execute("COPY BECOMES FROM becomes")
         g.execute("CHECKPOINT")
 
-    def _purge(self, seq: int, name: str) -> None:
-        """Remove every trace of ``seq``/``name`` from both engines, then the catalog row."""
-        self.catalog.mark_deleting(seq)
-        lo = uid_base(seq)
-        hi = lo + (1 << 40)
+    def _add_name(
+        self, name: NameRecord, content: ContentRecord, trace: Trace, lineage: pa.Table | None
+    ) -> TraceInfo:
+        """Point a new name at stored content: its ``traces`` row, lineage from a parent
+        content the content has none from yet, then the catalog row (the commit point)."""
+        seq, pid = content.seq, name.parent_trace_id
+        assert seq is not None
+        links = lineage_rows = None
+        if (
+            lineage is not None
+            and lineage.num_rows
+            and pid is not None
+            and not self.catalog.lineage_users(seq, pid)
+        ):
+            child = self.warehouse.query(
+                "SELECT rank, id, uid FROM trace_ops WHERE trace_id = $t", {"t": seq}
+            ).to_arrow()
+            links, lineage_rows = self._lineage_rows(lineage, child, name.name, pid)
+        wh = self.warehouse
         try:
-            self._purge_graph(lo, hi, last=self.catalog.names() == {name})
-        except RuntimeError as exc:  # pragma: no cover - engine failure while cleaning up
-            log.error("could not remove graph data of %s: %s", name, exc)
-            raise StoreError(f"could not remove {name!r} from the graph: {_first_line(exc)}") from exc
+            with wh.transaction():
+                rows.insert_name(wh, name.name, seq, pid, self._warehouse_row(content, name, trace.params))
+                if lineage_rows is not None and pid is not None:
+                    rows.insert_lineage(wh, seq, pid, lineage_rows)
+            if links is not None:
+                self._write_edges(links.slice(0, 0), links.slice(0, 0), links)
+            self.catalog.add_name(name)
+        except BaseException:
+            self._undo_name(name.name, seq, pid if links is not None else None)
+            raise
+        self._aliases = None
+        return name.info(content)
+
+    def _undo_name(self, name: str, seq: int, lineage_from: int | None) -> None:
+        """Remove what :meth:`_add_name` wrote for ``name`` (the catalog row is the caller's)."""
         wh = self.warehouse
         with wh.transaction():
-            wh.delete_trace(name)
-        self.catalog.delete(seq)
+            rows.delete_name(wh, name)
+            if lineage_from is not None:
+                rows.delete_lineage(wh, seq, lineage_from)
+        if lineage_from is not None:
+            self._delete_becomes(lineage_from, seq)
+
+    def _delete_becomes(self, parent_id: int, seq: int) -> None:
+        """Delete the ``BECOMES`` edges from content ``parent_id`` to content ``seq``."""
+        lo, plo = uid_base(seq), uid_base(parent_id)
+        self.graph.execute(
+            "MATCH (a:Op)-[r:BECOMES]->(b:Op) WHERE a.uid >= $plo AND a.uid < $phi "
+            "AND b.uid >= $lo AND b.uid < $hi DELETE r",
+            {"plo": plo, "phi": plo + (1 << UID_SHIFT), "lo": lo, "hi": lo + (1 << UID_SHIFT)},
+        )
+        self.graph.execute("CHECKPOINT")
+
+    # ------------------------------------------------------------ removal
+
+    def _purge(self, seq: int) -> None:
+        """Remove content ``seq`` from both engines, then from the catalog (with any name left)."""
+        self.catalog.mark_deleting(seq)
+        lo = uid_base(seq)
+        try:
+            self._purge_graph(lo, lo + (1 << UID_SHIFT), last=self.catalog.content_count() == 1)
+        except RuntimeError as exc:  # pragma: no cover - engine failure while cleaning up
+            log.error("could not remove graph data of trace id %d: %s", seq, exc)
+            raise StoreError(f"could not remove trace id {seq} from the graph: {_first_line(exc)}") from exc
+        wh = self.warehouse
+        with wh.transaction():
+            rows.delete_content(wh, seq)
+        self.catalog.delete_content(seq)
+        self._aliases = None
 
     def _purge_graph(self, lo: int, hi: int, *, last: bool) -> None:
         """Delete the graph's ops with uids in ``[lo, hi)`` and every edge touching them.
 
-        Ladybug deletes at ~10 µs per node or edge; when no other trace is stored,
+        Ladybug deletes at ~10 µs per node or edge; when no other content is stored,
         dropping and recreating the tables is instant (and safe to redo after a
         crash: the tables are recreated on the next open in any case).
         """
@@ -382,48 +505,111 @@ class EmbeddedStore:
         g.execute("MATCH (o:Op) WHERE o.uid >= $lo AND o.uid < $hi DETACH DELETE o", p)
         g.execute("CHECKPOINT")
 
+    def _rename_graph(self, seq: int, name: str) -> None:
+        """Make content ``seq``'s graph nodes carry ``name`` (its old one was removed)."""
+        lo = uid_base(seq)
+        self.graph.execute(
+            "MATCH (o:Op) WHERE o.uid >= $lo AND o.uid < $hi SET o.trace = $n",
+            {"lo": lo, "hi": lo + (1 << UID_SHIFT), "n": name},
+        )
+        self.graph.execute("CHECKPOINT")
+        self.catalog.set_graph_name(seq, name)
+        self._aliases = None
+
     def _sweep(self) -> None:
-        for rec in self.catalog.stale():
+        """Finish what an interrupted ingest or removal left: contents not ready or without a
+        name, ``traces`` rows of names the catalog does not have, graphs under a removed name."""
+        stale = self.catalog.stale()
+        for rec in stale:
             assert rec.seq is not None
-            log.warning("removing incomplete trace %s left by an interrupted ingest", rec.name)
-            self._purge(rec.seq, rec.name)
+            log.warning("removing incomplete trace id %d left by an interrupted ingest or removal", rec.seq)
+            self._purge(rec.seq)
+        for rec in self.catalog.misnamed_graphs():
+            assert rec.seq is not None
+            self._rename_graph(rec.seq, self.catalog.names_of(rec.seq)[0].name)
+        # a removal cut short after its commit point leaves the name's traces row behind
+        if (self.path / "warehouse.duckdb").exists():
+            names = pa.table({"name": pa.array(sorted(self.catalog.all_names()), pa.string())})
+            wh = self.warehouse
+            gone = "FROM traces WHERE name NOT IN (SELECT name FROM _etstore_names)"
+            with wh.registered(_etstore_names=names):
+                if wh.query(f"SELECT count(*) {gone}").scalar():
+                    with wh.transaction():
+                        wh.execute(f"DELETE {gone}")
 
     def remove(self, name: str) -> None:
         if self.read_only:
             raise StoreError(f"{self.location} is open read-only")
-        rec = self._record(name)
-        assert rec.seq is not None
-        self._purge(rec.seq, rec.name)
+        self._lookup(name)
+        dropped = self.catalog.drop_name(name)  # the commit point
+        if dropped is None:  # removed by another process meanwhile
+            raise UnknownTraceError(f"no trace named {name!r} in {self.location}")
+        rec, rest = dropped
+        self._aliases = None
+        if not rest:
+            self._purge(rec.trace_id)
+            return
+        wh = self.warehouse
+        pid = rec.parent_trace_id
+        lineage_gone = pid is not None and all(n.parent_trace_id != pid for n in rest)
+        with wh.transaction():
+            rows.delete_name(wh, name)
+            if lineage_gone and pid is not None:
+                rows.delete_lineage(wh, rec.trace_id, pid)
+        if lineage_gone and pid is not None:
+            self._delete_becomes(pid, rec.trace_id)
+        content = self.catalog.content(rec.trace_id)
+        if content is not None and content.graph_name == name:
+            self._rename_graph(rec.trace_id, rest[0].name)
 
     # ------------------------------------------------------------ read back
 
     def load(self, name: str) -> Trace:
-        rec = self._record(name)
+        n, c = self._lookup(name)
         wh = self.warehouse
-        p = {"t": name}
-        ops = wh.query(f"SELECT {OPS_COLUMNS} FROM ops WHERE trace = $t ORDER BY uid", p).to_arrow()
-        deps = wh.query(f"SELECT {DEPS_COLUMNS} FROM deps WHERE trace = $t ORDER BY edge", p).to_arrow()
-        missing = wh.query(
-            f"SELECT {DEPS_COLUMNS} FROM missing_deps WHERE trace = $t ORDER BY edge", p
+        p = {"t": c.seq}
+        ops = wh.query(f"SELECT {OPS_COLUMNS} FROM trace_ops WHERE trace_id = $t ORDER BY uid", p).to_arrow()
+        deps = wh.query(
+            f"SELECT {DEPS_COLUMNS} FROM trace_deps WHERE trace_id = $t ORDER BY edge", p
         ).to_arrow()
-        meta = wh.query("SELECT rank, metadata FROM meta WHERE trace = $t ORDER BY rank", p).to_arrow()
+        missing = wh.query(
+            f"SELECT {DEPS_COLUMNS} FROM trace_missing_deps WHERE trace_id = $t ORDER BY edge", p
+        ).to_arrow()
+        meta = wh.query(
+            "SELECT rank, metadata FROM trace_meta WHERE trace_id = $t ORDER BY rank", p
+        ).to_arrow()
         return Trace(
             ops=ops.cast(OPS_SCHEMA),
             deps=deps.cast(DEPS_SCHEMA),
             missing=missing.cast(DEPS_SCHEMA),
             meta=meta.cast(META_SCHEMA),
-            name=rec.name,
-            kind=rec.kind,
-            source=rec.source,
-            params=json.loads(rec.params),
+            name=n.name,
+            kind=TraceKind(c.kind).value,
+            source=n.source,
+            params=json.loads(n.params),
         )
 
     # ------------------------------------------------------------ queries
 
+    def _second_names(self) -> dict[str, str]:
+        """Names whose content's graph nodes carry another name → that name (cached while
+        the catalog files are unchanged)."""
+        stamp = tuple(int(v) for f in ("catalog.sqlite", "catalog.sqlite-wal") for v in _stat(self.path / f))
+        if self._aliases is None or self._aliases[0] != stamp:
+            pairs = {n.name: c.graph_name for n, c in self.catalog.names() if n.name != c.graph_name}
+            self._aliases = (stamp, pairs)
+        return self._aliases[1]
+
     def cypher(self, query: str, params: Mapping[str, Any] | None = None) -> Result:
-        """Run Cypher on the Ladybug graph (``Op`` nodes, ``DEP`` and ``MSG`` edges)."""
+        """Run Cypher on the Ladybug graph (``Op`` nodes, ``DEP``, ``MSG`` and ``BECOMES`` edges).
+
+        A ``$parameter`` without a value is refused; a trace name whose content the graph
+        holds under another of its names is resolved to it (:mod:`etstore.store._cypher`).
+        """
+        check_parameters(query, params)
+        text, values = resolve_names(query, params, self._second_names())
         try:
-            res = self.graph.execute(query, dict(params or {}))
+            res = self.graph.execute(text, values)
             if not res.get_column_names():
                 return Result(pa.table({}), query)
             # chunk size 0: one chunk of exactly the result's rows. The default sizes
@@ -434,9 +620,18 @@ class EmbeddedStore:
         return Result(table, query)
 
     def sql(self, query: str, params: Mapping[str, Any] | None = None) -> Result:
-        """Run SQL on DuckDB (tables ``ops``, ``deps``, ``missing_deps``, ``messages``, ``meta``,
-        ``traces`` and the simulator's metrics)."""
+        """Run SQL on DuckDB (views ``ops``, ``deps``, ``missing_deps``, ``messages``, ``meta``,
+        ``lineage`` by trace name, table ``traces`` and the simulator's metrics)."""
         return self.warehouse.query(query, params)
+
+
+def _stat(path: Path) -> tuple[int, int]:
+    """(mtime in ns, size) of ``path``, zeros when it does not exist."""
+    try:
+        st = path.stat()
+    except OSError:
+        return (0, 0)
+    return (st.st_mtime_ns, st.st_size)
 
 
 _satisfies_store: type[Store] = EmbeddedStore  # mypy checks the backend against the interface

@@ -5,7 +5,9 @@ store's ``warehouse.duckdb`` and the Neo4j backend's client-side copy) create th
 same schema at open:
 
 ``ops``, ``deps``, ``missing_deps``, ``meta``, ``messages``, ``lineage``, ``traces``
-    the stored traces (:data:`TRACE_DDL`; :data:`TRACE_TABLES` are keyed by ``trace``).
+    the stored traces: each content once in ``trace_ops`` ... keyed by ``trace_id``
+    (:data:`TRACE_DDL`), ``traces`` one row per name, and views by name
+    (:data:`TRACE_VIEWS`; :mod:`etstore.store._trace_rows` writes them).
 ``runs``, ``op_timings``, ``rank_breakdown``, ``collectives``, ``link_util``, ``sweep_points``
     the simulator's metrics (:data:`TABLES`, views :data:`VIEWS`, version
     :data:`SCHEMA_VERSION` kept in ``etstore_sim_schema``; documented in
@@ -13,6 +15,8 @@ same schema at open:
 ``opportunities``, ``comparisons``
     what the overlap finders and trace comparisons record (:data:`OPPORTUNITIES_DDL`,
     :data:`COMPARISONS_DDL`).
+``measured_runs``, ``measurements``
+    nccl-tests / rccl-tests logs, one run per log (:data:`MEASURED_DDL`).
 
 :class:`Warehouse` wraps one DuckDB connection behind a narrow API (``query``,
 ``execute``, ``append``, ``next_id``, ``transaction``, ``registered``) and turns
@@ -22,17 +26,15 @@ DuckDB's errors into :class:`~etstore.errors.QueryError` (reads) and
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager, suppress
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
-import numpy as np
 import pyarrow as pa
 
 from etstore.errors import QueryError, StoreError
-from etstore.model import DEPS_SCHEMA, OPS_SCHEMA, Trace
+from etstore.model import DEPS_SCHEMA, OPS_SCHEMA
 from etstore.store.result import Result
 
 if TYPE_CHECKING:
@@ -40,7 +42,9 @@ if TYPE_CHECKING:
 
 __all__ = [
     "COMPARISONS_DDL",
+    "CONTENT_TABLES",
     "DEPS_COLUMNS",
+    "MEASURED_DDL",
     "MIRROR_STATE_DDL",
     "OPPORTUNITIES_DDL",
     "OPS_COLUMNS",
@@ -48,6 +52,7 @@ __all__ = [
     "TABLES",
     "TRACE_DDL",
     "TRACE_TABLES",
+    "TRACE_VIEWS",
     "VIEWS",
     "Warehouse",
 ]
@@ -74,25 +79,48 @@ DEPS_COLUMNS = ", ".join(f.name for f in DEPS_SCHEMA)
 """The ``deps``/``missing_deps`` tables' trace columns, in :data:`~etstore.model.DEPS_SCHEMA` order."""
 
 TRACE_DDL: tuple[str, ...] = (
-    f"CREATE TABLE IF NOT EXISTS ops (trace VARCHAR NOT NULL, uid BIGINT NOT NULL, "
+    f"CREATE TABLE IF NOT EXISTS trace_ops (trace_id BIGINT NOT NULL, uid BIGINT NOT NULL, "
     f"{_columns_sql(OPS_SCHEMA)})",
-    f"CREATE TABLE IF NOT EXISTS deps (trace VARCHAR NOT NULL, edge BIGINT NOT NULL, "
+    f"CREATE TABLE IF NOT EXISTS trace_deps (trace_id BIGINT NOT NULL, edge BIGINT NOT NULL, "
     f"{_columns_sql(DEPS_SCHEMA)}, src_uid BIGINT, dst_uid BIGINT)",
-    f"CREATE TABLE IF NOT EXISTS missing_deps (trace VARCHAR NOT NULL, edge BIGINT NOT NULL, "
+    f"CREATE TABLE IF NOT EXISTS trace_missing_deps (trace_id BIGINT NOT NULL, edge BIGINT NOT NULL, "
     f"{_columns_sql(DEPS_SCHEMA)})",
-    "CREATE TABLE IF NOT EXISTS meta (trace VARCHAR NOT NULL, rank INTEGER, metadata BLOB)",
-    "CREATE TABLE IF NOT EXISTS messages (trace VARCHAR NOT NULL, send_uid BIGINT, recv_uid BIGINT, "
+    "CREATE TABLE IF NOT EXISTS trace_meta (trace_id BIGINT NOT NULL, rank INTEGER, metadata BLOB)",
+    "CREATE TABLE IF NOT EXISTS trace_messages (trace_id BIGINT NOT NULL, send_uid BIGINT, recv_uid BIGINT, "
     "tag INTEGER, comm_size BIGINT)",
-    "CREATE TABLE IF NOT EXISTS lineage (trace VARCHAR NOT NULL, rank INTEGER, id UBIGINT, "
-    "parent_trace VARCHAR, parent_id UBIGINT, parent_uid BIGINT, uid BIGINT)",
+    "CREATE TABLE IF NOT EXISTS trace_lineage (trace_id BIGINT NOT NULL, parent_trace_id BIGINT NOT NULL, "
+    "rank INTEGER, id UBIGINT, parent_id UBIGINT, parent_uid BIGINT, uid BIGINT)",
     "CREATE TABLE IF NOT EXISTS traces (name VARCHAR PRIMARY KEY, kind VARCHAR, ranks INTEGER, "
     "ops BIGINT, deps BIGINT, missing BIGINT, messages BIGINT, parent VARCHAR, source VARCHAR, "
-    "params VARCHAR, content_hash VARCHAR)",
+    "params VARCHAR, content_hash VARCHAR, trace_id BIGINT NOT NULL, parent_trace_id BIGINT)",
 )
-"""DDL of the trace tables (idempotent)."""
+"""DDL of the trace tables (idempotent). Content is stored once, keyed by its trace id
+(``trace_<table>``); ``traces`` has one row per name, pointing at a content (``trace_id``)."""
 
-TRACE_TABLES = ("ops", "deps", "missing_deps", "meta", "messages", "lineage")
-"""Tables holding one trace's rows under its name in column ``trace`` (``traces`` is keyed by ``name``)."""
+CONTENT_TABLES = ("trace_ops", "trace_deps", "trace_missing_deps", "trace_meta", "trace_messages")
+"""Tables holding one content's rows under its ``trace_id`` (``trace_lineage`` is keyed by
+``trace_id`` and ``parent_trace_id``)."""
+
+
+def _by_name(view: str, table: str) -> str:
+    return (
+        f"CREATE OR REPLACE VIEW {view} AS SELECT t.name AS trace, x.* EXCLUDE (trace_id) "
+        f"FROM {table} x JOIN traces t ON t.trace_id = x.trace_id"
+    )
+
+
+TRACE_VIEWS: dict[str, str] = {
+    **{view: _by_name(view, f"trace_{view}") for view in ("ops", "deps", "missing_deps", "meta", "messages")},
+    "lineage": "CREATE OR REPLACE VIEW lineage AS SELECT t.name AS trace, l.rank, l.id, "
+    "t.parent AS parent_trace, l.parent_id, l.parent_uid, l.uid FROM trace_lineage l "
+    "JOIN traces t ON t.trace_id = l.trace_id AND t.parent_trace_id = l.parent_trace_id",
+}
+"""The trace tables as SQL users query them: each content's rows once per name that points
+at it, under that name in column ``trace`` (a join with ``traces``, so filtering by name
+reads one content)."""
+
+TRACE_TABLES = tuple(TRACE_VIEWS)
+"""Views holding each trace's rows under its name in column ``trace`` (``traces`` is keyed by ``name``)."""
 
 # ------------------------------------------------------------------ simulator metrics
 
@@ -167,12 +195,30 @@ COMPARISONS_DDL = """CREATE TABLE IF NOT EXISTS comparisons (
     created_at TIMESTAMP DEFAULT (now()::TIMESTAMP))"""
 """DDL of the ``comparisons`` table (what :mod:`etstore.sim.compare` records)."""
 
-MIRROR_STATE_DDL = (
-    "CREATE TABLE IF NOT EXISTS _etstore_mirror "
-    "(name VARCHAR PRIMARY KEY, seq BIGINT, content_hash VARCHAR, server VARCHAR)"
+MEASURED_DDL: tuple[str, ...] = (
+    """CREATE TABLE IF NOT EXISTS measured_runs (
+        run_id BIGINT PRIMARY KEY, name VARCHAR NOT NULL UNIQUE, source VARCHAR,
+        content_hash VARCHAR NOT NULL,
+        tool VARCHAR, tool_version VARCHAR, library_version VARCHAR, benchmark VARCHAR, collective VARCHAR,
+        ranks INTEGER, nodes INTEGER, gpu_model VARCHAR, hosts VARCHAR, rows BIGINT, errors_kind VARCHAR,
+        avg_busbw_gb_per_s DOUBLE, out_of_bounds INTEGER, header VARCHAR,
+        created_at TIMESTAMP DEFAULT (now()::TIMESTAMP))""",
+    """CREATE TABLE IF NOT EXISTS measurements (
+        run_id BIGINT NOT NULL, source VARCHAR, collective VARCHAR, ranks INTEGER, nodes INTEGER,
+        gpu_model VARCHAR, size_bytes BIGINT, count BIGINT, dtype VARCHAR, redop VARCHAR, root INTEGER,
+        in_place BOOLEAN, time_us DOUBLE, algbw_gb_per_s DOUBLE, busbw_gb_per_s DOUBLE, errors DOUBLE,
+        line INTEGER)""",
 )
-"""DDL of the Neo4j backend's bookkeeping in its client-side copy: which server trace each
-local trace is (created by that backend only)."""
+"""DDL of the measured-run tables (nccl-tests / rccl-tests logs; :mod:`etstore.store.measured`
+writes them, ``docs/measured.md`` documents them). Bandwidths are GB/s with GB = 10^9 bytes,
+as nccl-tests prints them."""
+
+MIRROR_STATE_DDL = (
+    "CREATE TABLE IF NOT EXISTS _etstore_mirror_contents "
+    "(trace_id BIGINT PRIMARY KEY, content_hash VARCHAR, lineage VARCHAR, server VARCHAR)"
+)
+"""DDL of the Neo4j backend's bookkeeping in its client-side copy: which server content each
+local content is (created by that backend only)."""
 
 # Appends of at least one row group go straight to the database file at commit
 # instead of through the WAL and a checkpoint (a second full write). DuckDB's
@@ -222,7 +268,9 @@ class Warehouse:
         self._depth = 0  # open transaction() blocks; only the outermost one talks to DuckDB
 
     @classmethod
-    def open(cls, path: str | Path, *, read_only: bool = False) -> Warehouse:
+    def open(
+        cls, path: str | Path, *, read_only: bool = False, legacy: pa.Table | Literal["discard"] | None = None
+    ) -> Warehouse:
         """Open (or create) the warehouse file at ``path``; writable ones get the full schema.
 
         Parameters
@@ -232,6 +280,10 @@ class Warehouse:
         read_only
             Open without write access (several readers may share the file); the schema
             is not touched.
+        legacy
+            What to do with trace tables of store format 1 (keyed by name): a table
+            ``name``, ``trace_id``, ``parent_trace_id``, ``content_hash`` re-keys them
+            (:meth:`create_schema`); ``"discard"`` drops them (a cache that refills).
 
         Returns
         -------
@@ -262,7 +314,7 @@ class Warehouse:
         warehouse = cls(con)
         if not read_only:
             try:
-                warehouse.create_schema()
+                warehouse.create_schema(legacy=legacy)
             except BaseException:
                 warehouse.close()
                 raise
@@ -402,23 +454,39 @@ class Warehouse:
 
     # ------------------------------------------------------------ schema
 
-    def create_schema(self) -> None:
+    def create_schema(self, *, legacy: pa.Table | Literal["discard"] | None = None) -> None:
         """Create every table (if absent) and (re)create every view, in one transaction.
 
         Idempotent; views are replaced so a database written by an older etstore gains
         the views (and their newer columns) the first time this version writes to it.
+        Trace tables of store format 1 (``ops`` ... keyed by trace name) are re-keyed
+        by content in the same transaction, as ``legacy`` says (see :meth:`open`).
 
         Raises
         ------
         StoreError
-            The database holds a newer metrics schema, or DuckDB refuses the DDL.
+            The database holds a newer metrics schema, trace tables of format 1 and no
+            ``legacy`` instruction, or DuckDB refuses the DDL.
         """
         with self.transaction():
+            if self._has_format1_tables():
+                if legacy is None:
+                    raise StoreError(
+                        "the warehouse holds trace tables of store format 1; open the store "
+                        "writable to upgrade it"
+                    )
+                self._upgrade_format1(legacy)
             for ddl in TRACE_DDL:
                 self.execute(ddl)
+            own = self._base_tables()  # a database that is not a store may have its own ops table
+            for view, ddl in TRACE_VIEWS.items():
+                if view not in own:
+                    self.execute(ddl)
             self._create_metrics()
             self.execute(OPPORTUNITIES_DDL)
             self.execute(COMPARISONS_DDL)
+            for ddl in MEASURED_DDL:
+                self.execute(ddl)
 
     def _create_metrics(self) -> None:
         self.execute("CREATE TABLE IF NOT EXISTS etstore_sim_schema (version INTEGER)")
@@ -433,91 +501,56 @@ class Warehouse:
         if have is None:
             self.execute("INSERT INTO etstore_sim_schema VALUES ($v)", {"v": SCHEMA_VERSION})
 
-    # ------------------------------------------------------------ traces
+    # ------------------------------------------------------------ store format 1
 
-    def insert_trace(
-        self,
-        trace: Trace,
-        name: str,
-        base: int,
-        dep_uids: pa.Table,
-        msgs: pa.Table,
-        row: Mapping[str, Any],
-        lineage: pa.Table | None = None,
-    ) -> None:
-        """Insert one trace's rows into the trace tables (inside the caller's transaction).
+    def _base_tables(self) -> set[str]:
+        rows = self.query(
+            "SELECT table_name FROM information_schema.tables WHERE table_schema = current_schema() "
+            "AND table_type = 'BASE TABLE'"
+        ).to_arrow()
+        return set(rows.column(0).to_pylist())
 
-        Parameters
-        ----------
-        trace
-            The trace; its ops get uids ``base``, ``base + 1``, ...
-        name
-            The stored name (column ``trace``).
-        base
-            The first op uid.
-        dep_uids
-            :func:`~etstore.store.graph.dep_edges` for uids from ``base`` (``from``, ``to``).
-        msgs
-            :func:`~etstore.store.graph.message_edges` rows (send uid, receive uid, tag, size).
-        row
-            The ``traces`` row: ``kind``, ``ranks``, ``ops``, ``deps``, ``missing``,
-            ``messages``, ``parent``, ``source``, ``params`` (a mapping), ``content_hash``.
-        lineage
-            The ``lineage`` table's columns but ``trace``, or None.
+    def _has_format1_tables(self) -> bool:
+        """Trace tables keyed by name: ``ops`` and a ``traces`` table without ``trace_id``."""
+        if not {"ops", "traces"} <= self._base_tables():
+            return False
+        cols = self.query(
+            "SELECT count(*) FROM information_schema.columns WHERE table_schema = current_schema() "
+            "AND table_name = 'traces' AND column_name = 'trace_id'"
+        ).scalar()
+        return not cols
 
-        Raises
-        ------
-        StoreError
-            DuckDB refuses the rows.
+    def _upgrade_format1(self, legacy: pa.Table | Literal["discard"]) -> None:
+        """Re-key format-1 trace tables by content (inside the caller's transaction).
 
-        Notes
-        -----
-        O(ops + deps + messages), columnar inserts.
+        Rows of names absent from ``legacy`` are dropped (they were not committed).
+        O(rows): one copy of each table.
         """
-        n = trace.num_ops
-        ops = trace.ops.add_column(0, "uid", pa.array(np.arange(base, base + n, dtype=np.int64)))
-        deps = trace.deps.append_column("src_uid", dep_uids["from"]).append_column("dst_uid", dep_uids["to"])
-        deps = deps.add_column(0, "edge", pa.array(np.arange(deps.num_rows, dtype=np.int64)))
-        missing = trace.missing.add_column(0, "edge", pa.array(np.arange(trace.num_missing, dtype=np.int64)))
-        messages = msgs.rename_columns(["send_uid", "recv_uid", "tag", "comm_size"])
-        for table_name, table in (
-            ("ops", ops),
-            ("deps", deps),
-            ("missing_deps", missing),
-            ("meta", trace.meta),
-            ("messages", messages),
-            ("lineage", lineage),
-        ):
-            if table is not None and table.num_rows:
-                cols = ", ".join(table.column_names)
-                with self.registered(_etstore_incoming=table):
-                    self.execute(
-                        f"INSERT INTO {table_name} (trace, {cols}) SELECT $t, {cols} FROM _etstore_incoming",
-                        {"t": name},
-                    )
-        self.execute(
-            "INSERT INTO traces VALUES ($name, $kind, $ranks, $ops, $deps, $missing, $messages, $parent, "
-            "$source, $params, $content_hash)",
-            {
-                **{k: row[k] for k in ("kind", "ranks", "ops", "deps", "missing", "messages", "source")},
-                "name": name,
-                "parent": row.get("parent"),
-                "params": json.dumps(dict(row.get("params") or {}), sort_keys=True, default=str),
-                "content_hash": row["content_hash"],
-            },
-        )
-
-    def delete_trace(self, name: str) -> None:
-        """Delete one trace's rows from every trace table (inside the caller's transaction).
-
-        Raises
-        ------
-        StoreError
-            DuckDB refuses the delete.
-        """
-        for table in TRACE_TABLES:
-            self.execute(f"DELETE FROM {table} WHERE trace = $t", {"t": name})
-        self.execute("DELETE FROM traces WHERE name = $t", {"t": name})
+        old = ("ops", "deps", "missing_deps", "meta", "messages", "lineage")
+        if isinstance(legacy, str):
+            for table in (*old, "traces"):
+                self.execute(f"DROP TABLE IF EXISTS {table}")
+            return
+        with self.registered(_etstore_legacy=legacy):
+            for table in old[:-1]:
+                self.execute(
+                    f"CREATE TABLE trace_{table} AS SELECT m.trace_id, x.* EXCLUDE (trace) "
+                    f"FROM {table} x JOIN _etstore_legacy m ON m.name = x.trace"
+                )
+            self.execute(
+                "CREATE TABLE trace_lineage AS SELECT m.trace_id, p.trace_id AS parent_trace_id, l.rank, "
+                "l.id, l.parent_id, l.parent_uid, l.uid FROM lineage l "
+                "JOIN _etstore_legacy m ON m.name = l.trace JOIN _etstore_legacy p ON p.name = l.parent_trace"
+            )
+            self.execute(TRACE_DDL[-1].replace("EXISTS traces (", "EXISTS traces_format2 ("))
+            self.execute(
+                "INSERT INTO traces_format2 SELECT t.name, t.kind, t.ranks, t.ops, t.deps, t.missing, "
+                "t.messages, t.parent, t.source, t.params, m.content_hash, m.trace_id, m.parent_trace_id "
+                "FROM traces t JOIN _etstore_legacy m ON m.name = t.name"
+            )
+        for table in (*old, "traces"):
+            self.execute(f"DROP TABLE {table}")
+        self.execute("ALTER TABLE traces_format2 RENAME TO traces")
 
 
 def _short(sql: str, limit: int = 200) -> str:

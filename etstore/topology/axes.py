@@ -18,6 +18,7 @@ from typing import NamedTuple
 import numpy as np
 
 from etstore.errors import TopologyError
+from etstore.units import budget_exceeded
 
 __all__ = [
     "AXIS_KINDS",
@@ -36,6 +37,7 @@ __all__ = [
     "dims_spec",
     "link_values",
     "per_axis",
+    "require_budget",
     "values_spec",
 ]
 
@@ -45,6 +47,7 @@ GIB = float(1 << 30)  # ASTRA-sim's "GB" in GB/s is 2^30 bytes
 DEFAULT_BANDWIDTH_GB_PER_S = 50.0
 DEFAULT_LATENCY_NS = 500.0
 MAX_NPUS = 1 << 20
+_BUILD_BYTES_PER_LINK = 96  # compose_links' peak: int64 src/dst/key, float lat/bw, sort order, copies
 AXIS_KINDS = ("ring", "uniring", "line", "fc", "switch")
 
 Values = float | Sequence[float]
@@ -130,7 +133,8 @@ def check_axes(dims: Sequence[Dim]) -> list[Dim]:
     ------
     TopologyError
         No axis, an unknown kind, an axis of no NPU, a bandwidth ≤ 0, a negative
-        latency, or more than :data:`MAX_NPUS` NPUs in all.
+        latency, more than :data:`MAX_NPUS` NPUs in all, or links whose arrays would
+        not fit the memory budget (:func:`etstore.units.memory_budget`).
     """
     out = [Dim(*d) for d in dims]
     if not out:
@@ -145,7 +149,23 @@ def check_axes(dims: Sequence[Dim]) -> list[Dim]:
     n = math.prod(d.size for d in out)
     if n > MAX_NPUS:
         raise TopologyError(f"topology: {n} NPUs is more than the supported {MAX_NPUS}")
+    links = composed_links(out)
+    require_budget(links * _BUILD_BYTES_PER_LINK, f"topology {dims_spec(out)}: building its {links:,} links")
     return out
+
+
+def require_budget(need: float, what: str) -> None:
+    """Refuse upfront, before allocating, what would need more than the memory budget.
+
+    Raises
+    ------
+    TopologyError
+        ``need`` bytes exceed :func:`etstore.units.memory_budget`; the message names
+        ``what``, the estimate, the budget and how to raise it.
+    """
+    message = budget_exceeded(need, what)
+    if message is not None:
+        raise TopologyError(message)
 
 
 def coordinates(num: int, sizes: Sequence[int]) -> np.ndarray:

@@ -175,8 +175,11 @@ class Topology(LinkArrays):
         return paths.hop_distances(self)
 
     def is_strongly_connected(self) -> bool:
-        """Whether every NPU reaches every other over directed links. O(D · E · N / 8)."""
-        return self.num_npus == 1 or bool((self.hop_distances() >= 0).all())
+        """Whether every NPU reaches every other over directed links.
+
+        O(1) for intact built-in shapes (connected by construction), else O(D · E · N / 8).
+        """
+        return self.num_npus == 1 or self.is_regular() or bool((self.hop_distances() >= 0).all())
 
     def require_connected(self) -> None:
         """Raise :class:`TopologyError` unless every NPU reaches every other.
@@ -197,8 +200,10 @@ class Topology(LinkArrays):
         TopologyError
             If some NPU cannot reach another.
         """
-        self.require_connected()
-        return int(self.hop_distances().max())
+        hops = paths.diameter_hops(self)
+        if hops < 0:
+            self.require_connected()  # names a pair with no path
+        return hops
 
     def distances_ns(self, size_bytes: float = 0.0) -> np.ndarray:
         """``t[s, d]`` = least time to move ``size_bytes`` from ``s`` to ``d`` store-and-forward (ns).
@@ -265,6 +270,17 @@ class Topology(LinkArrays):
 
         This is what ``etstore topo show`` prints. Bandwidth in GB/s (GB = 2^30 B),
         latency in ns.
+
+        Raises
+        ------
+        TopologyError
+            A topology that is not an intact built-in shape and whose N × N distance
+            table or bisection would not fit the memory budget.
+
+        Notes
+        -----
+        O(E) for intact built-in shapes (closed forms); otherwise as :meth:`hop_distances`
+        and :meth:`bisection`.
         """
         indeg = self.in_degree()
         bis, exact = self.bisection()
@@ -276,7 +292,7 @@ class Topology(LinkArrays):
             "links": self.num_links,
             "min_in_degree": int(indeg.min()),
             "max_in_degree": int(indeg.max()),
-            "diameter_hops": int(self.hop_distances().max()) if connected else None,
+            "diameter_hops": paths.diameter_hops(self) if connected else None,
             "connected": connected,
             "bisection_bandwidth_gb_per_s": float(bis),
             "bisection_exact": exact,

@@ -14,7 +14,7 @@ from itertools import combinations
 
 import numpy as np
 
-from etstore.topology.axes import Dim
+from etstore.topology.axes import Dim, require_budget
 from etstore.topology.links import LinkArrays
 
 __all__ = ["bisection"]
@@ -95,6 +95,8 @@ def _bisection_exact(t: LinkArrays) -> float:
 def _bisection_spectral(t: LinkArrays) -> float:
     """Least crossing bandwidth over balanced cuts ordered by low Laplacian eigenvectors."""
     n = t.num_npus
+    # dense weights, Laplacian, eigenvectors and eigh's workspace: about six float64 N x N arrays
+    require_budget(48.0 * n * n, f"topology {t.name}: the {n:,} x {n:,} Laplacian of its bisection")
     w = np.zeros((n, n))
     np.add.at(w, (t.src, t.dst), t.bandwidth_gb_per_s)
     w = w + w.T

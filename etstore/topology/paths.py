@@ -22,10 +22,11 @@ from collections.abc import Sequence
 import numpy as np
 
 from etstore.errors import TopologyError
-from etstore.topology.axes import GIB, coordinates, link_values
+from etstore.topology.axes import GIB, coordinates, link_values, require_budget
 from etstore.topology.links import LinkArrays
 
 __all__ = [
+    "diameter_hops",
     "dims_of",
     "distances_ns",
     "hop_distances",
@@ -42,6 +43,28 @@ _SIZES_RE = re.compile(r":(\d+(?:x\d+)*)$")
 
 
 # --------------------------------------------------------------- distances
+def _require_table(t: LinkArrays, bytes_per_pair: float, what: str) -> None:
+    """Refuse an N × N ``what`` table of ``bytes_per_pair`` (peak, temporaries included) over budget."""
+    n = t.num_npus
+    require_budget(float(n) * n * bytes_per_pair, f"topology {t.name}: the {n:,} x {n:,} {what} table")
+
+
+def diameter_hops(t: LinkArrays) -> int:
+    """Largest fewest-links distance between two NPUs (-1 if some NPU cannot reach another).
+
+    Notes
+    -----
+    Intact built-in shapes add up the per-axis diameters, O(axes), so even a
+    1,048,576-NPU ring needs no N × N table; other topologies take the maximum of
+    :func:`hop_distances`.
+    """
+    if t.is_regular():
+        per_axis = {"line": lambda s: s - 1, "ring": lambda s: s // 2, "uniring": lambda s: s - 1}
+        return sum(per_axis.get(d.kind, lambda s: 1)(d.size) for d in t.dims if d.size > 1)
+    hops = hop_distances(t)
+    return -1 if (hops < 0).any() else int(hops.max())
+
+
 def hop_distances(t: LinkArrays) -> np.ndarray:
     """``h[s, d]`` = fewest links from ``s`` to ``d`` (int32, N × N; -1 if unreachable).
 
@@ -59,7 +82,9 @@ def _hop_distances(t: LinkArrays) -> np.ndarray:
     """Uncached :func:`hop_distances`."""
     n = t.num_npus
     if t.is_regular():
+        _require_table(t, 28, "hop-distance")  # float64 sum and its gather temporaries, int32 result
         return product_distances(t, [1.0] * len(t.dims)).astype(np.int32)
+    _require_table(t, 4 + 3 * 0.125 + 0.125 * t.num_links / max(n, 1), "hop-distance")
     hops = np.full((n, n), -1, dtype=np.int32)
     np.fill_diagonal(hops, 0)
     if not t.num_links:
@@ -96,8 +121,10 @@ def require_connected(t: LinkArrays) -> None:
 
     Notes
     -----
-    O(D · E · N / 8) through :func:`hop_distances`.
+    O(1) for intact built-in shapes; otherwise O(D · E · N / 8) through :func:`hop_distances`.
     """
+    if t.is_regular():  # an intact built-in shape is connected by construction
+        return
     bad = np.argwhere(hop_distances(t) < 0)
     if len(bad):
         s, d = (t.label(int(x)) for x in bad[0])
@@ -134,6 +161,7 @@ def distances_ns(t: LinkArrays, size_bytes: float = 0.0) -> np.ndarray:
 def _relaxed_distances(t: LinkArrays, w: np.ndarray) -> np.ndarray:
     """All-pairs least sums of link weights ``w`` by min-plus relaxation (Bellman–Ford)."""
     n = t.num_npus
+    _require_table(t, 24 + 16 * t.num_links / max(n, 1), "distance")
     order = np.argsort(t.dst, kind="stable")
     s_sorted, d_sorted, w_sorted = t.src[order], t.dst[order], w[order]
     starts = np.flatnonzero(np.r_[True, d_sorted[1:] != d_sorted[:-1]])
@@ -158,6 +186,7 @@ def product_distances(t: LinkArrays, step: Sequence[float]) -> np.ndarray:
     O(N² · axes); valid only for intact built-in shapes (:meth:`LinkArrays.is_regular`).
     """
     n = t.num_npus
+    _require_table(t, 24, "distance")  # the float64 sum, one gathered axis and its product
     out = np.zeros((n, n))
     u = np.arange(n)
     stride = 1
@@ -195,6 +224,7 @@ def next_link(t: LinkArrays) -> np.ndarray:
 def _next_link(t: LinkArrays) -> np.ndarray:
     """Uncached :func:`next_link`."""
     n = t.num_npus
+    _require_table(t, 4 + 24 * t.num_links / max(n, 1), "next-link")  # int32 table, int64 scores per link
     hops = hop_distances(t)
     table = np.full((n, n), -1, dtype=np.int32)
     if t.num_links:

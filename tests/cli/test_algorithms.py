@@ -81,10 +81,14 @@ def test_algo_gen_export_xml_round_trip_and_astra_et(
     code, out, _ = run(
         capsys, s, "export", "ring-allreduce-8r-2c", "--format", "msccl-xml", "--out", str(tmp_path / "ring")
     )
-    assert code == 0 and out.strip() == str(tmp_path / "ring.xml")
-    # XML → store gives the same DAG: same content hash, so nothing new is stored
+    assert code == 0 and out.strip() == f"wrote 1 file: {tmp_path / 'ring.xml'}"
+    # XML → store gives the same DAG and header: the same content, stored once, which the
+    # file's own name now also points at
     code, out, _ = run(capsys, s, "ingest", str(tmp_path / "ring.xml"), "--format", "json")
-    assert code == 0 and json.loads(out)[0]["status"] == "already stored"
+    assert code == 0 and json.loads(out)[0]["trace"] == "ring"
+    with open_store(s, read_only=True) as store:
+        ids = {t.name: t.trace_id for t in store.traces()}
+    assert ids == {"ring-allreduce-8r-2c": ids["ring"], "ring": ids["ring"]}
     code, out, _ = run(
         capsys,
         s,
@@ -95,7 +99,7 @@ def test_algo_gen_export_xml_round_trip_and_astra_et(
         "--out",
         str(tmp_path / "et" / "ring"),
     )
-    assert code == 0 and len(out.split()) == 8
+    assert code == 0 and out.splitlines() == [f"wrote 8 files: {tmp_path / 'et' / 'ring.0.et'} ... ring.7.et"]
     written = read_et(tmp_path / "et" / "ring")
     sends = written.ops.filter(pc.equal(written.ops["type"], "COMM_SEND_NODE"))
     # 16 chunks of 1 MiB / 16 = 64 KiB each; every send carries one chunk

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from etstore.cli import main
+from etstore.ingest import read_trace
 
 
 def run(capsys: pytest.CaptureFixture[str], store: Path, *args: str) -> tuple[int, str, str]:
@@ -46,8 +47,10 @@ def test_ingest_ls_show_query_export(
     assert json.loads(out) == [{"peer": 4}]
     code, out, _ = run(capsys, s, "export", "custom_allreduce", "--out", str(tmp_path / "x" / "ar"))
     assert code == 0 and len(list((tmp_path / "x").glob("ar.*.et"))) == 8
-    code, out, _ = run(capsys, s, "critical-path", "custom_allreduce", "--format", "json")
-    assert json.loads(out)["length_micros"] == 49  # 7 reduction steps of 7 µs on the ring
+    code, out, _ = run(capsys, s, "critical-path", "custom_allreduce", "--format", "json", "--limit", "0")
+    rows = json.loads(out)  # the documented form: a list of the path's rows
+    assert isinstance(rows, list) and [r["step"] for r in rows] == list(range(len(rows)))
+    assert sum(r["duration_micros"] for r in rows) == 49  # 7 reduction steps of 7 µs on the ring
     code, out, _ = run(
         capsys, s, "export", "custom_allreduce", "--format", "json", "--out", str(tmp_path / "j" / "ar")
     )
@@ -123,7 +126,7 @@ def test_read_only_query_cannot_write(
 ) -> None:
     s = tmp_path / "s"
     run(capsys, s, "ingest", str(rt_template))
-    code, _, err = run(capsys, s, "sql", "DELETE FROM ops")
+    code, _, err = run(capsys, s, "sql", "DELETE FROM traces")  # ops is a view (by name) over trace_ops
     assert code == 1 and "read-only" in err.lower()
     assert json.loads(state(capsys, s)[1]) == [{"n": 8}]
 
@@ -133,11 +136,28 @@ def test_workload_generator_reproduces_the_shipped_example(
 ) -> None:
     shipped = Path(__file__).resolve().parents[2] / "examples" / "transformer_8r"
     code, out, _ = run(capsys, tmp_path / "s", "workload", "--out", str(tmp_path / "gen" / "transformer"))
-    assert code == 0 and len(out.split()) == 8
-    for r in range(8):
-        name = f"transformer.{r}.et"
+    assert code == 0 and len(out.split()) == 9  # 8 ranks and the comm-group file
+    for name in [*(f"transformer.{r}.et" for r in range(8)), "transformer.comm_groups.json"]:
         assert (tmp_path / "gen" / name).read_bytes() == (shipped / name).read_bytes()
+    # integer pg_names for ASTRA-sim: dp0, dp1 (every 2nd rank), tp0..tp3 (rank pairs)
+    groups = json.loads((tmp_path / "gen" / "transformer.comm_groups.json").read_text())
+    pairs = {str(3 + k): [2 * k, 2 * k + 1] for k in range(4)}
+    assert groups == {"1": [0, 2, 4, 6], "2": [1, 3, 5, 7], **pairs}
     code, _, err = run(capsys, tmp_path / "s", "workload", "--ranks", "6", "--tp", "4", "--ingest")
     assert code == 1 and "multiple of tp" in err and err.count("\n") == 1
     code, _, err = run(capsys, tmp_path / "s", "workload")
     assert code == 1 and "--out" in err
+
+
+def test_exported_comm_groups_come_back_on_ingest(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """The ASTRA-sim sidecar beside the rank files is read into the trace's groups, not taken
+    for a rank file (the directory and the <dir>/<prefix> forms alike)."""
+    code, _, _ = run(capsys, tmp_path / "s", "workload", "--out", str(tmp_path / "gen" / "transformer"))
+    assert code == 0
+    written = json.loads((tmp_path / "gen" / "transformer.comm_groups.json").read_text())
+    for spec in (tmp_path / "gen", tmp_path / "gen" / "transformer"):
+        trace = read_trace(spec)
+        assert trace.num_ranks == 8 and dict(trace.params["comm_groups"]) == written
+    (tmp_path / "gen" / "transformer.comm_groups.json").write_text('{"1": [0, "x"]}')
+    code, _, err = run(capsys, tmp_path / "s", "ingest", str(tmp_path / "gen"))
+    assert code == 1 and "comm_groups.json: group '1' must be a list of integer ranks" in err

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import xml.etree.ElementTree as ET
+from collections.abc import Callable
 from pathlib import Path
 
 import pyarrow as pa
@@ -313,3 +314,26 @@ def test_params_and_proto_are_validated() -> None:
     with pytest.raises(UnsatisfiableError, match=r"proto 'LL256' is not one of Simple, LL, LL128"):
         to_msccl_xml(t, proto="LL256")
     assert int(pc.count(t.ops["id"]).as_py()) == 10
+
+
+@pytest.mark.shared_files("msccl/*.xml")
+def test_header_comes_back_byte_for_byte(shared_file: Path) -> None:
+    path = shared_file
+    head = re.search(r"<algo [^>]*>", path.read_text())
+    assert head is not None
+    text = to_msccl_xml(read_msccl_xml(path), check_limits=False)
+    assert text.splitlines()[0] == head[0]
+
+
+def test_changed_parameters_win_over_the_spelling(shared_fixture: Callable[[str], Path]) -> None:
+    t = read_msccl_xml(shared_fixture("msccl/allreduce-allpairs-8n-ll-32tb.xml"))
+    assert t.params["proto"] == "LL" and t.params["maxBytes"] == 65536
+    changed = t.replace(params={**t.params, "proto": "Simple", "maxBytes": 1024})
+    head = to_msccl_xml(changed).splitlines()[0]
+    assert head == (
+        '<algo name="allreduce_pairs" proto="Simple" nchannels="4" nchunksperloop="256" ngpus="8" '
+        'coll="allreduce" inplace="1" outofplace="0" minBytes="0" maxBytes="1024">'
+    )
+    assert to_msccl_xml(t, proto="LL128").splitlines()[0].count('proto="LL128"') == 1
+    quoted = t.replace(params={**t.params, "xml_header": [*t.params["xml_header"], ["note", 'a "b" & c']]})
+    assert to_msccl_xml(quoted).splitlines()[0].endswith(' note="a &quot;b&quot; &amp; c">')

@@ -11,9 +11,10 @@ import pytest
 
 from etstore.errors import TraceFormatError
 from etstore.ingest import read_et, read_trace, write_et
+from etstore.ingest._frames import varint
 from etstore.ingest.files import resolve_rank_files
 from etstore.model import decode_attrs
-from etstore.proto import Node
+from etstore.proto import AttributeProto, Node
 
 
 def test_pytorch_trace_counts_and_dangling_ctrl_deps(feeder: Path) -> None:
@@ -165,3 +166,52 @@ def test_ids_out_of_topological_order(tmp_path: Path) -> None:
     back = read_et(path)
     assert back.ops["id"].to_pylist() == [9, 3, 5] and back.num_missing == 0
     assert critical_path(back).path["name"].to_pylist() == ["a", "b", "c"]
+
+
+# ------------------------------------------------ older Chakra: no GlobalMetadata frame
+
+
+def _without_metadata(data: bytes) -> bytes:
+    """The same file in the 2023 form: the first (GlobalMetadata) frame dropped."""
+    length, pos = varint(data, 0, Path("x"))
+    return data[pos + length :]
+
+
+def test_old_form_reads_like_the_current_one(custom_allreduce: Path, tmp_path: Path) -> None:
+    old = tmp_path / "old"
+    old.mkdir()
+    for p in sorted(custom_allreduce.glob("*.et")):
+        (old / p.name).write_bytes(_without_metadata(p.read_bytes()))
+    current, legacy = read_et(custom_allreduce), read_trace(old)
+    assert legacy.num_ops == current.num_ops == 8 * 35
+    for name in ("ops", "deps", "missing"):
+        assert getattr(legacy, name).equals(getattr(current, name)), name
+    assert legacy.meta["metadata"].null_count == 8  # nothing was there to keep
+    # export writes the current form, which reads back to the same ops
+    write_et(legacy, tmp_path / "new" / "t")
+    again = read_et(tmp_path / "new")
+    assert again.ops.equals(current.ops) and again.deps.equals(current.deps)
+
+
+def test_old_form_with_uint64_comm_size(tmp_path: Path) -> None:
+    node = Node(
+        id=0,
+        name="all_reduce_4npus_1MB",
+        type=7,  # COMM_COLL_NODE
+        attr=[
+            AttributeProto(name="is_cpu_op", bool_val=False),
+            AttributeProto(name="comm_type", int64_val=0),
+            AttributeProto(name="comm_size", uint64_val=1 << 20),
+        ],
+    ).SerializeToString()
+    path = tmp_path / "ar.0.et"
+    path.write_bytes(bytes([len(node)]) + node)  # one frame, no GlobalMetadata
+    t = read_trace(path)
+    row = t.ops.to_pylist()[0]
+    assert (row["type"], row["comm_type"], row["comm_size"]) == ("COMM_COLL_NODE", "ALL_REDUCE", 1 << 20)
+    assert row["attrs"] is None  # every attribute became a column
+    (out,) = write_et(t, tmp_path / "back")
+    data = out.read_bytes()
+    written = Node.FromString(_without_metadata(data)[1:])
+    assert written.attr[2].WhichOneof("value") == "uint64_val"  # the member it came in
+    assert read_et(out).ops.equals(t.ops)

@@ -428,6 +428,38 @@ def test_group_nesting_limit(depth: int, ok: bool) -> None:
     assert (kind == "ok") is ok
 
 
+# ------------------------------------------------- files without GlobalMetadata
+
+
+@pytest.mark.parametrize(
+    "first",
+    [
+        Node(id=5, name="first").SerializeToString(),  # varint id: field 1, wire type 0
+        Node(id=0, name="c", type=7).SerializeToString(),  # id 0 is not written: name, then type
+        Node(id=0, name="c", attr=[AttributeProto(name="comm_size", uint64_val=9)]).SerializeToString(),
+        b"\x18\x01",  # only a node type
+    ],
+    ids=["id", "id0-type", "id0-attr", "type-only"],
+)
+def test_a_file_starting_with_a_node_has_no_metadata(first: bytes) -> None:
+    data = _frame(first) + _frame(_NODE)
+    _, (ops, deps, meta) = _assert_same_outcome(data)
+    assert meta is None
+    assert ops.num_rows == 2 and ops["id"].to_pylist()[1] == 1
+    assert ops["id"].to_pylist()[0] == Node.FromString(first).id
+    assert deps["src"].to_pylist() == [0]
+
+
+@pytest.mark.parametrize(
+    "frame",
+    [b"", GlobalMetadata(version="1.0.2").SerializeToString(), b"\x12\x00", b"\x0a\x00\x12\x00"],
+    ids=["empty", "version", "empty-attr", "both"],
+)
+def test_a_metadata_frame_stays_metadata(frame: bytes) -> None:
+    _, (ops, _, meta) = _assert_same_outcome(_frame(frame) + _frame(_NODE))
+    assert meta == frame and ops.num_rows == 1
+
+
 # ------------------------------------------------------------- bad inputs
 
 _META = _frame(GlobalMetadata(version="0.0.4").SerializeToString())
@@ -455,7 +487,8 @@ _BAD = {
     "bad-attr-list": (_META + _frame(b"\x52\x05\x32\x03\x0a\x01\x00"), rf"byte {_AT1}: frame 1 {_NOT_NODE}"),
     "bad-double-list": (_META + _frame(_DOUBLES_2_BYTES), rf"byte {_AT1}: frame 1 {_NOT_NODE}"),
     "tag-over-32-bits": (_META + _frame(b"\xf8\xff\xff\xff\x1f\x01"), rf"byte {_AT1}: frame 1 {_NOT_NODE}"),
-    "metadata-not-metadata": (_frame(b"\x18\x01") + _frame(_NODE), r"byte 0: first frame is not a Chakra "),
+    # field 11 only: neither a GlobalMetadata nor a node (a node-like first frame is the old form)
+    "metadata-not-metadata": (_frame(b"\x58\x01") + _frame(_NODE), r"byte 0: first frame is not a Chakra "),
     "empty": (b"", r"byte 0: truncated frame length"),
 }
 

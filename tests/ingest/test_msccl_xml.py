@@ -486,3 +486,78 @@ def test_large_ring_reads_linearly() -> None:
     t = parse_msccl_xml(ring_allreduce_xml(128))
     assert t.num_ops == 128 * (4 * 127 + 127)  # 508 steps per rank, 127 of them rrc (two nodes)
     assert t.num_deps == t.num_ops - 128  # one chain per rank
+
+
+# ---------------------------------------------------------------- hostile inputs (one line, no traceback)
+
+
+def _small() -> str:
+    return ring_allreduce_xml(2)
+
+
+def test_invalid_utf8_in_an_attribute_is_named() -> None:
+    data = _small().encode().replace(b'name="', b'name="\xff\xfe', 1)
+    with pytest.raises(TraceFormatError, match=r"^x\.xml:1: byte 0xff is not UTF-8") as err:
+        parse_msccl_xml(data, source="x.xml")
+    assert "\n" not in str(err.value)
+    deeper = _small().encode().replace(b'srcbuf="', b'srcbuf="\xc3', 1)
+    line = deeper[: deeper.index(b"\xc3")].count(b"\n") + 1
+    with pytest.raises(TraceFormatError, match=rf"^x\.xml:{line}: byte 0xc3 is not UTF-8"):
+        parse_msccl_xml(deeper, source="x.xml")
+
+
+def test_integers_beyond_64_bits_are_refused() -> None:
+    text = re.sub(r'srcoff="\d+"', 'srcoff="9223372036854775808"', _small(), count=1)
+    with pytest.raises(
+        TraceFormatError, match=r"attribute srcoff='9223372036854775808' is out of range \(a signed 64-bit"
+    ):
+        parse_msccl_xml(text, source="x.xml")
+    text = re.sub(r'ngpus="\d+"', 'ngpus="-9223372036854775809"', _small(), count=1)
+    with pytest.raises(TraceFormatError, match="ngpus='-9223372036854775809' is out of range"):
+        parse_msccl_xml(text)
+
+
+@pytest.mark.parametrize("ngpus", ["4294967296", "2147483647"])
+def test_declared_gpus_above_the_limit_are_refused_upfront(ngpus: str) -> None:
+    text = re.sub(r'ngpus="\d+"', f'ngpus="{ngpus}"', _small(), count=1)
+    assert len(text) < 4096  # a small file: the refusal comes before any allocation for 2^31 GPUs
+    with pytest.raises(
+        TraceFormatError,
+        match=rf"^x\.xml:1: ngpus={ngpus} exceeds the reader's limit of 65,536 \(raise it with the "
+        r"keyword argument max_ngpus\)$",
+    ):
+        parse_msccl_xml(text, source="x.xml")
+
+
+def test_declared_chunks_above_the_limit_are_refused_upfront() -> None:
+    text = re.sub(r'nchunksperloop="\d+"', 'nchunksperloop="2000000000"', _small(), count=1)
+    with pytest.raises(
+        TraceFormatError,
+        match=r"nchunksperloop=2000000000 exceeds the reader's limit of 1,048,576 \(raise it with the "
+        r"keyword argument max_chunks_per_loop\)",
+    ):
+        parse_msccl_xml(text, source="x.xml")
+    big_gpu = re.sub(r'o_chunks="\d+"', 'o_chunks="2000000000"', _small(), count=1)
+    with pytest.raises(TraceFormatError, match=r"x\.xml:2: <gpu>: o_chunks=2000000000 exceeds"):
+        parse_msccl_xml(big_gpu, source="x.xml")
+
+
+def test_limits_are_keyword_arguments(tmp_path: Path) -> None:
+    text = _small()  # 2 GPUs, 2 chunks per loop
+    with pytest.raises(TraceFormatError, match="ngpus=2 exceeds the reader's limit of 1 "):
+        parse_msccl_xml(text, max_ngpus=1)
+    with pytest.raises(TraceFormatError, match="nchunksperloop=2 exceeds the reader's limit of 1 "):
+        parse_msccl_xml(text, max_chunks_per_loop=1)
+    path = tmp_path / "ring.xml"
+    path.write_text(text)
+    assert read_msccl_xml(path, max_ngpus=2, max_chunks_per_loop=2).num_ranks == 2
+
+
+def test_the_header_is_kept_as_written(shared_fixture: Callable[[str], Path]) -> None:
+    path = shared_fixture("msccl/all-reduce-ring-simple.xml")
+    t = read_msccl_xml(path)
+    head = re.search(r"<algo ([^>]*)>", path.read_text())
+    assert head is not None
+    written = re.findall(r'(\w+)="([^"]*)"', head[1])
+    assert t.params["xml_header"] == [list(p) for p in written]
+    assert ["maxcount", "1"] in t.params["xml_header"]  # attributes etstore does not interpret too

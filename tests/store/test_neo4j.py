@@ -127,3 +127,40 @@ def test_ids_beyond_neo4j_integers_are_refused(server: str) -> None:
             s.ingest(Trace(ops=ops, name="huge"))
         assert s.traces() == []
         assert s.cypher("MATCH (o:Op) RETURN count(o)").scalar() == 0
+
+
+_TO_FORMAT1 = [
+    # names and contents back on one node per trace, as etstore wrote them before names
+    "MATCH (t:EtstoreTrace) MATCH (c:EtstoreContent {seq: t.seq}) "
+    "SET t.kind = c.kind, t.content_hash = c.content_hash, t.ranks = c.ranks, t.ops = c.ops, "
+    "t.deps = c.deps, t.missing = c.missing, t.messages = c.messages, t.heartbeat = c.heartbeat "
+    "REMOVE t.parent_seq",
+    "MATCH (c:EtstoreContent) DELETE c",
+    "MATCH (p:EtstorePayload) WHERE p.table STARTS WITH 'lineage@' SET p.table = 'lineage'",
+    "MATCH (f:EtstoreFormat) DELETE f",
+    "DROP CONSTRAINT etstore_content_hash IF EXISTS",
+    "DROP CONSTRAINT etstore_content_seq IF EXISTS",
+    "DROP INDEX etstore_trace_seq_index IF EXISTS",
+    "CREATE CONSTRAINT etstore_trace_seq IF NOT EXISTS FOR (t:EtstoreTrace) REQUIRE t.seq IS UNIQUE",
+]
+
+
+def test_format1_server_store_is_upgraded_in_place(server: str, tmp_path: Path) -> None:
+    from etstore.collectives.stored import expand_stored
+
+    with Neo4jStore(server) as s:
+        s.ingest(transformer(ranks=2, layers=1, tp=1))
+        expand_stored(s, "transformer", "ring")
+        before = {t.name: (t.kind, t.ops, t.parent) for t in s.traces()}
+        for q in _TO_FORMAT1:
+            s._run(q, write=True)
+    assert before["transformer-expanded"] == ("expanded", 28, "transformer")
+    with pytest.raises(StoreError, match=r"format 1 .*python -m etstore\.store\.upgrade"):
+        Neo4jStore(server, read_only=True)
+    with Neo4jStore(server, warehouse=tmp_path / "w") as s:
+        assert {t.name: (t.kind, t.ops, t.parent) for t in s.traces()} == before
+        assert s.cypher("MATCH (f:EtstoreFormat) RETURN f.version").scalar() == 2
+        assert s.sql("SELECT count(*) FROM lineage WHERE parent_trace = 'transformer'").scalar() == 10
+        assert s.cypher("MATCH (:Op {trace: 'transformer'})-[b:BECOMES]->() RETURN count(b)").scalar() == 10
+        again = s.ingest(transformer(ranks=2, layers=1, tp=1))
+        assert not again.created and again.trace.name == "transformer"

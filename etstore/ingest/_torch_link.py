@@ -1,0 +1,375 @@
+"""Link a PyTorch execution trace with the Kineto trace of the same rank.
+
+The execution trace (ET) knows what ran and on which tensors; the Kineto trace knows
+when and for how long, and which GPU kernels each CPU op launched. Both name a CPU op by
+its record-function id: the ET's ``rf_id``, Kineto's ``Record function id`` argument
+(PyTorch ≥ 2.1). Older Kineto traces carry only ``External id``, which counts the same
+record functions from a different origin (the profiler's own step annotation comes
+first), so the offset between the two is found by a vote over the op names that occur
+once in each file, and a pair is linked only when the names agree.
+
+Kernels (and memcpy/memset) are joined to their launching runtime call by
+``correlation``; the launching CPU op is the innermost linked op on the call's thread
+whose interval contains the call (walked up the ET's parent links, O(depth)).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from etstore.errors import TraceFormatError
+from etstore.ingest._frames import read_bytes
+from etstore.ingest._torch_comm import ProcessGroup, process_groups
+
+try:  # a C extension: several times faster than json on multi-megabyte traces
+    import orjson as _orjson
+except ImportError:  # pragma: no cover - the pure-Python decoder is the fallback
+    _orjson = None  # type: ignore[assignment]
+
+__all__ = ["KernelOps", "LinkResult", "dumps", "link_rank", "load_json"]
+
+# Kineto categories of host-side events that an ET node can correspond to
+_CPU_CATS = frozenset({"cpu_op", "user_annotation", "operator", "Operator", "cpu_instant_event"})
+# device-side activities that become ops of their own
+_GPU_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset", "Kernel", "Memcpy", "Memset", "mtia_ccp_events"})
+# runtime calls that launch a device activity (joined by ``correlation``)
+# how far past the last link an op's Kineto event may sit (ops the profiler numbered in between)
+_WINDOW = 32
+# a thread without unique names is placed by trying every event named like one of its first ops
+_HEADS = 8
+_RUNTIME_CATS = frozenset(
+    {"cuda_runtime", "cuda_driver", "Runtime", "Driver", "hip_runtime", "privateuse1_runtime"}
+)
+
+
+def load_json(path: Path) -> Any:
+    """Decode a JSON file (plain or gzip); truncated or invalid JSON is a TraceFormatError."""
+    data = read_bytes(path, sniff=False)
+    try:
+        if _orjson is not None:
+            return _orjson.loads(data)
+        return json.loads(data)
+    except (ValueError, UnicodeDecodeError) as exc:  # orjson.JSONDecodeError is a ValueError
+        raise TraceFormatError(f"{path}: not valid JSON (truncated or corrupt): {exc}") from exc
+
+
+def dumps(value: Any) -> bytes:
+    """Compact JSON bytes of ``value`` (the raw source record kept per op)."""
+    if _orjson is not None:
+        return _orjson.dumps(value)
+    return json.dumps(value, separators=(",", ":")).encode()
+
+
+class KernelOps(NamedTuple):
+    """Device activities that linked ET ops launched, in start-time order."""
+
+    names: list[str]
+    start_us: np.ndarray  # int64, Kineto ts rounded to µs
+    dur_us: np.ndarray  # int64
+    stream: np.ndarray  # int64 (the event's stream, else its tid)
+    launcher: np.ndarray  # int64 row of the launching ET node, -1 if unknown
+    raw: list[bytes]  # each event's JSON
+    args: list[Mapping[str, Any]]  # each event's args
+
+
+class LinkResult(NamedTuple):
+    """What the Kineto trace adds to one rank's ET nodes (arrays indexed by ET row)."""
+
+    linked: np.ndarray  # bool
+    start_us: np.ndarray  # int64 (0 when unlinked)
+    incl_us: np.ndarray  # int64 inclusive duration (0 when unlinked)
+    self_us: np.ndarray  # int64 inclusive minus the linked children's inclusive, at least 0
+    raw: list[bytes | None]  # the linked Kineto event's JSON
+    num_linkable: int
+    kernels: KernelOps  # the device activities the linked ops launched
+    num_device_events: int  # all device activities in the file
+    rank: int | None  # distributedInfo.rank
+    groups: dict[str, ProcessGroup]  # distributedInfo.pg_config
+
+
+def _events(doc: Any, path: Path) -> list[dict[str, Any]]:
+    events = doc.get("traceEvents") if isinstance(doc, dict) else None
+    if not isinstance(events, list):
+        raise TraceFormatError(f"{path}: not a Kineto trace (expected a 'traceEvents' list)")
+    return [e for e in events if isinstance(e, dict) and e.get("ph") == "X"]
+
+
+def _us(value: Any) -> int:
+    return round(float(value)) if isinstance(value, (int, float)) else 0
+
+
+def _score(
+    offset: int, rows: np.ndarray, names: Sequence[str], rf_ids: np.ndarray, by_key: Mapping[int, str]
+) -> int:
+    """How many of ``rows`` find an equal name at ``rf_id + offset``."""
+    return sum(by_key.get(int(rf_ids[r]) + offset) == names[r] for r in rows.tolist())
+
+
+def _thread_offsets(
+    names: Sequence[str],
+    rf_ids: np.ndarray,
+    tids: np.ndarray,
+    rows: np.ndarray,
+    cpu: list[dict[str, Any]],
+    by_key: Mapping[int, int],
+) -> dict[int, int]:
+    """Kineto ``External id`` minus ET ``rf_id``, per ET thread.
+
+    Kineto numbers each thread's events in a block of its own, so one offset per thread.
+    Names that occur once in each file vote; a thread without such anchors tries every
+    event named like the rarest of its first ops and keeps the offset that matches most names in a
+    sample of its ops (at least half must match); ties go to the candidate nearest in
+    time to the anchored threads.
+    """
+    name_of = {k: str(cpu[i].get("name")) for k, i in by_key.items()}
+    k_count = Counter(name_of.values())
+    k_unique = {n: k for k, n in name_of.items() if k_count[n] == 1}
+    et_count = Counter(names[r] for r in rows.tolist())
+    offsets: dict[int, int] = {}
+    tied: dict[int, list[int]] = {}
+    for tid in np.unique(tids[rows]).tolist():
+        mine = rows[tids[rows] == tid]
+        votes = Counter(
+            k_unique[names[r]] - int(rf_ids[r])
+            for r in mine.tolist()
+            if et_count[names[r]] == 1 and names[r] in k_unique
+        )
+        if votes:
+            offsets[tid] = votes.most_common(1)[0][0]
+            continue
+        heads = {names[r]: int(rf_ids[r]) for r in mine[:_HEADS][::-1].tolist() if k_count[names[r]]}
+        if not heads:
+            continue
+        rarest = min(heads, key=lambda n: k_count[n])  # fewest candidates to score
+        cands = sorted({k - heads[rarest] for k, n in name_of.items() if n == rarest})
+        sample = mine[np.linspace(0, len(mine) - 1, min(len(mine), 200)).astype(np.int64)]
+        scores = [_score(c, sample, names, rf_ids, name_of) for c in cands]
+        if scores and 2 * max(scores) >= len(sample):  # below half: another run's trace, not linked
+            best = max(scores)
+            tied[tid] = [c for c, sc in zip(cands, scores, strict=True) if sc == best]
+    window = [
+        float(cpu[by_key[k]].get("ts", 0))
+        for tid, off in offsets.items()
+        for r in rows[tids[rows] == tid][:1].tolist() + rows[tids[rows] == tid][-1:].tolist()
+        if (k := int(rf_ids[r]) + off) in by_key
+    ]
+    centre = float(np.mean(window)) if window else None
+    for tid, cands in tied.items():
+        if centre is None or len(cands) == 1:
+            offsets[tid] = cands[0]
+            continue
+        first_row = int(rows[tids[rows] == tid][0])
+
+        def distance(c: int, first_row: int = first_row) -> float:
+            j = by_key.get(int(rf_ids[first_row]) + c)
+            return abs(float(cpu[j].get("ts", 0)) - centre) if j is not None else float("inf")
+
+        offsets[tid] = min(cands, key=distance)
+    return offsets
+
+
+def _match(
+    cpu: list[dict[str, Any]],
+    names: Sequence[str],
+    rf_ids: np.ndarray,
+    tids: np.ndarray,
+    linkable: np.ndarray,
+) -> np.ndarray:
+    """Index into ``cpu`` of each ET row's Kineto event, -1 when unlinked."""
+    has_rf = any("Record function id" in e.get("args", {}) for e in cpu)
+    key_name = "Record function id" if has_rf else "External id"
+    by_key: dict[int, int] = {}
+    for i, e in enumerate(cpu):
+        k = e.get("args", {}).get(key_name)
+        if isinstance(k, int):
+            by_key.setdefault(k, i)
+    rows = np.flatnonzero(linkable & (rf_ids >= 0))
+    found = np.full(len(names), -1, dtype=np.int64)
+    if not len(rows) or not by_key:
+        return found
+    if has_rf:  # the same id on both sides
+        for row in rows.tolist():
+            j = by_key.get(int(rf_ids[row]))
+            if j is not None and cpu[j].get("name") == names[row]:
+                found[row] = j
+        return found
+    offsets = _thread_offsets(names, rf_ids, tids, rows, cpu, by_key)
+    for tid, off in offsets.items():
+        mine = rows[tids[rows] == tid]
+        _align(mine[np.argsort(rf_ids[mine], kind="stable")], off, names, rf_ids, cpu, by_key, found)
+    return found
+
+
+def _align(
+    rows: np.ndarray,
+    offset: int,
+    names: Sequence[str],
+    rf_ids: np.ndarray,
+    cpu: list[dict[str, Any]],
+    by_key: Mapping[int, int],
+    found: np.ndarray,
+) -> None:
+    """Walk one ET thread (rows in ``rf_id`` order) along its Kineto thread (events in
+    ``External id`` order) from the offset's starting point, linking equal names.
+
+    The offset drifts where the profiler numbered another thread's events in between,
+    so each op is looked for in a short window after the last link instead of at a fixed
+    offset; an op with no equal name in the window stays unlinked. O(rows · window).
+    """
+    hits = Counter(
+        cpu[j].get("tid")
+        for r in rows.tolist()
+        if (j := by_key.get(int(rf_ids[r]) + offset)) is not None and cpu[j].get("name") == names[r]
+    )
+    if not hits:
+        return
+    ktid = hits.most_common(1)[0][0]
+    keys = sorted(k for k, i in by_key.items() if cpu[i].get("tid") == ktid)
+    seq = [by_key[k] for k in keys]
+    seq_names = [cpu[i].get("name") for i in seq]
+    j = int(np.searchsorted(np.asarray(keys, dtype=np.int64), int(rf_ids[rows[0]]) + offset))
+    for r in rows.tolist():
+        want = names[r]
+        for step in range(_WINDOW):
+            if j + step >= len(seq):
+                break
+            if seq_names[j + step] == want:
+                found[r] = seq[j + step]
+                j += step + 1
+                break
+
+
+def _launchers(
+    gpu: list[dict[str, Any]],
+    runtime: list[dict[str, Any]],
+    tid_of_row: np.ndarray,
+    start: np.ndarray,
+    end: np.ndarray,
+    linked: np.ndarray,
+    parent_row: np.ndarray,
+) -> np.ndarray:
+    """ET row of the op that launched each device event (-1 if no linked op contains the call)."""
+    call = {}
+    for e in runtime:
+        c = e.get("args", {}).get("correlation")
+        if isinstance(c, int):
+            call[c] = (e.get("tid"), _us(e.get("ts")))
+    per_tid: dict[Any, tuple[np.ndarray, np.ndarray]] = {}
+    rows = np.flatnonzero(linked)
+    for tid in {tid_of_row[r] for r in rows.tolist()}:
+        mine = rows[[tid_of_row[r] == tid for r in rows.tolist()]]
+        order = np.lexsort((-(end[mine] - start[mine]), start[mine]))  # outer op first on equal start
+        per_tid[tid] = (mine[order], start[mine][order])
+    out = np.full(len(gpu), -1, dtype=np.int64)
+    for k, e in enumerate(gpu):
+        c = e.get("args", {}).get("correlation")
+        where = call.get(c) if isinstance(c, int) else None
+        if where is None or where[0] not in per_tid:
+            continue
+        tid, t = where
+        cand_rows, cand_start = per_tid[tid]
+        i = int(np.searchsorted(cand_start, t, side="right")) - 1
+        row = int(cand_rows[i]) if i >= 0 else -1
+        while row >= 0 and not (linked[row] and start[row] <= t <= end[row]):
+            row = int(parent_row[row])
+        out[k] = row
+    return out
+
+
+def link_rank(
+    doc: Any,
+    path: Path,
+    names: Sequence[str],
+    rf_ids: np.ndarray,
+    tids: np.ndarray,
+    parent_row: np.ndarray,
+    linkable: np.ndarray,
+) -> LinkResult:
+    """Link one rank's ET nodes to the Kineto trace in ``path``.
+
+    Parameters
+    ----------
+    doc, path
+        The decoded Kineto trace (Chrome-trace JSON, see :func:`load_json`) and its file.
+    names, rf_ids, tids
+        Each ET node's name, record-function id (-1 when absent) and thread.
+    parent_row
+        Row of each node's parent (-1 for none).
+    linkable
+        Nodes a Kineto event can stand for (not the ET's root and metadata nodes).
+
+    Returns
+    -------
+    LinkResult
+        Times in µs per ET row, the device activities launched by linked ops (others, e.g.
+        of iterations the ET did not record, are counted but left out) with their
+        launchers, and the ``distributedInfo`` rank and process groups.
+
+    Raises
+    ------
+    TraceFormatError
+        The document has no ``traceEvents`` list.
+
+    Notes
+    -----
+    O(E + V log V) for E Kineto events and V ET nodes, plus O(depth) per kernel.
+    """
+    events = _events(doc, path)
+    cpu = [e for e in events if e.get("cat") in _CPU_CATS]
+    gpu = sorted((e for e in events if e.get("cat") in _GPU_CATS), key=lambda e: _us(e.get("ts")))
+    runtime = [e for e in events if e.get("cat") in _RUNTIME_CATS]
+    n = len(names)
+    found = _match(cpu, names, rf_ids, tids, linkable)
+    linked = found >= 0
+    start = np.zeros(n, dtype=np.int64)
+    incl = np.zeros(n, dtype=np.int64)
+    tid_of_row = np.full(n, None, dtype=object)
+    raw: list[bytes | None] = [None] * n
+    for row in np.flatnonzero(linked).tolist():
+        e = cpu[found[row]]
+        start[row] = _us(e.get("ts"))
+        incl[row] = _us(e.get("dur"))
+        tid_of_row[row] = (e.get("pid"), e.get("tid"))
+        raw[row] = dumps(e)
+    children = np.zeros(n, dtype=np.int64)
+    has_parent = linked & (parent_row >= 0)
+    np.add.at(children, parent_row[has_parent], incl[has_parent])
+    self_us = np.where(linked, np.maximum(incl - children, 0), 0)
+    runtime_keyed = [dict(e, tid=(e.get("pid"), e.get("tid"))) for e in runtime]
+    launcher = _launchers(gpu, runtime_keyed, tid_of_row, start, start + incl, linked, parent_row)
+    num_device = len(gpu)
+    # only what the ET's ops launched: a Kineto trace often spans more iterations than the ET
+    keep = np.flatnonzero(launcher >= 0)
+    gpu = [gpu[i] for i in keep.tolist()]
+    launcher = launcher[keep]
+    kernels = KernelOps(
+        names=[str(e.get("name", "")) for e in gpu],
+        start_us=np.array([_us(e.get("ts")) for e in gpu], dtype=np.int64),
+        dur_us=np.array([_us(e.get("dur")) for e in gpu], dtype=np.int64),
+        stream=np.array(
+            [int(e.get("args", {}).get("stream", e.get("tid", 0)) or 0) for e in gpu], dtype=np.int64
+        ),
+        launcher=launcher,
+        raw=[dumps(e) for e in gpu],
+        args=[e.get("args", {}) for e in gpu],
+    )
+    info = doc.get("distributedInfo") if isinstance(doc, dict) else None
+    rank = info.get("rank") if isinstance(info, dict) else None
+    return LinkResult(
+        linked=linked,
+        start_us=start,
+        incl_us=incl,
+        self_us=self_us,
+        raw=raw,
+        num_linkable=int(linkable.sum()),
+        kernels=kernels,
+        num_device_events=num_device,
+        rank=rank if isinstance(rank, int) else None,
+        groups=process_groups(info if isinstance(info, dict) else None),
+    )

@@ -1,0 +1,532 @@
+"""PyTorch execution traces (``torch.profiler.ExecutionTraceObserver`` JSON) → :class:`Trace`.
+
+Every ET node becomes one op with the node's id, so nothing the source had is dropped:
+the node's whole JSON record stays in the op's lossless attributes (``pytorch_et_node``),
+and a linked Kineto event's record beside it (``kineto_event``). Schemas 1.0.1 (flat
+``parent``/``inputs``/``input_types`` keys) through 1.1.1-chakra.0.0.4 (``ctrl_deps``,
+``inputs: {values, shapes, types}``, ``attrs`` list) read alike.
+
+What each node becomes (see ``docs/pytorch.md``):
+
+* the ``[pytorch|profiler|execution_trace|process/thread]`` roots and
+  ``## process_group:init ##`` → ``METADATA_NODE``;
+* one node per communication call → ``COMM_COLL_NODE`` (or ``COMM_SEND_NODE`` /
+  ``COMM_RECV_NODE``): the call's ``record_param_comms`` record, else its backend
+  annotation (``nccl:all_reduce``, ``gloo:broadcast``, ...), else the ``c10d::`` op
+  itself. NCCL and gloo (and RCCL, MPI, UCC) alike; the ET alone is enough;
+* every other node → ``COMP_NODE`` with ``is_cpu_op`` true.
+
+Dependencies (``src`` finishes before ``dst`` issues), all from a lower node id (entry
+order) to a higher one, so the result is acyclic:
+
+* ``data``: a node that reads a tensor id depends on the last node before it that wrote
+  that id (its outputs; a collective also writes the buffers it reads);
+* ``ctrl``: each thread's nodes in entry order (a wrapper issues before its children and
+  runs its self time, as in Chakra's converter), and each process group's
+  communication nodes in order.
+
+Durations are not in the ET: without Kineto every op lasts 0 µs and the trace says so
+(``params["durations"] = "absent"``). With Kineto (:mod:`etstore.ingest._torch_link`)
+CPU ops take their self time and start, and device kernels join as ops.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import re
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from etstore.errors import TraceFormatError
+from etstore.ingest._frames import write_varint
+from etstore.ingest._guard import values_in_range
+from etstore.ingest._torch_comm import COLL_NODE, RECV_NODE, SEND_NODE, comm_args, is_comm_kernel
+from etstore.ingest._torch_et_nodes import (
+    PG_INIT,
+    ROOT,
+    Comm,
+    EtNodes,
+    Groups,
+    classify,
+    declared_groups,
+    parse_nodes,
+    tensors,
+)
+from etstore.ingest._torch_link import LinkResult, link_rank, load_json
+from etstore.ingest.et import split_missing
+from etstore.model import ATTR_COLUMNS, META_SCHEMA, OPS_SCHEMA, Trace, deps_table, member_number
+from etstore.proto import GlobalMetadata
+
+__all__ = ["read_pytorch_et"]
+
+FORMAT = "pytorch-et"
+NODE_ATTR = "pytorch_et_node"
+KINETO_ATTR = "kineto_event"
+
+_RANK_WORD = re.compile(r"(?:rank|worker)[_-]?(\d+)", re.IGNORECASE)  # rank3_et, worker3_step_12.<ts>
+_LAST_NUMBER = re.compile(r"(\d+)(?=\D*$)")  # dlrm_eg_3
+_STRING_VAL_TAG = write_varint((member_number("string_val") << 3) | 2)
+
+
+# ---------------------------------------------------------------- one rank's tables
+
+
+@dataclass
+class _Rank:
+    """One rank's ops as columns (ET nodes first, then linked device activities)."""
+
+    ids: np.ndarray
+    names: list[str]
+    types: list[str]
+    is_cpu: list[bool | None]
+    dur: np.ndarray
+    start: np.ndarray
+    comm: Comm
+    extras: list[list[tuple[str, bytes]]]
+    src: list[np.ndarray] = field(default_factory=list)  # dependency rows, by kind below
+    dst: list[np.ndarray] = field(default_factory=list)
+    kinds: list[str] = field(default_factory=list)
+
+    def edge(self, src: np.ndarray, dst: np.ndarray, kind: str) -> None:
+        self.src.append(np.asarray(src, dtype=np.int64))
+        self.dst.append(np.asarray(dst, dtype=np.int64))
+        self.kinds.append(kind)
+
+
+def _node_types(nodes: EtNodes, comm: Comm) -> list[str]:
+    types = []
+    for name, kind in zip(nodes.names, comm.kind, strict=True):
+        if kind is not None:
+            types.append(kind.node_type)
+        elif ROOT.match(name) or name == PG_INIT:
+            types.append("METADATA_NODE")
+        else:
+            types.append("COMP_NODE")
+    return types
+
+
+def _data_edges(nodes: EtNodes, comm: Comm) -> tuple[np.ndarray, np.ndarray]:
+    """Rows ``(producer, consumer)``: a consumer reads a tensor id last written by the producer."""
+    last: dict[int, int] = {}
+    src: list[int] = []
+    dst: list[int] = []
+    for row in range(len(nodes.names)):
+        reads = tensors(*nodes.inputs[row])
+        seen: set[int] = set()
+        for t in reads:
+            w = last.get(t[0])
+            if w is not None and w != row and w not in seen:
+                seen.add(w)
+                src.append(w)
+                dst.append(row)
+        for t in tensors(*nodes.outputs[row]):
+            last[t[0]] = row
+        kind = comm.kind[row]
+        if kind is not None and kind.node_type != SEND_NODE:  # a collective fills the buffers it is given
+            for t in reads:
+                last[t[0]] = row
+    return np.asarray(src, dtype=np.int64), np.asarray(dst, dtype=np.int64)
+
+
+def _chain(rows: np.ndarray, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Edges between consecutive ``rows`` (ascending) that share a key."""
+    order = np.lexsort((rows, keys))
+    r, k = rows[order], keys[order]
+    same = k[1:] == k[:-1]
+    return r[:-1][same], r[1:][same]
+
+
+def _rank_columns(nodes: EtNodes, comm: Comm, link: LinkResult | None) -> _Rank:
+    n = len(nodes.names)
+    types = _node_types(nodes, comm)
+    raw_kineto = link.raw if link is not None else [None] * n
+    extras = [
+        [(NODE_ATTR, raw)] + ([(KINETO_ATTR, k)] if k is not None else [])
+        for raw, k in zip(nodes.raw, raw_kineto, strict=True)
+    ]
+    rank = _Rank(
+        ids=nodes.ids,
+        names=list(nodes.names),
+        types=types,
+        is_cpu=[None if t == "METADATA_NODE" else True for t in types],
+        dur=link.self_us.copy() if link is not None else np.zeros(n, dtype=np.int64),
+        start=link.start_us.copy() if link is not None else np.zeros(n, dtype=np.int64),
+        comm=comm,
+        extras=extras,
+    )
+    rank.edge(*_data_edges(nodes, comm), "data")
+    executes = np.flatnonzero(np.asarray([t != "METADATA_NODE" for t in types]))
+    rank.edge(*_chain(executes, nodes.tids[executes]), "ctrl")
+    if link is not None and link.kernels.names:
+        _add_kernels(rank, nodes, link)
+    comm_rows = np.asarray([r for r, k in enumerate(rank.comm.kind) if k is not None], dtype=np.int64)
+    if len(comm_rows):
+        pg_names = np.asarray([rank.comm.pg[r] or "" for r in comm_rows.tolist()], dtype=object)
+        _, pg_key = np.unique(pg_names, return_inverse=True)
+        rank.edge(*_chain(comm_rows, pg_key.astype(np.int64)), "ctrl")
+    return rank
+
+
+def _add_kernels(rank: _Rank, nodes: EtNodes, link: LinkResult) -> None:
+    """Device activities as ops: launch and stream-order edges; an NCCL/RCCL kernel becomes
+    the communication node of the call that launched it."""
+    k = link.kernels
+    n, m = len(rank.names), len(k.names)
+    rows = np.arange(n, n + m, dtype=np.int64)
+    rank.ids = np.concatenate([rank.ids, int(nodes.ids.max()) + 1 + np.arange(m, dtype=np.int64)])
+    rank.names += k.names
+    rank.types += ["COMP_NODE"] * m
+    rank.is_cpu += [False] * m
+    rank.dur = np.concatenate([rank.dur, k.dur_us])
+    rank.start = np.concatenate([rank.start, k.start_us])
+    rank.extras += [[(KINETO_ATTR, raw)] for raw in k.raw]
+    c = rank.comm
+    for lst in (c.kind, c.size, c.pg, c.peer, c.tag):
+        lst.extend([None] * m)
+    for j, name in enumerate(k.names):
+        if not is_comm_kernel(name) and "nccl" not in name.lower():
+            continue
+        row, depth = int(k.launcher[j]), 0
+        while row >= 0 and c.kind[row] is None and depth < 8:
+            row, depth = int(nodes.parent_row[row]), depth + 1
+        if row >= 0 and c.kind[row] is not None:
+            kind = c.kind[row]
+            assert kind is not None
+            c.kind[n + j], c.kind[row] = kind, None
+            c.size[n + j], c.size[row] = c.size[row], None
+            c.pg[n + j], c.pg[row] = c.pg[row], None
+            c.peer[n + j], c.peer[row] = c.peer[row], None
+            c.tag[n + j], c.tag[row] = c.tag[row], None
+            rank.types[n + j], rank.types[row] = kind.node_type, "COMP_NODE"
+        elif is_comm_kernel(name):
+            parsed = comm_args(k.args[j], kernel_name=name)
+            if parsed.kind is not None and parsed.kind.node_type == COLL_NODE:
+                size = (
+                    parsed.in_nelems * parsed.elem_bytes if parsed.in_nelems and parsed.elem_bytes else None
+                )
+                c.kind[n + j], c.size[n + j], c.pg[n + j] = parsed.kind, size, parsed.pg_name
+                rank.types[n + j] = COLL_NODE
+    launched = k.launcher >= 0
+    rank.edge(k.launcher[launched], rows[launched], "ctrl")
+    rank.edge(*_chain(rows, k.stream), "ctrl")
+
+
+def _extras_blob(extras: list[tuple[str, bytes]]) -> bytes:
+    """Raw ``Node.attr`` records (field 10) of string attributes."""
+    out = bytearray()
+    for name, value in extras:
+        key = name.encode()
+        body = b"\x0a" + write_varint(len(key)) + key + _STRING_VAL_TAG + write_varint(len(value)) + value
+        out += b"\x52" + write_varint(len(body)) + body
+    return bytes(out)
+
+
+_TOKENS = {c: f"{c}:{member_number(member)}" for c, (_, member) in ATTR_COLUMNS.items()}
+
+
+def _ops_table(rank_no: int, r: _Rank) -> pa.Table:
+    c = r.comm
+    n = len(r.names)
+    comm_type = [k.comm_type if k is not None and k.node_type == COLL_NODE else None for k in c.kind]
+    src = [
+        p if k is not None and k.node_type == RECV_NODE else None for k, p in zip(c.kind, c.peer, strict=True)
+    ]
+    dst = [
+        p if k is not None and k.node_type == SEND_NODE else None for k, p in zip(c.kind, c.peer, strict=True)
+    ]
+    cols: dict[str, Any] = {
+        "rank": np.full(n, rank_no, dtype=np.int32),
+        "id": r.ids.astype(np.uint64),
+        "name": r.names,
+        "type": r.types,
+        "duration_micros": r.dur.astype(np.uint64),
+        "start_time_micros": r.start.astype(np.uint64),
+        "is_cpu_op": r.is_cpu,
+        "comm_type": comm_type,
+        "comm_size": c.size,
+        "comm_src": src,
+        "comm_dst": dst,
+        "comm_tag": c.tag,
+        "pg_name": [pg if k is not None else None for k, pg in zip(c.kind, c.pg, strict=True)],
+    }
+    present = {k: [v is not None for v in cols[k]] for k in _TOKENS if k in cols}
+    cols["attrs"] = [_extras_blob(e) for e in r.extras]
+    cols["attr_order"] = [
+        ",".join([_TOKENS[k] for k in present if present[k][i]] + ["*"] * len(r.extras[i])) for i in range(n)
+    ]
+    arrays = []
+    for f in OPS_SCHEMA:
+        arrays.append(pa.array(cols[f.name], type=f.type) if f.name in cols else pa.nulls(n, type=f.type))
+    return pa.Table.from_arrays(arrays, schema=OPS_SCHEMA)
+
+
+def _deps(rank_no: int, r: _Rank) -> pa.Table:
+    src = np.concatenate(r.src) if r.src else np.zeros(0, dtype=np.int64)
+    dst = np.concatenate(r.dst) if r.dst else np.zeros(0, dtype=np.int64)
+    kind = np.concatenate(
+        [np.full(len(s), k == "ctrl", dtype=np.int8) for s, k in zip(r.src, r.kinds, strict=True)]
+    )
+    key = np.stack([dst, kind, src], axis=1)
+    _, first = np.unique(key, axis=0, return_index=True)  # one edge per (dst, kind, src), in creation order
+    keep = np.sort(first)
+    return deps_table(
+        rank_no,
+        r.ids[src[keep]],
+        r.ids[dst[keep]],
+        ["ctrl" if k else "data" for k in kind[keep].tolist()],
+    )
+
+
+def _metadata(header: Mapping[str, Any]) -> bytes:
+    """A GlobalMetadata message carrying the ET's header keys (schema, pid, time, ...)."""
+    meta = GlobalMetadata()
+    for key, value in header.items():
+        a = meta.attr.add(name=str(key))
+        if isinstance(value, bool):
+            a.bool_val = value
+        elif isinstance(value, int) and -(2**63) <= value < 2**63:
+            a.int64_val = value
+        elif isinstance(value, str):
+            a.string_val = value
+        else:
+            a.string_val = json.dumps(value)
+    return bytes(meta.SerializeToString())
+
+
+# ---------------------------------------------------------------- files and ranks
+
+PathLike = str | Path
+Spec = PathLike | Sequence[PathLike] | Mapping[int, PathLike]
+
+
+def _paths(spec: Spec | None) -> list[tuple[int | None, Path]]:
+    """``(rank if given, path)`` for a file, directory, glob, list or ``{rank: path}``."""
+    if spec is None:
+        return []
+    if isinstance(spec, Mapping):
+        return [(int(r), Path(p)) for r, p in sorted(spec.items())]
+    if not isinstance(spec, (str, Path)):
+        return [(None, Path(p)) for p in spec]
+    text = str(spec)
+    path = Path(text)
+    if any(ch in text for ch in "*?["):
+        found = sorted(p for p in path.parent.glob(path.name) if p.is_file())
+    elif path.is_dir():
+        found = sorted(p for p in path.iterdir() if p.is_file() and p.name.endswith((".json", ".json.gz")))
+    elif path.is_file():
+        return [(None, path)]
+    else:
+        raise TraceFormatError(f"{text}: no such file or directory")
+    if not found:
+        raise TraceFormatError(f"{text}: no .json or .json.gz trace files found")
+    return [(None, p) for p in found]
+
+
+def _name_rank(path: Path) -> int | None:
+    """The rank a file name states: the number after ``rank``/``worker``, else its last number."""
+    stem = path.name.split(".json")[0]
+    m = _RANK_WORD.search(stem) or _LAST_NUMBER.search(stem)
+    return int(m[1]) if m else None
+
+
+def _assign(
+    items: list[tuple[int | None, Path, int | None]], what: str
+) -> dict[int, tuple[Path, int | None]]:
+    """Rank of each file: given, else the file's own (content), else its name's number, else its position."""
+    out: dict[int, tuple[Path, int | None]] = {}
+    names = [_name_rank(p) for _, p, _ in items]
+    use_names = None not in names and len(set(names)) == len(names)
+    for i, ((given, path, content), by_name) in enumerate(zip(items, names, strict=True)):
+        rank = given if given is not None else content
+        if rank is None:
+            rank = by_name if use_names and by_name is not None else i
+        if rank in out:
+            raise TraceFormatError(f"{path}: {what} of rank {rank} also given by {out[rank][0]}")
+        out[rank] = (path, content)
+    return out
+
+
+def _kind(doc: Any) -> str:
+    if isinstance(doc, dict) and "nodes" in doc:
+        return "et"
+    if isinstance(doc, dict) and "traceEvents" in doc:
+        return "kineto"
+    return "other"
+
+
+def read_pytorch_et(spec: Spec, *, name: str | None = None, kineto: Spec | None = None) -> Trace:
+    """Read PyTorch execution traces (one per rank), optionally linked with their Kineto traces.
+
+    Parameters
+    ----------
+    spec
+        An ET file (``.json`` or ``.json.gz``), a directory, a glob, a list of files or a
+        ``{rank: file}`` mapping. A directory may also hold the Kineto traces of the same
+        ranks; they are linked unless ``kineto`` is given.
+    name
+        The trace's name (default: the first file's name without rank and extension).
+    kineto
+        The Kineto trace(s) of the same ranks, in any form ``spec`` takes. Ranks are
+        matched by ``distributedInfo.rank``, else by the number in the file name.
+
+    Returns
+    -------
+    Trace
+        One op per ET node (plus one per linked device activity). ``params`` holds
+        ``durations`` (``"absent"`` without Kineto, ``"kineto"`` with it), ``recognised``
+        (``{"format": "pytorch-et", "ops", "collectives": {comm_type: count},
+        "linked_fraction"}``), ``comm_groups`` (``{pg_name: [ranks]}``), ``schemas`` and
+        ``device_events`` (``{"kept", "in_kineto"}``: kernels, memcpys and memsets launched
+        by linked ops, of all the Kineto files hold).
+
+    Raises
+    ------
+    TraceFormatError
+        A file that is not valid JSON (e.g. truncated), not an execution trace, an ET
+        without nodes or with a repeated node id, two files for one rank, or a Kineto
+        trace of a rank that no given ET holds.
+
+    Notes
+    -----
+    O(V + T) per rank for V nodes holding T tensor arguments, plus the Kineto link's
+    O(E + V log V) for E events. Ranks come from the files' own ``record_param_comms``
+    records where present (collectives of the default group name the rank).
+    """
+    # A decoded trace is millions of small dicts and lists, none in a cycle; the cyclic GC
+    # would rescan them on every allocation burst (it triples the decode time), so it pauses.
+    gc_was_on = gc.isenabled()
+    gc.disable()
+    try:
+        with values_in_range(spec if isinstance(spec, (str, Path)) else "PyTorch execution trace"):
+            return _read(spec, name=name, kineto=kineto)
+    finally:
+        if gc_was_on:
+            gc.enable()
+
+
+def _read(spec: Spec, *, name: str | None, kineto: Spec | None) -> Trace:
+    ets: list[tuple[int | None, Path, int | None]] = []
+    parsed: dict[Path, tuple[EtNodes, Groups, Comm]] = {}
+    found_kineto: list[tuple[int | None, Path, Any]] = []
+    for given, path in _paths(spec):
+        doc = load_json(path)
+        kind = _kind(doc)
+        if kind == "kineto" and not isinstance(spec, (Mapping, list, tuple)):
+            found_kineto.append((given, path, doc))
+            continue
+        if kind != "et":
+            raise TraceFormatError(f"{path}: not a PyTorch execution trace (expected a 'nodes' list)")
+        nodes = parse_nodes(doc, path)
+        groups = declared_groups(nodes)
+        comm = classify(nodes, groups)
+        parsed[path] = (nodes, groups, comm)
+        ets.append((given, path, comm.rank))
+    if not ets:
+        raise TraceFormatError(f"{spec}: no PyTorch execution trace among the files")
+    ranks = _assign(ets, "execution trace")
+    kdocs = [(g, p, load_json(p)) for g, p in _paths(kineto)] if kineto is not None else found_kineto
+    links = _kineto_by_rank(kdocs, ranks)
+    return _assemble(ranks, parsed, links, name=name, source=str(spec))
+
+
+def _kineto_by_rank(
+    kdocs: list[tuple[int | None, Path, Any]], ranks: Mapping[int, tuple[Path, int | None]]
+) -> dict[int, tuple[Path, Any]]:
+    """Pair each Kineto document with the ET rank it belongs to."""
+    if not kdocs:
+        return {}
+    for _, path, doc in kdocs:
+        if _kind(doc) != "kineto":
+            raise TraceFormatError(f"{path}: not a Kineto trace (expected a 'traceEvents' list)")
+    if len(kdocs) == 1 and len(ranks) == 1:
+        (rank, (et_path, content)), (_, kpath, doc) = next(iter(ranks.items())), kdocs[0]
+        info = doc.get("distributedInfo") or {}
+        krank = info.get("rank") if isinstance(info, dict) else None
+        et_states_rank = content is not None or _name_rank(et_path) is not None
+        if isinstance(krank, int) and krank != rank and et_states_rank:
+            raise TraceFormatError(f"{kpath}: Kineto trace of rank {krank}, but {et_path} is rank {rank}")
+        return {rank: (kpath, doc)}
+    items = []
+    for given, path, doc in kdocs:
+        info = doc.get("distributedInfo") or {}
+        krank = info.get("rank") if isinstance(info, dict) else None
+        items.append((given, path, krank if isinstance(krank, int) else None))
+    by_rank = _assign(items, "Kineto trace")
+    docs = {p: d for _, p, d in kdocs}
+    extra = sorted(set(by_rank) - set(ranks))
+    if extra:
+        raise TraceFormatError(
+            f"{by_rank[extra[0]][0]}: Kineto trace of rank {extra[0]}, but the execution traces hold ranks "
+            f"{sorted(ranks)}"
+        )
+    return {r: (p, docs[p]) for r, (p, _) in by_rank.items()}
+
+
+def _assemble(
+    ranks: Mapping[int, tuple[Path, int | None]],
+    parsed: Mapping[Path, tuple[EtNodes, Groups, Comm]],
+    links: Mapping[int, tuple[Path, Any]],
+    *,
+    name: str | None,
+    source: str,
+) -> Trace:
+    ops_parts, deps_parts, metas = [], [], []
+    comm_groups: dict[str, list[int]] = {}
+    collectives: Counter[str] = Counter()
+    linked = linkable = 0
+    device = [0, 0]  # device activities kept (launched by linked ops), and in the Kineto files
+    schemas = set()
+    for rank_no in sorted(ranks):
+        path = ranks[rank_no][0]
+        nodes, groups, comm = parsed[path]
+        link = None
+        if rank_no in links:
+            kpath, doc = links[rank_no]
+            is_root = np.asarray([bool(ROOT.match(x)) for x in nodes.names])
+            link = link_rank(doc, kpath, nodes.names, nodes.rf_ids, nodes.tids, nodes.parent_row, ~is_root)
+            linked += int(link.linked.sum())
+            linkable += link.num_linkable
+            device[0] += len(link.kernels.names)
+            device[1] += link.num_device_events
+            for pg in link.groups.values():
+                comm_groups.setdefault(pg.name, list(pg.ranks))
+        for pg_name, pg_ranks in [*groups.ranks.items(), *comm.group_ranks.items()]:
+            comm_groups.setdefault(pg_name, pg_ranks)
+        r = _rank_columns(nodes, comm, link)
+        ops_parts.append(_ops_table(rank_no, r))
+        deps_parts.append(_deps(rank_no, r))
+        metas.append(_metadata(nodes.header))
+        schemas.add(str(nodes.header.get("schema", "")))
+        for k in r.comm.kind:
+            if k is not None:
+                collectives[k.comm_type or k.node_type.removeprefix("COMM_").removesuffix("_NODE")] += 1
+    unlinked_ranks = len(ranks) - len(links)
+    if links and unlinked_ranks:  # ranks without a Kineto trace count as unlinked
+        linkable += sum(len(parsed[ranks[r][0]][0].names) for r in ranks if r not in links)
+    ops = pa.concat_tables(ops_parts).combine_chunks()
+    present, missing = split_missing(ops, pa.concat_tables(deps_parts).combine_chunks())
+    meta = pa.Table.from_pydict({"rank": sorted(ranks), "metadata": metas}, schema=META_SCHEMA)
+    params: dict[str, Any] = {
+        "durations": "kineto" if links else "absent",
+        "recognised": {
+            "format": FORMAT,
+            "ops": ops.num_rows,
+            "collectives": dict(sorted(collectives.items())),
+            "linked_fraction": (linked / linkable if linkable else 0.0) if links else None,
+        },
+        "comm_groups": {k: v for k, v in sorted(comm_groups.items()) if v},
+        "device_events": {"kept": device[0], "in_kineto": device[1]},
+        "schemas": sorted(schemas),
+    }
+    first = Path(source) if Path(source).is_dir() else ranks[min(ranks)][0]
+    default = first.name.split(".json")[0] or FORMAT
+    return Trace(
+        ops=ops, deps=present, missing=missing, meta=meta, name=name or default, source=source, params=params
+    )

@@ -1,0 +1,86 @@
+"""What makes two traces the same content in a store.
+
+For every kind: the kind, every field of every node, every dependency and the
+metadata frame (:func:`~etstore.model.content_hash`). For an algorithm, also the
+parameters that are its MSCCL-IR header (:data:`HEADER_PARAMS`: ``proto``,
+``minBytes``/``maxBytes``, ``nchannels``, ``nchunksperloop``, ``inplace``/``outofplace``,
+``name``, ``redop`` and any other ``<algo>`` attribute, the ``<gpu>`` buffer sizes),
+which a runtime reads as much as the steps, so two files that differ there are two
+algorithms. Other parameters describe where a trace came from (which workload, under
+which names, which generator) and belong to each name, not to the content.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from etstore.model import Trace, TraceKind, content_hash
+
+__all__ = ["HEADER_PARAMS", "identity", "upgraded_identity"]
+
+
+HEADER_PARAMS = (
+    "collective",
+    "ngpus",
+    "nchunksperloop",
+    "inplace",
+    "outofplace",
+    "algo_name",
+    "proto",
+    "nchannels",
+    "minBytes",
+    "maxBytes",
+    "gpu_chunks",
+    "xml_attrs",
+)
+"""The parameters of an algorithm that are its MSCCL-IR header (what the writer turns into
+``<algo>`` and ``<gpu>`` attributes, ``xml_attrs`` holding any other ``<algo>`` attribute such
+as ``redop``). Where it came from (``producer``, ``generator``, ``seed``, ...) and how a file
+spelled its header (``xml_header``) do not count: the same steps and header generated or read
+back from the XML written for them are one algorithm."""
+
+
+def _canonical_params(params: Mapping[str, Any]) -> bytes:
+    """The header parameters as the store keeps them (JSON, keys sorted), so a loaded trace
+    hashes alike."""
+    header = {k: params[k] for k in HEADER_PARAMS if k in params}
+    return json.dumps(header, sort_keys=True, default=str, separators=(",", ":")).encode()
+
+
+def upgraded_identity(digest: str, kind: str, params: Mapping[str, Any]) -> str:
+    """The identity of a trace whose :func:`~etstore.model.content_hash` is ``digest``.
+
+    Parameters
+    ----------
+    digest
+        ``content_hash`` of the trace (hex).
+    kind
+        The trace's kind.
+    params
+        The trace's parameters (only algorithms use them).
+
+    Returns
+    -------
+    str
+        ``digest`` itself for every kind but ``algorithm``; for an algorithm, a SHA-1
+        of ``digest`` and the canonical JSON of its :data:`HEADER_PARAMS` (hex).
+
+    Notes
+    -----
+    O(size of params). Used for new traces (:func:`identity`) and to re-key contents
+    stored by a store format that did not count parameters.
+    """
+    if kind != TraceKind.ALGORITHM.value:
+        return digest
+    h = hashlib.sha1(digest.encode(), usedforsecurity=False)
+    h.update(b"\0")
+    h.update(_canonical_params(params))
+    return h.hexdigest()
+
+
+def identity(trace: Trace) -> str:
+    """The store's identity of ``trace`` (see the module docstring); O(bytes) over its tables."""
+    return upgraded_identity(content_hash(trace), str(trace.kind), trace.params)

@@ -1,0 +1,130 @@
+"""Writing and deleting trace rows in a warehouse: contents once, names as rows of ``traces``.
+
+The layout is declared in :mod:`etstore.store.warehouse` (:data:`~etstore.store.warehouse.TRACE_DDL`):
+a content's rows live in ``trace_ops``, ``trace_deps``, ... under its ``trace_id``; a name
+is a ``traces`` row pointing at one; the ``ops``, ``deps``, ... views join the two. Every
+function here runs inside the caller's transaction.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from etstore.model import Trace
+from etstore.store.warehouse import CONTENT_TABLES, Warehouse
+
+__all__ = [
+    "delete_content",
+    "delete_lineage",
+    "delete_name",
+    "insert_content",
+    "insert_lineage",
+    "insert_name",
+]
+
+
+def _append(wh: Warehouse, table: str, rows: pa.Table, key: Mapping[str, int]) -> None:
+    """INSERT ``rows`` into ``table`` with the constant ``key`` columns in front."""
+    if rows.num_rows == 0:
+        return
+    cols = ", ".join(rows.column_names)
+    keys = ", ".join(key)
+    values = ", ".join(f"${k}" for k in key)
+    with wh.registered(_etstore_incoming=rows):
+        wh.execute(
+            f"INSERT INTO {table} ({keys}, {cols}) SELECT {values}, {cols} FROM _etstore_incoming", dict(key)
+        )
+
+
+def insert_content(
+    wh: Warehouse, trace: Trace, trace_id: int, base: int, dep_uids: pa.Table, msgs: pa.Table
+) -> None:
+    """Insert one content's rows under ``trace_id``.
+
+    Parameters
+    ----------
+    wh
+        The warehouse (inside a transaction).
+    trace
+        The trace; its ops get uids ``base``, ``base + 1``, ...
+    trace_id
+        The content's trace id.
+    base
+        The first op uid.
+    dep_uids
+        :func:`~etstore.store.graph.dep_edges` for uids from ``base`` (``from``, ``to``).
+    msgs
+        :func:`~etstore.store.graph.message_edges` rows (send uid, receive uid, tag, size).
+
+    Raises
+    ------
+    StoreError
+        DuckDB refuses the rows.
+
+    Notes
+    -----
+    O(ops + deps + messages), columnar inserts.
+    """
+    n = trace.num_ops
+    ops = trace.ops.add_column(0, "uid", pa.array(np.arange(base, base + n, dtype=np.int64)))
+    deps = trace.deps.append_column("src_uid", dep_uids["from"]).append_column("dst_uid", dep_uids["to"])
+    deps = deps.add_column(0, "edge", pa.array(np.arange(deps.num_rows, dtype=np.int64)))
+    missing = trace.missing.add_column(0, "edge", pa.array(np.arange(trace.num_missing, dtype=np.int64)))
+    messages = msgs.rename_columns(["send_uid", "recv_uid", "tag", "comm_size"])
+    key = {"trace_id": trace_id}
+    for table, rows in zip(CONTENT_TABLES, (ops, deps, missing, trace.meta, messages), strict=True):
+        _append(wh, table, rows, key)
+
+
+def insert_lineage(wh: Warehouse, trace_id: int, parent_trace_id: int, rows: pa.Table) -> None:
+    """Insert lineage rows (``rank``, ``id``, ``parent_id``, ``parent_uid``, ``uid``) of content
+    ``trace_id`` derived from content ``parent_trace_id``."""
+    _append(wh, "trace_lineage", rows, {"trace_id": trace_id, "parent_trace_id": parent_trace_id})
+
+
+def delete_lineage(wh: Warehouse, trace_id: int, parent_trace_id: int) -> None:
+    """Delete the lineage rows of ``trace_id`` from ``parent_trace_id``."""
+    wh.execute(
+        "DELETE FROM trace_lineage WHERE trace_id = $t AND parent_trace_id = $p",
+        {"t": trace_id, "p": parent_trace_id},
+    )
+
+
+def insert_name(
+    wh: Warehouse, name: str, trace_id: int, parent_trace_id: int | None, row: Mapping[str, Any]
+) -> None:
+    """Insert the ``traces`` row of a name.
+
+    ``row`` holds ``kind``, ``ranks``, ``ops``, ``deps``, ``missing``, ``messages``,
+    ``parent``, ``source``, ``params`` (a mapping) and ``content_hash``.
+    """
+    wh.execute(
+        "INSERT INTO traces VALUES ($name, $kind, $ranks, $ops, $deps, $missing, $messages, $parent, "
+        "$source, $params, $content_hash, $trace_id, $parent_trace_id)",
+        {
+            **{k: row[k] for k in ("kind", "ranks", "ops", "deps", "missing", "messages", "source")},
+            "name": name,
+            "parent": row.get("parent"),
+            "params": json.dumps(dict(row.get("params") or {}), sort_keys=True, default=str),
+            "content_hash": row["content_hash"],
+            "trace_id": trace_id,
+            "parent_trace_id": parent_trace_id,
+        },
+    )
+
+
+def delete_name(wh: Warehouse, name: str) -> None:
+    """Delete the ``traces`` row of a name (its content stays)."""
+    wh.execute("DELETE FROM traces WHERE name = $t", {"t": name})
+
+
+def delete_content(wh: Warehouse, trace_id: int) -> None:
+    """Delete one content's rows, its lineage and every name row still pointing at it."""
+    for table in (*CONTENT_TABLES, "trace_lineage"):
+        wh.execute(f"DELETE FROM {table} WHERE trace_id = $t", {"t": trace_id})
+    wh.execute("DELETE FROM traces WHERE trace_id = $t", {"t": trace_id})

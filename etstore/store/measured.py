@@ -1,0 +1,150 @@
+"""Measured runs: a parsed nccl-tests / rccl-tests log into ``measured_runs`` and ``measurements``.
+
+One log is one run: a ``measured_runs`` row (what ran, where, the header's parameters)
+and one ``measurements`` row per table row and placement, written in one transaction.
+Storing the same bytes again returns the run already stored (the content hash decides),
+so re-ingesting a directory of logs is harmless. The tables are declared in
+:data:`~etstore.store.warehouse.MEASURED_DDL` and documented in ``docs/measured.md``.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+
+from etstore.errors import StoreError
+from etstore.ingest.nccl_tests import NcclTestsLog
+from etstore.store.warehouse import Warehouse
+
+__all__ = ["MeasuredReport", "store_measured_run"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class MeasuredReport:
+    """What storing one log did: its run id and name, whether it was new, what it holds."""
+
+    run_id: int
+    name: str
+    created: bool
+    collective: str | None
+    ranks: int | None
+    nodes: int | None
+    gpu_model: str | None
+    rows: int
+    source: str
+
+    def as_row(self) -> dict[str, Any]:
+        """JSON-able dict (the ingest summary's row)."""
+        return {
+            "measured_run": self.name,
+            "run_id": self.run_id,
+            "status": "new" if self.created else "already stored",
+            "collective": self.collective,
+            "ranks": self.ranks,
+            "nodes": self.nodes,
+            "gpu_model": self.gpu_model,
+            "rows": self.rows,
+        }
+
+
+def store_measured_run(
+    warehouse: Warehouse, parsed: NcclTestsLog, *, name: str | None = None
+) -> MeasuredReport:
+    """Store one parsed log as a measured run, all or nothing; the same bytes twice store once.
+
+    Parameters
+    ----------
+    warehouse
+        A writable warehouse (a store's ``warehouse``).
+    parsed
+        What :func:`~etstore.ingest.nccl_tests.read_nccl_tests` returned.
+    name
+        The run's name (default: ``parsed.name``, or ``parsed.name-2``, ``-3``, ... when
+        another log holds it); an explicit name held by another log is an error.
+
+    Returns
+    -------
+    MeasuredReport
+        The stored run (``created`` is False when a log with the same content hash was
+        already stored; its name is then the stored one).
+
+    Raises
+    ------
+    StoreError
+        ``name`` is held by a log with other content, or DuckDB refuses the rows (a
+        read-only store); nothing is left behind.
+
+    Notes
+    -----
+    O(rows of the log): one insert of the run row and one columnar insert of its rows.
+    """
+    with warehouse.transaction():
+        found = warehouse.query(
+            "SELECT run_id, name FROM measured_runs WHERE content_hash = $h ORDER BY run_id LIMIT 1",
+            {"h": parsed.content_hash},
+        ).to_arrow()
+        if found.num_rows:
+            return _report(parsed, int(found["run_id"][0].as_py()), str(found["name"][0].as_py()), False)
+        chosen = _free_name(warehouse, name or parsed.name, explicit=name is not None)
+        run_id = warehouse.next_id("measured_runs", "run_id")
+        row = {**parsed.run_row(), "name": chosen, "run_id": run_id}
+        warehouse.append("measured_runs", pa.Table.from_pylist([row]))
+        warehouse.append("measurements", _measurement_rows(parsed, run_id))
+    log.debug("stored measured run %s (%d rows) from %s", chosen, parsed.measurements.num_rows, parsed.source)
+    return _report(parsed, run_id, chosen, True)
+
+
+def _free_name(warehouse: Warehouse, wanted: str, *, explicit: bool) -> str:
+    """``wanted`` if no measured run holds it, else (default names only) the first free ``wanted-k``."""
+    taken = set(
+        warehouse.query(
+            "SELECT name FROM measured_runs WHERE name = $n OR name LIKE $p",
+            {"n": wanted, "p": f"{wanted}-%"},
+        )
+        .to_arrow()["name"]
+        .to_pylist()
+    )
+    if wanted not in taken:
+        return wanted
+    if explicit:
+        raise StoreError(f"measured run {wanted!r} already holds another log; choose another name")
+    k = 2
+    while f"{wanted}-{k}" in taken:
+        k += 1
+    return f"{wanted}-{k}"
+
+
+def _measurement_rows(parsed: NcclTestsLog, run_id: int) -> pa.Table:
+    """The log's rows with the run's columns in front (``measurements`` table order)."""
+    n = parsed.measurements.num_rows
+    front = {
+        "run_id": pa.array([run_id] * n, pa.int64()),
+        "source": pa.array([parsed.source] * n, pa.string()),
+        "collective": pa.array([parsed.collective] * n, pa.string()),
+        "ranks": pa.array([parsed.ranks] * n, pa.int32()),
+        "nodes": pa.array([parsed.nodes] * n, pa.int32()),
+        "gpu_model": pa.array([parsed.gpu_model] * n, pa.string()),
+    }
+    table = parsed.measurements
+    for i, (key, column) in enumerate(front.items()):
+        table = table.add_column(i, key, column)
+    return table
+
+
+def _report(parsed: NcclTestsLog, run_id: int, name: str, created: bool) -> MeasuredReport:
+    return MeasuredReport(
+        run_id=run_id,
+        name=name,
+        created=created,
+        collective=parsed.collective,
+        ranks=parsed.ranks,
+        nodes=parsed.nodes,
+        gpu_model=parsed.gpu_model,
+        rows=parsed.measurements.num_rows,
+        source=parsed.source,
+    )

@@ -1,0 +1,123 @@
+"""Store format versions: this etstore records its own, upgrades format 1 in place, refuses newer."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import tarfile
+from collections.abc import Callable
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from etstore.errors import StoreError
+from etstore.store import open_store
+from etstore.store._identity import upgraded_identity
+from etstore.store.catalog import FORMAT_VERSION, Catalog
+from etstore.store.upgrade import main as upgrade_main
+from etstore.store.warehouse import Warehouse
+
+DATA = Path(__file__).parent / "data" / "format1-store.tar.xz"
+# what the format-1 store holds (tests/store/data/README.md): name -> (kind, ops, parent)
+STORED = {
+    "transformer": ("workload", 20, None),
+    "ring-allreduce-2r-1c": ("algorithm", 10, None),
+    "transformer-expanded": ("expanded", 28, "transformer"),
+    "ll": ("algorithm", 1120, None),
+}
+
+
+@pytest.fixture
+def old_store(tmp_path: Path) -> Path:
+    path = tmp_path / "old"
+    path.mkdir()
+    with tarfile.open(DATA) as tar:
+        tar.extractall(path, filter="data")
+    return path
+
+
+def _version(path: Path) -> int | None:
+    return Catalog(path / "catalog.sqlite", create=False).format_version()
+
+
+def test_a_new_store_records_its_format(tmp_path: Path) -> None:
+    with open_store(tmp_path / "s"):
+        pass
+    con = sqlite3.connect(tmp_path / "s" / "catalog.sqlite")
+    assert con.execute("SELECT version FROM etstore_format").fetchall() == [(FORMAT_VERSION,)]
+    assert FORMAT_VERSION == 2
+
+
+def test_read_only_open_of_format1_says_what_to_run(old_store: Path) -> None:
+    assert _version(old_store) == 1
+    with pytest.raises(StoreError, match=rf"format 1 .*python -m etstore.store.upgrade {old_store}$"):
+        open_store(old_store, read_only=True)
+    assert _version(old_store) == 1  # untouched
+
+
+def _check_upgraded(path: Path, shared_fixture_xml: Path) -> None:
+    from etstore.ingest import read_trace
+
+    with open_store(path, read_only=True) as s:
+        got = {t.name: (t.kind, t.ops, t.parent) for t in s.traces()}
+        assert got == STORED
+        rows = s.sql("SELECT trace, count(*) AS n FROM ops GROUP BY trace ORDER BY trace").to_pylist()
+        assert {r["trace"]: r["n"] for r in rows} == {k: v[1] for k, v in STORED.items()}
+        lineage = s.sql("SELECT trace, parent_trace, count(*) AS n FROM lineage GROUP BY ALL").to_pylist()
+        assert lineage == [{"trace": "transformer-expanded", "parent_trace": "transformer", "n": 10}]
+        becomes = s.cypher(
+            "MATCH (c:Op)-[:BECOMES]->(x:Op) WHERE c.trace = $p RETURN count(*)", {"p": "transformer"}
+        ).scalar()
+        assert becomes == 10
+        assert s.load("ll").num_ops == 1120
+    with open_store(path) as s:  # the same file read again is the same algorithm, under its old name
+        again = s.ingest(read_trace(shared_fixture_xml), name="ll")
+        assert not again.created
+
+
+def test_writable_open_upgrades_in_place(old_store: Path, shared_fixture: Callable[[str], Path]) -> None:
+    xml = shared_fixture("msccl/allreduce_1step_mccl_8_2_131072_LL.xml")
+    assert upgrade_main([str(old_store)]) == 0
+    assert _version(old_store) == FORMAT_VERSION
+    _check_upgraded(old_store, xml)
+
+
+def test_an_upgrade_cut_short_is_finished_by_the_next_open(
+    old_store: Path, shared_fixture: Callable[[str], Path]
+) -> None:
+    xml = shared_fixture("msccl/allreduce_1step_mccl_8_2_131072_LL.xml")
+    # the warehouse step done, the catalog step not (a crash between the two transactions)
+    legacy = Catalog(old_store / "catalog.sqlite", create=False).legacy_traces()
+    seq = {r.name: r.seq for r in legacy}
+    table = pa.table(
+        {
+            "name": [r.name for r in legacy],
+            "trace_id": pa.array([r.seq for r in legacy], pa.int64()),
+            "parent_trace_id": pa.array([seq.get(r.parent or "") for r in legacy], pa.int64()),
+            "content_hash": [upgraded_identity(r.content_hash, r.kind, json.loads(r.params)) for r in legacy],
+        }
+    )
+    Warehouse.open(old_store / "warehouse.duckdb", legacy=table).close()
+    assert _version(old_store) == 1
+    with open_store(old_store):
+        pass
+    assert _version(old_store) == FORMAT_VERSION
+    _check_upgraded(old_store, xml)
+
+
+def test_a_newer_format_is_refused(tmp_path: Path) -> None:
+    with open_store(tmp_path / "s"):
+        pass
+    con = sqlite3.connect(tmp_path / "s" / "catalog.sqlite")
+    con.execute("UPDATE etstore_format SET version = 99")
+    con.commit()
+    con.close()
+    for read_only in (False, True):
+        with pytest.raises(StoreError, match="store format 99, written by a newer etstore"):
+            open_store(tmp_path / "s", read_only=read_only)
+
+
+def test_a_format1_warehouse_alone_is_not_guessed_at(old_store: Path) -> None:
+    with pytest.raises(StoreError, match="trace tables of store format 1"):
+        Warehouse.open(old_store / "warehouse.duckdb")
