@@ -1,21 +1,29 @@
-"""Synthesis benchmark: TACOS-style All-Gather and All-Reduce on 2D meshes and 3D tori.
+"""Synthesis benchmark: time and peak memory of TACOS-style synthesis up to 16,384 NPUs.
 
-Prints one JSON line per measurement: ``{"metric", "value", "unit", "n", "machine", ...}``
-and a final fit of the growth exponent (time ∝ N^b over the 2D-mesh series).
+Prints one JSON line per measurement: ``{"metric", "value", "unit", "n", "machine", ...}``,
+then the fitted growth exponents (time ∝ N^b and memory ∝ N^b over the 2D-mesh series).
 
-Budget (DESIGN.md): 128-NPU All-Reduce < 0.1 s; 1024-NPU mesh All-Gather < 10 s;
-growth well below cubic at equal schedule quality. Anchors: the TACOS paper reports
-1.08 s for 128 NPUs; C++ TACOS measured on this kind of machine (All-Gather, 1
-chunk/NPU, 2D mesh) takes 0.12 / 0.85 / 7.9 / 68 s at 128 / 256 / 512 / 1024 NPUs
-(≈ N^3.2). Each measurement is one ``synthesize`` call (greedy search and the
-algorithm trace), 1 GiB buffer, 1 chunk per NPU, seed 0, after one warm-up call;
-``cpu_s`` is process time (robust to other load), ``wall_s`` wall-clock time.
+Every measurement runs in its own process, so ``peak_rss_mb`` is that process's peak
+(``ru_maxrss``): one ``synthesize`` call (the greedy search, the compact schedule),
+then — up to ``--trace-up-to`` NPUs (default 2,048) — building the algorithm trace from it
+(``result.trace``: send/recv/reduce nodes and their dependencies). 1 GiB buffer, 1
+chunk per NPU, seed 0. ``schedule_s``/``trace_s`` are process (CPU) times, robust to
+other load; ``wall_s`` the whole child.
+
+Budget (DESIGN.md and issue 16): 128-NPU All-Reduce < 0.1 s; 1024-NPU mesh All-Gather
+< 10 s; 64×64 (4,096 NPUs) All-Gather ≤ 4 GB; a 16,384-NPU mesh All-Gather completes on
+this 24 GB machine; growth well below cubic at equal schedule quality. Anchors: C++
+TACOS measured on this kind of machine (2D-mesh All-Gather, 1 chunk/NPU): 0.12 / 0.85 /
+7.9 / 68 s at 128 / 256 / 512 / 1024 NPUs (≈ N^3.2); the TACOS paper: 1.08 s at 128
+NPUs and 40K NPUs in 2.52 h.
 
 Usage::
 
-    python bench/bench_synth.py               # meshes 16..1024 and tori, AG and AR, trials=1
-    python bench/bench_synth.py --max-npus 256
-    python bench/bench_synth.py --trials 8    # the default trial budget (stops at the bound)
+    python bench/bench_synth.py                     # 2D meshes 128..4096, All-Gather (and All-Reduce
+                                                    # up to 2,048)
+    python bench/bench_synth.py --max-npus 16384    # adds 8,192 and 16,384 (≈ 40 min CPU, 6.6 GB)
+    python bench/bench_synth.py --cli               # `etstore synth --topo mesh2d:16x8 --coll allreduce`
+    python bench/bench_synth.py --one mesh2d:64x64 allgather --no-trace
 """
 
 from __future__ import annotations
@@ -25,104 +33,202 @@ import json
 import math
 import os
 import platform
+import resource
+import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from etstore.collectives.synth import synthesize
-from etstore.topology import parse_topology
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 
 MACHINE = (
     f"{platform.machine()} {os.cpu_count()} cpu, "
     f"{platform.python_implementation()} {platform.python_version()}"
 )
 MESHES = [
-    "mesh2d:4x4",
-    "mesh2d:8x4",
-    "mesh2d:8x8",
     "mesh2d:16x8",
     "mesh2d:16x16",
     "mesh2d:32x16",
     "mesh2d:32x32",
+    "mesh2d:64x32",
+    "mesh2d:64x64",
+    "mesh2d:128x64",
+    "mesh2d:128x128",
 ]
-TORI = ["torus3d:4x4x4", "torus3d:8x4x4", "torus3d:8x8x4", "torus3d:8x8x8", "torus3d:16x8x8"]
 TACOS_CPP_S = {128: 0.12, 256: 0.85, 512: 7.9, 1024: 68.0}
-BUDGET_S = {("allreduce", 128): 0.1, ("allgather", 1024): 10.0}
+TACOS_PAPER = {"npus": 40_000, "s": 2.52 * 3600, "s_at_128": 1.08}
+BUDGET = {("allreduce", 128, "schedule_s"): 0.1, ("allgather", 1024, "schedule_s"): 10.0}
+RSS_BUDGET_MB = {4096: 4000.0}
 
 
-def measure(spec: str, coll: str, trials: int) -> dict[str, object]:
+def _peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KB on Linux
+
+
+def one(spec: str, coll: str, trials: int, trace: bool) -> dict[str, object]:
+    """Measure one synthesis in this process (the child side)."""
+    from etstore.collectives.synth import synthesize
+    from etstore.topology import parse_topology
+
     topo = parse_topology(spec)
-    c0, w0 = time.process_time(), time.perf_counter()
+    c0 = time.process_time()
     r = synthesize(topo, coll=coll, chunks_per_npu=1, trials=trials, seed=0)
-    cpu, wall = time.process_time() - c0, time.perf_counter() - w0
-    n = topo.num_npus
+    c1 = time.process_time()
+    rss_schedule = _peak_rss_mb()
     row: dict[str, object] = {
-        "metric": f"synth_{coll}_s",
-        "value": round(cpu, 4),
-        "unit": "s",
-        "n": n,
-        "machine": MACHINE,
+        "n": topo.num_npus,
         "topology": spec,
-        "cpu_s": round(cpu, 4),
-        "wall_s": round(wall, 4),
-        "trials_run": r.trials,
+        "collective": coll,
+        "schedule_s": round(c1 - c0, 4),
+        "schedule_peak_rss_mb": round(rss_schedule, 1),
+        "schedule_mb": round(r.schedule.nbytes / 2**20, 1),
         "transfers": len(r.schedule),
-        "ops": r.trace.num_ops,
+        "trials_run": r.trials,
         "time_ns": r.time_ns,
         "lower_bound_ns": r.lower_bound_ns,
         "ratio": round(r.ratio, 6),
     }
-    if coll == "allgather" and spec.startswith("mesh2d") and n in TACOS_CPP_S:
-        row["anchor_tacos_cpp_s"] = TACOS_CPP_S[n]
-        row["speedup_vs_anchor"] = round(TACOS_CPP_S[n] / cpu, 1)
-    if n == 128:
-        row["anchor_tacos_paper_s"] = 1.08
-    if (coll, n) in BUDGET_S and spec.startswith("mesh2d"):
-        row["budget_s"] = BUDGET_S[(coll, n)]
-        row["within_budget"] = cpu < BUDGET_S[(coll, n)]
+    if trace:
+        ops = r.trace.num_ops
+        row["trace_s"] = round(time.process_time() - c1, 4)
+        row["ops"] = ops
+        row["trace_mb"] = round((r.trace.ops.nbytes + r.trace.deps.nbytes) / 2**20, 1)
+    row["peak_rss_mb"] = round(_peak_rss_mb(), 1)
     return row
 
 
-def fit_exponent(points: list[tuple[int, float]]) -> float:
-    """Least-squares slope of log(time) against log(N)."""
+def _child(args: list[str], timeout_s: float) -> dict[str, object] | None:
+    began = time.perf_counter()
+    try:
+        out = subprocess.run(
+            [sys.executable, __file__, *args], capture_output=True, text=True, timeout=timeout_s, check=True
+        )
+    except subprocess.TimeoutExpired:
+        return {"timeout_s": timeout_s}
+    except subprocess.CalledProcessError as exc:
+        return {"error": exc.stderr.strip().splitlines()[-1] if exc.stderr.strip() else str(exc)}
+    row = json.loads(out.stdout.strip().splitlines()[-1])
+    row["wall_s"] = round(time.perf_counter() - began, 3)
+    return row
+
+
+def fit_exponent(points: list[tuple[float, float]]) -> float:
+    """Least-squares slope of log(y) against log(N)."""
     xs = [math.log(n) for n, _ in points]
     ys = [math.log(t) for _, t in points]
     mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
     return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sum((x - mx) ** 2 for x in xs)
 
 
+def sweep(max_npus: int, trace_up_to: int, trials: int, timeout_s: float, colls: list[str]) -> None:
+    base = _child(["--one", "ring:4", "allgather", "--trials", "1", "--no-trace"], timeout_s)
+    baseline_mb = float(base["peak_rss_mb"]) if base and "peak_rss_mb" in base else 0.0
+    print(json.dumps({"metric": "interpreter_baseline_rss_mb", "value": baseline_mb, "unit": "MB",
+                      "n": 4, "machine": MACHINE}), flush=True)  # fmt: skip
+    series: dict[tuple[str, str], list[tuple[float, float]]] = {}
+    for spec in MESHES:
+        n = math.prod(int(x) for x in spec.split(":")[1].split("x"))
+        if n > max_npus:
+            continue
+        for coll in colls:
+            if coll != "allgather" and n > trace_up_to:
+                continue  # the big series is All-Gather (the issue's and TACOS's case)
+            flags = ["--trials", str(trials)] + ([] if n <= trace_up_to else ["--no-trace"])
+            row = _child(["--one", spec, coll, *flags], timeout_s) or {}
+            row = {"metric": f"synth_{coll}_s", "value": row.get("schedule_s"), "unit": "s", "n": n,
+                   "machine": MACHINE, **row}  # fmt: skip
+            if coll == "allgather" and n in TACOS_CPP_S and row.get("schedule_s"):
+                row["anchor_tacos_cpp_s"] = TACOS_CPP_S[n]
+                row["speedup_vs_anchor"] = round(TACOS_CPP_S[n] / float(row["schedule_s"]), 1)
+            if n == 128:
+                row["anchor_tacos_paper_s"] = TACOS_PAPER["s_at_128"]
+            if (coll, n, "schedule_s") in BUDGET and row.get("schedule_s") is not None:
+                row["budget_s"] = BUDGET[(coll, n, "schedule_s")]
+                row["within_budget"] = float(row["schedule_s"]) < BUDGET[(coll, n, "schedule_s")]
+            if coll == "allgather" and n in RSS_BUDGET_MB and "peak_rss_mb" in row:
+                row["rss_budget_mb"] = RSS_BUDGET_MB[n]
+                row["within_rss_budget"] = float(row["peak_rss_mb"]) <= RSS_BUDGET_MB[n]
+            print(json.dumps(row), flush=True)
+            if row.get("schedule_s"):
+                series.setdefault((coll, "time"), []).append((n, float(row["schedule_s"])))
+                grown = float(row["schedule_peak_rss_mb"]) - baseline_mb
+                if grown > 0:
+                    series.setdefault((coll, "memory"), []).append((n, grown))
+    for (coll, what), points in series.items():
+        if len(points) < 2:
+            continue
+        b = fit_exponent(points)
+        row = {
+            "metric": f"synth_{coll}_{what}_exponent",
+            "value": round(b, 2),
+            "unit": f"b in {what} ∝ N^b"
+            + (" (peak RSS above the interpreter's)" if what == "memory" else ""),
+            "n": [int(n) for n, _ in points],
+            "machine": MACHINE,
+        }
+        if coll == "allgather" and what == "time":
+            n_top, t_top = points[-1]
+            at_40k = t_top * (TACOS_PAPER["npus"] / n_top) ** b
+            row.update(anchor_tacos_cpp=3.2, extrapolated_40k_npus_s=round(at_40k, 1),
+                       anchor_tacos_paper_40k_s=TACOS_PAPER["s"])  # fmt: skip
+        print(json.dumps(row), flush=True)
+
+
+def cli(runs: int) -> None:
+    """Wall and CPU time of the whole command as a user runs it, a fresh process and store each time.
+
+    Medians of ``runs`` (the first run only warms the file cache). CPU time (user + system
+    of the child) is the figure to compare on a loaded machine.
+    """
+    for store in (True, False):
+        walls, cpus = [], []
+        for i in range(runs):
+            with tempfile.TemporaryDirectory() as tmp:
+                cmd = [sys.executable, "-m", "etstore.cli", "--store", f"{tmp}/st", "synth",
+                       "--topo", "mesh2d:16x8", "--coll", "allreduce"]  # fmt: skip
+                if not store:
+                    cmd.append("--no-store")
+                before = resource.getrusage(resource.RUSAGE_CHILDREN)
+                began = time.perf_counter()
+                subprocess.run(cmd, capture_output=True, check=True, cwd=ROOT)
+                after = resource.getrusage(resource.RUSAGE_CHILDREN)
+                if i or runs == 1:  # the first run warms the file cache
+                    walls.append(time.perf_counter() - began)
+                    cpus.append(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
+        print(json.dumps({
+            "metric": "cli_synth_allreduce_128_s" + ("" if store else "_no_store"),
+            "value": round(statistics.median(walls), 3), "unit": "s", "n": 128, "machine": MACHINE,
+            "cpu_s": round(statistics.median(cpus), 3), "runs": len(walls), "budget_s": 0.2,
+            "anchor_tacos_paper_s": TACOS_PAPER["s_at_128"],
+        }), flush=True)  # fmt: skip
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--max-npus", type=int, default=1024)
+    ap.add_argument("--max-npus", type=int, default=4096)
+    ap.add_argument(
+        "--trace-up-to",
+        type=int,
+        default=2048,
+        help="build the trace up to this many NPUs (at 4,096 it needs ≈ 12 GB)",
+    )
     ap.add_argument("--trials", type=int, default=1)
-    ap.add_argument("--skip-tori", action="store_true")
+    ap.add_argument("--timeout", type=float, default=3600.0, help="per measurement, seconds")
+    ap.add_argument("--colls", default="allgather,allreduce")
+    ap.add_argument("--cli", action="store_true", help="time the whole `etstore synth` command instead")
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--one", nargs=2, metavar=("SPEC", "COLL"), help="measure one synthesis in this process")
+    ap.add_argument("--no-trace", action="store_true")
     args = ap.parse_args()
-    synthesize("ring:4", coll="allreduce")  # warm-up: imports, pyarrow kernels
-    series: dict[tuple[str, str], list[tuple[int, float]]] = {}
-    specs = MESHES + ([] if args.skip_tori else TORI)
-    for spec in specs:
-        if parse_topology(spec).num_npus > args.max_npus:
-            continue
-        for coll in ("allgather", "allreduce"):
-            row = measure(spec, coll, args.trials)
-            print(json.dumps(row), flush=True)
-            family = spec.split(":")[0]
-            series.setdefault((family, coll), []).append((int(row["n"]), float(row["cpu_s"])))
-    for (family, coll), points in series.items():
-        big = [(n, t) for n, t in points if n >= 64]
-        if len(big) >= 2:
-            row = {
-                "metric": f"synth_{coll}_growth_exponent",
-                "value": round(fit_exponent(big), 2),
-                "unit": "b in time ∝ N^b (N >= 64)",
-                "n": [n for n, _ in big],
-                "topology": family,
-                "machine": MACHINE,
-                "anchor_tacos_cpp": 3.2,
-            }
-            print(json.dumps(row), flush=True)
+    if args.one:
+        print(json.dumps(one(args.one[0], args.one[1], args.trials, not args.no_trace)), flush=True)
+    elif args.cli:
+        cli(args.runs)
+    else:
+        sweep(args.max_npus, args.trace_up_to, args.trials, args.timeout, args.colls.split(","))
 
 
 if __name__ == "__main__":

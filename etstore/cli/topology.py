@@ -11,11 +11,14 @@ from rich.console import Console
 
 from etstore.cli._common import add_format, open_from_args, print_json
 from etstore.cli._render import render
-from etstore.collectives.synth import synthesize
+from etstore.collectives.synth import SynthResult, synthesize
 from etstore.topology import DEFAULT_BANDWIDTH_GB_PER_S, DEFAULT_LATENCY_NS, parse_topology
 from etstore.units import parse_size
 
-__all__ = ["add_topology_options", "register", "topology_from"]
+__all__ = ["add_topology_options", "default_name", "register", "topology_from"]
+
+_DEFAULT_SIZE = "1GiB"
+_DEFAULT_TRIALS = 8
 
 
 def add_topology_options(sp: argparse.ArgumentParser, *, required: bool = True) -> None:
@@ -33,7 +36,7 @@ def add_topology_options(sp: argparse.ArgumentParser, *, required: bool = True) 
 def topology_from(args: argparse.Namespace, spec: str | None = None) -> Any:
     """The topology ``spec`` (default ``--topo``) names, links defaulting to ``--bw`` / ``--lat``."""
     return parse_topology(
-        spec or args.topo,
+        args.topo if spec is None else spec,
         bandwidth_gb_per_s=DEFAULT_BANDWIDTH_GB_PER_S if args.bw is None else args.bw,
         latency_ns=DEFAULT_LATENCY_NS if args.lat is None else args.lat,
     )
@@ -50,6 +53,25 @@ def _topo_show(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
+def default_name(res: SynthResult, size: str, trials: int) -> str:
+    """The stored name of a synthesized algorithm, from its own inputs alone.
+
+    ``synth-<collective>-<topology>-<k>c-s<seed>``, then ``-r<root>`` for a broadcast or
+    reduce from a root other than 0, ``-<size>`` for a size other than the default and
+    ``-t<trials>`` for a trial count other than the default: two requests share a
+    name exactly when they ask for the same algorithm.
+    """
+    label = re.sub(r"[^A-Za-z0-9.]+", "-", res.topology).strip("-")
+    name = f"synth-{res.collective}-{label}-{res.chunks_per_npu}c-s{res.seed}"
+    if res.collective in ("broadcast", "reduce") and res.extra.get("root", 0) != 0:
+        name += f"-r{res.extra['root']}"
+    if res.buffer_bytes != parse_size(_DEFAULT_SIZE):
+        name += "-" + re.sub(r"[^A-Za-z0-9.]+", "-", size).strip("-")
+    if trials != _DEFAULT_TRIALS:
+        name += f"-t{trials}"
+    return name
+
+
 def _synth(args: argparse.Namespace, console: Console) -> int:
     topo = topology_from(args)
     res = synthesize(
@@ -63,8 +85,7 @@ def _synth(args: argparse.Namespace, console: Console) -> int:
     )
     doc = res.to_dict()
     if not args.no_store:
-        label = re.sub(r"[^A-Za-z0-9.]+", "-", topo.name).strip("-")
-        name = args.name or f"synth-{res.collective}-{label}-{args.chunks}c-s{args.seed}"
+        name = args.name or default_name(res, args.size, args.trials)
         with open_from_args(args) as store:
             report = store.ingest(res.trace, name=name)
         doc = {"trace": report.trace.name, "status": "new" if report.created else "already stored", **doc}
@@ -105,11 +126,23 @@ def register(sub: Any) -> None:
         "--coll", required=True, help="allgather, reducescatter, allreduce, broadcast, reduce, alltoall"
     )
     sp.add_argument("--chunks", type=int, default=1, help="chunks per NPU (default 1)")
-    sp.add_argument("--trials", type=int, default=8, help="seeded greedy runs; the best is kept (default 8)")
+    sp.add_argument(
+        "--trials",
+        type=int,
+        default=_DEFAULT_TRIALS,
+        help=f"seeded greedy runs, stopping at the lower bound; the best is kept (default {_DEFAULT_TRIALS})",
+    )
     sp.add_argument("--seed", type=int, default=0, help="base seed (same seed, same algorithm)")
-    sp.add_argument("--size", default="1GiB", help="collective size for the reported time (default 1GiB)")
+    sp.add_argument(
+        "--size",
+        default=_DEFAULT_SIZE,
+        help=f"collective size for the reported time (default {_DEFAULT_SIZE})",
+    )
     sp.add_argument("--root", type=int, default=0, help="root NPU of broadcast and reduce")
-    sp.add_argument("--name", help="trace name (default: synth-<coll>-<topology>-<k>c-s<seed>)")
+    sp.add_argument(
+        "--name",
+        help="trace name (default: synth-<coll>-<topology>-<k>c-s<seed>, plus any non-default options)",
+    )
     sp.add_argument("--no-store", action="store_true", help="only report; do not store the algorithm")
     add_format(sp)
     sp.set_defaults(handler=_synth)

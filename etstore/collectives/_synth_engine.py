@@ -4,15 +4,18 @@
 two schedulers of :mod:`etstore.collectives.synth`: :meth:`Engine.flood` (every NPU
 must end with every chunk: All-Gather, Broadcast, and in reverse the reductions)
 and :meth:`Engine.alltoall` (shortest-path routing). Each returns the raw transfer
-lists; :meth:`Engine.best_of` keeps the fastest of several seeded trials.
+columns (:class:`Raw`: compact ``array.array`` buffers, no object per transfer);
+:meth:`Engine.best_of` keeps the fastest of several seeded trials.
 """
 
 from __future__ import annotations
 
 import heapq
 import random
+from array import array
 from collections import deque
 from collections.abc import Callable
+from typing import NamedTuple
 
 import numpy as np
 
@@ -67,15 +70,27 @@ class _EventQueue:
         return got
 
 
-Raw = tuple[list[int], list[int], list[float], float]  # links, chunks, starts, makespan
+class Raw(NamedTuple):
+    """One trial's transfers as compact columns: 12 bytes per transfer."""
+
+    link: array[int]  # int32, link id
+    chunk: array[int]  # int32 chunk id (int64 from 2^31 chunks on)
+    event: array[int]  # int32, index into ``event_ns`` of the transfer's start
+    event_ns: list[float]  # the distinct event times, ascending
+    makespan: float  # ns
+
+
+def _chunk_buffer(num_chunks: int) -> array[int]:
+    """A buffer for chunk ids: 4 bytes each, 8 when ids reach 2^31."""
+    return array("i" if num_chunks < 2**31 else "q")
 
 
 class Engine:
     """Greedy schedulers over one topology with fixed per-link chunk times."""
 
-    def __init__(self, topo: Topology, times: np.ndarray, dist: np.ndarray) -> None:
+    def __init__(self, topo: Topology, times: np.ndarray, dist: np.ndarray | None = None) -> None:
         self.topo = topo
-        self.dist = dist
+        self.dist = dist  # every pair's distance in ns: only All-to-All routing needs it
         self.n = topo.num_npus
         self.src: list[int] = topo.src.tolist()
         self.dst: list[int] = topo.dst.tolist()
@@ -106,9 +121,9 @@ class Engine:
             rng = random.Random(seed * 1_000_003 + trial)
             raw = run(rng, policies[trial % 2])
             used += 1
-            if best is None or raw[3] < best[3] - EPS:
+            if best is None or raw.makespan < best.makespan - EPS:
                 best, best_trial = raw, trial
-            if best[3] <= bound * (1 + 1e-9) + EPS:
+            if best.makespan <= bound * (1 + 1e-9) + EPS:
                 break
         assert best is not None
         return best, used, best_trial
@@ -140,9 +155,11 @@ class Engine:
             in_ready[link] = 1
         out_base = [[(x, dst[x] * num_chunks) for x in links] for links in out]
         deferred: list[list[int]] = [[] for _ in range(n)]
-        rec_link: list[int] = []
-        rec_chunk: list[int] = []
-        rec_start: list[float] = []
+        rec_link: array[int] = array("i")
+        rec_chunk = _chunk_buffer(num_chunks)
+        rec_event: array[int] = array("i")
+        event_ns = [0.0]
+        ev = 0
         # free links are served in a per-trial random order, fastest links first
         noise = [rng.random() for _ in range(num_links)]
         by_speed = sorted(range(num_links), key=lambda x: (times[x], noise[x]))
@@ -189,7 +206,7 @@ class Engine:
                         remaining[d] -= 1
                         rec_link.append(link)
                         rec_chunk.append(c)
-                        rec_start.append(t)
+                        rec_event.append(ev)
                         f = t + times[link]
                         until[link] = f
                         busy[link] = 1
@@ -204,6 +221,8 @@ class Engine:
             if not arrivals:
                 break
             t = arrivals[-1][0]
+            event_ns.append(t)
+            ev += 1
             todo -= len(arrivals)
             for _, link, c in arrivals:
                 busy[link] = 0
@@ -225,7 +244,7 @@ class Engine:
                             ready.append(nxt)
         if todo:
             raise UnsatisfiableError(f"synth: {todo} chunk deliveries are impossible on {self.topo.name}")
-        return rec_link, rec_chunk, rec_start, t
+        return Raw(rec_link, rec_chunk, rec_event, event_ns, t)
 
     def alltoall(self, k: int, rng: random.Random, policy: str) -> Raw:
         """Chunk ``(r·N + d)·k + j`` goes from NPU r to NPU d over shortest paths, farthest first.
@@ -235,6 +254,7 @@ class Engine:
         n, src, dst, times = self.n, self.src, self.dst, self.times
         num_links = len(src)
         dist = self.dist
+        assert dist is not None, "alltoall needs the distance table"
         # link s→x may carry a chunk bound for d iff it starts a shortest path to d
         tol = 1e-9 * max(1.0, float(np.max(dist)))
         sl, dl = self.topo.src, self.topo.dst
@@ -277,9 +297,11 @@ class Engine:
                 if d != r:
                     for j in range(k):
                         offer(r, (r * n + d) * k + j, d)
-        rec_link: list[int] = []
-        rec_chunk: list[int] = []
-        rec_start: list[float] = []
+        rec_link: array[int] = array("i")
+        rec_chunk = _chunk_buffer(n * n * k)
+        rec_event: array[int] = array("i")
+        event_ns = [0.0]
+        ev = 0
         heap: list[tuple[float, int, int]] = []
         moving = bytearray(n * n * k)
         todo = n * (n - 1) * k
@@ -298,7 +320,7 @@ class Engine:
                         moving[ch] = 1
                         rec_link.append(link)
                         rec_chunk.append(ch)
-                        rec_start.append(t)
+                        rec_event.append(ev)
                         busy[link] = 1
                         heapq.heappush(heap, (t + times[link], link, ch))
                         break
@@ -307,6 +329,7 @@ class Engine:
                 break
             t = heap[0][0]
             limit = t + EPS
+            ev += 1
             arrived: list[tuple[int, int]] = []
             while heap and heap[0][0] <= limit:
                 t, link, ch = heapq.heappop(heap)
@@ -321,8 +344,9 @@ class Engine:
                     todo -= 1
                 else:
                     arrived.append((x, ch))
+            event_ns.append(t)
             for x, ch in arrived:
                 offer(x, ch, dest_of[ch])
         if todo:
             raise UnsatisfiableError(f"synth: {todo} all-to-all chunks cannot be routed on {self.topo.name}")
-        return rec_link, rec_chunk, rec_start, t
+        return Raw(rec_link, rec_chunk, rec_event, event_ns, t)

@@ -9,6 +9,7 @@ it leaves again.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
@@ -50,7 +51,7 @@ def _group_rank(keys_sorted: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return new, np.arange(m) - start
 
 
-def build_trace(topo: Topology, sched: Schedule, coll: str, n: int, k: int, total_chunks: int) -> Trace:
+def build_trace(topo: Topology, schedule: Schedule, coll: str, n: int, k: int, total_chunks: int) -> Trace:
     """The algorithm trace of a schedule (docs/algorithms.md). O(T log T) for T transfers.
 
     Per transfer: a send at the source and a recv at the destination, plus a
@@ -58,6 +59,7 @@ def build_trace(topo: Topology, sched: Schedule, coll: str, n: int, k: int, tota
     Threadblocks: one per (NPU, link, direction), steps in schedule order, each
     chained to the previous one; All-to-All adds one ``copy`` per own chunk.
     """
+    sched = _Columns.of(schedule)
     t = len(sched)
     op = _ops_in_order(topo, sched, coll, n, k)
     m = len(op.kind)
@@ -98,6 +100,34 @@ def build_trace(topo: Topology, sched: Schedule, coll: str, n: int, k: int, tota
     return Trace(ops, deps, name=f"synth-{coll}-{shape}-k{k}", kind="algorithm", source="synth")
 
 
+@dataclass(frozen=True)
+class _Columns:
+    """A schedule's columns with the derived ones (src, dst, end) computed once."""
+
+    link: np.ndarray
+    src: np.ndarray
+    dst: np.ndarray
+    chunk: np.ndarray
+    start_ns: np.ndarray
+    end_ns: np.ndarray
+    phase: np.ndarray
+
+    @staticmethod
+    def of(sched: Schedule) -> _Columns:
+        return _Columns(
+            sched.link,
+            sched.src,
+            sched.dst,
+            sched.chunk.astype(np.int64),
+            sched.start_ns,
+            sched.end_ns,
+            sched.phase,
+        )
+
+    def __len__(self) -> int:
+        return len(self.link)
+
+
 class _Ops(NamedTuple):
     """Every node of the trace as columns, sorted by (rank, time, kind order, side, link)."""
 
@@ -111,7 +141,7 @@ class _Ops(NamedTuple):
     copy_offset: np.ndarray  # per local copy: its buffer offset
 
 
-def _ops_in_order(topo: Topology, sched: Schedule, coll: str, n: int, k: int) -> _Ops:
+def _ops_in_order(topo: Topology, sched: _Columns, coll: str, n: int, k: int) -> _Ops:
     """Sends, receives, reductions (and All-to-All's local copies), in per-rank issue order."""
     t = len(sched)
     r_idx = np.flatnonzero(sched.phase == 0)
@@ -153,7 +183,7 @@ def _ops_in_order(topo: Topology, sched: Schedule, coll: str, n: int, k: int) ->
 
 
 def _op_buffers(
-    sched: Schedule, op: _Ops, coll: str, n: int, k: int
+    sched: _Columns, op: _Ops, coll: str, n: int, k: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Per op: (chunk, source buffer, source offset, destination buffer, destination offset)."""
     t = len(sched)
@@ -199,7 +229,7 @@ def _threadblocks(topo: Topology, op: _Ops, n: int) -> tuple[np.ndarray, np.ndar
 
 
 def _data_deps(
-    sched: Schedule,
+    sched: _Columns,
     op: _Ops,
     coll: str,
     chunk: np.ndarray,
@@ -274,7 +304,7 @@ def _link_tags(topo: Topology) -> np.ndarray:
 _Arrays4 = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 
 
-def _buffers(sched: Schedule, coll: str, n: int, k: int) -> _Arrays4:
+def _buffers(sched: _Columns, coll: str, n: int, k: int) -> _Arrays4:
     """Per transfer: (sender buffer, sender offset, receiver buffer, receiver offset), offsets in chunks.
 
     All-Gather works in place in ``o``; the reductions, All-Reduce and Broadcast in

@@ -40,12 +40,13 @@ import logging
 import random
 import time
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 import numpy as np
 
 from etstore.collective import ALGORITHM_COLLECTIVES, short_name
-from etstore.collectives._synth_bounds import alltoall_bound, flood_setup
+from etstore.collectives._synth_bounds import alltoall_bound, flood_bound, flood_holders
 from etstore.collectives._synth_engine import Engine, Raw
 from etstore.collectives._synth_schedule import Flow, Schedule, assemble, flow, reverse, reverse_links
 from etstore.collectives._synth_trace import build_trace
@@ -60,16 +61,19 @@ log = logging.getLogger(__name__)
 COLLECTIVES = ALGORITHM_COLLECTIVES  # synthesis covers every collective an algorithm can implement
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class SynthResult:
     """A synthesized algorithm and how good it is.
 
     ``time_ns`` is the schedule's collective time under the link model,
     ``lower_bound_ns`` a bound no schedule can beat (see :func:`synthesize`),
     ``ratio`` their quotient (1.0 = provably optimal under the model).
+    ``schedule`` is the algorithm as compact columns; ``trace``, the algorithm
+    trace, is built from it on first access (two or three nodes per transfer, so
+    about 200 bytes per transfer against the schedule's 17).
     """
 
-    trace: Trace
+    network: Topology
     schedule: Schedule
     collective: str
     topology: str
@@ -84,6 +88,31 @@ class SynthResult:
     best_trial: int
     synthesis_s: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict)
+
+    @cached_property
+    def trace(self) -> Trace:
+        """The algorithm trace (kind ``algorithm``), built on first access; O(T log T) for T transfers."""
+        coll, n, k = self.collective, self.num_npus, self.chunks_per_npu
+        total_chunks = k if coll in ("broadcast", "reduce") else n * k
+        trace = build_trace(self.network, self.schedule, coll, n, k, total_chunks)
+        params: dict[str, Any] = {
+            "collective": coll,
+            "ngpus": n,
+            "nchunksperloop": total_chunks,
+            "inplace": coll != "alltoall",
+            "producer": "synth",
+            "topology": self.topology,
+            "seed": self.seed,
+            "chunks_per_npu": k,
+            "trials": self.trials,
+            "buffer_bytes": self.buffer_bytes,
+            "time_ns": self.time_ns,
+            "lower_bound_ns": self.lower_bound_ns,
+            **self.extra,
+        }
+        if self.network.labels is not None:
+            params["npu_labels"] = [int(x) for x in self.network.labels]
+        return trace.replace(params=params)
 
     @property
     def ratio(self) -> float:
@@ -165,14 +194,18 @@ def synthesize(
     Notes
     -----
     Time O(trials · (N · C · deg + T log E)) with C chunks, out-degree deg, T transfers
-    and E links, plus O(T log T) to build the trace. The lower bounds: for
-    All-Gather the larger of the ingress bound (NPU d needs (N-1)·k chunks; its
-    in-links deliver at most ⌊τ / t_l⌋ each by time τ; TACOS's ⌈(N-1)k / indeg⌉ · t
-    when links are equal) and the longest shortest path; Reduce-Scatter the same on
-    the transposed topology (egress); All-Reduce their sum (the bound of the
-    RS + AG decomposition, as TACOS); Broadcast/Reduce the root's egress/ingress,
-    every other NPU's ingress/egress for k chunks and the farthest NPU;
-    All-to-All adds the total link time needed (k · Σ shortest paths / links).
+    and E links; memory 17 bytes per transfer for the schedule (25 for reductions)
+    plus N · C bytes of delivery flags. The trace is built on first access to
+    ``result.trace``, O(T log T). The lower bounds (``_synth_bounds``, all counting
+    link finish times): All-Gather the largest of every NPU's ingress of (N-1)·k chunks
+    (TACOS's ⌈(N-1)k / indeg⌉ · t when links are equal), the cuts (|A|·k chunks from
+    side A to side B) and the farthest pair; Reduce-Scatter the same on the transposed
+    topology (egress); All-Reduce their sum (the bound of the RS + AG decomposition,
+    as TACOS); Broadcast the root's injection of k chunks plus the distance the last
+    one still has to go, every other NPU's ingress with in-links released when a chunk
+    can first reach them, and the farthest NPU; Reduce the same on the transpose;
+    All-to-All injection, ejection, the cuts (|A|·|B|·k chunks each way: the bisection),
+    the farthest pair and the total link work.
     Source: W. Won et al., "TACOS: Topology-Aware Collective Algorithm Synthesizer
     for Distributed Machine Learning", MICRO 2024; FORMATS.md §4.
 
@@ -202,34 +235,15 @@ def synthesize(
         )
     chunk_bytes = buffer_bytes / total_chunks
     phases, lb, used, best = _run_phases(topo, coll_name, k, root, chunk_bytes, trials, seed)
-    schedule = assemble(topo, phases)
-    trace = build_trace(topo, schedule, coll_name, n, k, total_chunks)
+    schedule = assemble(topo, topo.link_time_ns(chunk_bytes), phases)
+    del phases
     elapsed = time.perf_counter() - began
-    params: dict[str, Any] = {
-        "collective": coll_name,
-        "ngpus": n,
-        "nchunksperloop": total_chunks,
-        "inplace": coll_name != "alltoall",
-        "producer": "synth",
-        "topology": topo.name,
-        "seed": seed,
-        "chunks_per_npu": k,
-        "trials": used,
-        "buffer_bytes": int(buffer_bytes),
-        "time_ns": schedule.time_ns,
-        "lower_bound_ns": lb,
-    }
-    if coll_name in ("broadcast", "reduce"):
-        params["root"] = root
-    if topo.labels is not None:
-        params["npu_labels"] = [int(x) for x in topo.labels]
-    trace = trace.replace(params=params)
     log.debug(
         "synth %s on %s: %.1f ns (bound %.1f) in %.3f s", coll_name, topo.name, schedule.time_ns, lb, elapsed
     )
     extra = {"root": root} if coll_name in ("broadcast", "reduce") else {}
     return SynthResult(
-        trace,
+        topo,
         schedule,
         coll_name,
         topo.name,
@@ -270,38 +284,40 @@ def _run_phases(
     All-Gather.
     """
     times = topo.link_time_ns(chunk_bytes)
-    dist = topo.distances_ns(chunk_bytes)
-    engine = Engine(topo, times, dist)
-    if coll == "alltoall":
+    if coll == "alltoall":  # shortest-path routing needs every pair's distance
+        dist = topo.distances_ns(chunk_bytes)
+        engine = Engine(topo, times, dist)
         lb = alltoall_bound(topo, times, dist, k)
         raw, used, best = engine.best_of(trials, seed, lb, lambda rng, pol: engine.alltoall(k, rng, pol))
-        return [(flow(raw, times), 2, 0.0)], lb, used, best
+        return [(flow(raw), 2, 0.0)], lb, used, best
     base = "allgather" if coll in ("allgather", "reducescatter", "allreduce") else "broadcast"
-    holders, lb_ag = flood_setup(topo, times, dist, base, k, root, transpose=False)
+    holders = flood_holders(topo.num_npus, base, k, root)
+    engine = Engine(topo, times)
+    lb_ag = flood_bound(topo, times, base, k, root, transpose=False)
 
     def gather(rng: random.Random, policy: str) -> Raw:
         return engine.flood(holders, rng, policy)
 
     if coll in ("allgather", "broadcast"):
         raw, used, best = engine.best_of(trials, seed, lb_ag, gather)
-        return [(flow(raw, times), 1, 0.0)], lb_ag, used, best
+        return [(flow(raw), 1, 0.0)], lb_ag, used, best
     # reducescatter, reduce, allreduce: reverse a flood on the transposed topology
-    _, lb_rs = flood_setup(topo, times, dist, base, k, root, transpose=True)
+    lb_rs = flood_bound(topo, times, base, k, root, transpose=True)
     rev = reverse_links(topo)
     ag: Flow | None = None
     if rev is not None:  # symmetric: a flood on the transpose is this flood on reversed links
         raw, used, best = engine.best_of(trials, seed, lb_ag, gather)
-        ag = flow(raw, times)
-        rs = reverse(ag, rev)
+        ag = flow(raw)
+        rs = reverse(ag, rev, times)
     else:
-        tengine = Engine(topo.transpose(), times, dist.T)
+        tengine = Engine(topo.transpose(), times)
         raw, used, best = tengine.best_of(
             trials, seed, lb_rs, lambda rng, pol: tengine.flood(holders, rng, pol)
         )
-        rs = reverse(flow(raw, times), np.arange(topo.num_links, dtype=np.int32))
+        rs = reverse(flow(raw), np.arange(topo.num_links, dtype=np.int32), times)
         if coll == "allreduce":
             raw, used2, _ = engine.best_of(trials, seed, lb_ag, gather)
-            ag = flow(raw, times)
+            ag = flow(raw)
             used += used2
     if coll == "allreduce":
         assert ag is not None  # both branches above build the All-Gather for allreduce

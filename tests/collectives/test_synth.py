@@ -251,6 +251,141 @@ def test_broadcast_pipelines_over_disjoint_paths() -> None:
     assert r.lower_bound_ns == pytest.approx(4 * _t(2))
 
 
+# -------------------------------------------------------------- lower bounds
+# Each bound by hand from the link model: a link takes t = latency + chunk / bandwidth per
+# chunk (bandwidth in GiB/s), carries one chunk at a time, and so finishes at most ⌊τ / t⌋
+# chunks by τ. Default links: 50 GiB/s, 500 ns.
+
+
+def _dumbbell() -> Topology:
+    """Two fully connected groups {0..3} and {4..7} joined by one link each way between 3 and 4."""
+    group = [(a, b) for g in (range(4), range(4, 8)) for a in g for b in g if a != b]
+    return Topology.from_links(8, [*group, (3, 4), (4, 3)], name="dumbbell")
+
+
+@pytest.mark.parametrize(
+    ("spec", "k", "cut_links", "side", "steps"),
+    [
+        # 8×8 mesh: the cut between columns 3 and 4 has 8 links each way and 32·32 chunks cross
+        # each way: 1024 / 8 = 128 t. (Total link work: 21,504 hops over 224 links = 96 t, the
+        # bound reported before; an NPU's ingress: 63 chunks over 2 links = 32 t.)
+        ("mesh2d:8x8", 1, 8, 32, 128),
+        # 4×4 mesh: 4 links, 8·8 chunks: 16 t (link work 640 hops / 48 links = 13.3 t)
+        ("mesh2d:4x4", 1, 4, 8, 16),
+        ("mesh2d:4x4", 2, 4, 8, 32),  # 8·8·2 = 128 chunks over 4 links
+        # 8×4 torus: cutting the 8-ring axis takes 2 links in each of 4 rings; 16·16 / 8 = 32 t
+        # (link work 3,072 hops / 128 links = 24 t)
+        ("torus2d:8x4", 1, 8, 16, 32),
+    ],
+)
+def test_alltoall_bound_is_the_bisection(spec: str, k: int, cut_links: int, side: int, steps: int) -> None:
+    topo = parse_topology(spec)
+    n = topo.num_npus
+    r = synthesize(topo, coll="alltoall", chunks_per_npu=k, trials=1)
+    t = _t(n * k)
+    assert r.lower_bound_ns == pytest.approx(steps * t, rel=1e-12)
+    assert steps == side * side * k // cut_links
+    # cross-check with the topology's own bisection: serialization of the crossing bytes over
+    # the bisection bandwidth, plus one latency per chunk on each cut link
+    bisection, exact = topo.bisection()
+    assert exact and bisection == cut_links * 50.0
+    serialization = side * side * k * r.chunk_bytes / (bisection * GIB / 1e9)
+    assert r.lower_bound_ns == pytest.approx(serialization + steps * 500.0, rel=1e-12)
+    assert r.time_ns >= r.lower_bound_ns * (1 - 1e-9)
+
+
+def test_mesh_alltoall_bound_by_hand() -> None:
+    # the issue's example: 8×8 mesh, 1 GiB per NPU: t = 500 + 2^24 / 53.687 = 313,000 ns
+    r = synthesize("mesh2d:8x8", coll="alltoall", trials=1)
+    assert _t(64) == 313_000.0
+    assert r.lower_bound_ns == pytest.approx(40_064_000.0)
+
+
+def test_cuts_of_a_topology_without_axes() -> None:
+    # a dumbbell has no axes; the cut between the groups comes from the distance order.
+    # 1 GiB over 8 NPUs: t = 500 + 2^27 / 53.687 = 2,500,500 ns
+    topo = _dumbbell()
+    bisection, exact = topo.bisection()
+    assert exact and bisection == 50.0  # one link each way
+    t = _t(8)
+    a2a = synthesize(topo, coll="alltoall", trials=1)
+    assert a2a.lower_bound_ns == pytest.approx(16 * t)  # 4·4 chunks over the one link
+    assert a2a.lower_bound_ns >= 16 * a2a.chunk_bytes / (bisection * GIB / 1e9)
+    # All-Gather: the group's 4 chunks over the one link, 4 t; ingress is only ⌈7/3⌉ = 3 t
+    # (NPU 0: 3 in-links) and the farthest pair 3 hops
+    ag = synthesize(topo, coll="allgather", trials=1)
+    assert ag.lower_bound_ns == pytest.approx(4 * t)
+    for r in (a2a, ag):
+        _assert_postcondition(r)
+        _assert_link_model(r, topo)
+
+
+def test_cut_bound_with_many_link_speeds() -> None:
+    # 26 distinct bandwidths (more than the exact per-speed count handles, so the cut uses
+    # τ ≥ chunks / Σ 1/t_l; for a single link that is exact): the bridge 3 → 4 at 10 GiB/s
+    # takes t = 500 + 2^27 / (10 · 2^30 / 1e9) = 12,500,500 ns per 128 MiB chunk, and 16
+    # chunks must cross it
+    dumbbell = _dumbbell()
+    bandwidth = np.linspace(50.0, 100.0, dumbbell.num_links)
+    bridge = np.flatnonzero((dumbbell.src == 3) & (dumbbell.dst == 4))
+    bandwidth[bridge] = 10.0
+    bandwidth[np.flatnonzero((dumbbell.src == 4) & (dumbbell.dst == 3))] = 20.0
+    topo = Topology(8, dumbbell.src, dumbbell.dst, dumbbell.latency_ns, bandwidth, "skewed-dumbbell")
+    r = synthesize(topo, coll="alltoall", trials=1)
+    assert len(np.unique(topo.link_time_ns(r.chunk_bytes))) > 16
+    assert r.lower_bound_ns == pytest.approx(16 * 12_500_500.0)
+    assert r.time_ns >= r.lower_bound_ns
+
+
+@pytest.mark.parametrize(
+    ("spec", "k", "root", "steps"),
+    [
+        # corner root of a 3×3 mesh, 4 chunks: its 2 out-links send them by 2 t; the last one
+        # leaves to a neighbour 3 hops from the far corner: 2 t + 3 t (the farthest NPU: 4 t)
+        ("mesh2d:3x3", 4, 0, 5),
+        # centre root, 8 chunks: a corner's 2 in-links come from NPUs one hop from the root, so
+        # nothing arrives before t, then 8 chunks over 2 links take 4 t
+        ("mesh2d:3x3", 8, 4, 5),
+        # 4×4 torus, 8 chunks: root egress 8 / 4 = 2 t, then the far NPU (2, 2) is 3 hops from
+        # every neighbour of the root: 5 t; its 4 in-links are 3 hops out: 3 t + 8 / 4 t
+        ("torus2d:4x4", 8, 0, 5),
+        # 2 chunks from a corner: the far corner is 4 hops away (root egress 1 t + 3 t)
+        ("mesh2d:3x3", 2, 0, 4),
+    ],
+)
+def test_broadcast_and_reduce_bounds_by_hand(spec: str, k: int, root: int, steps: int) -> None:
+    topo = parse_topology(spec)
+    t = _t(k)
+    for coll in ("broadcast", "reduce"):  # symmetric links: reduce is the reversed broadcast
+        r = synthesize(topo, coll=coll, chunks_per_npu=k, root=root, trials=2)
+        assert r.lower_bound_ns == pytest.approx(steps * t), coll
+        assert r.time_ns >= r.lower_bound_ns * (1 - 1e-9)
+        _assert_postcondition(r)
+
+
+@pytest.mark.parametrize(
+    ("spec", "k", "steps"),
+    [
+        ("mesh2d:4x4", 1, 8),  # a corner: 15 chunks over 2 in-links, ⌈7.5⌉ (farthest: 6 hops)
+        ("torus2d:4x4", 2, 8),  # 30 chunks over 4 in-links, ⌈7.5⌉
+        ("hypercube:8", 1, 3),  # 7 chunks over 3 in-links; also the diameter
+        ("uniring:5", 1, 4),  # 4 chunks over 1 in-link
+        ("mesh1d:8", 1, 7),  # a line's end: 7 chunks over 1 link (the middle cut: 4)
+    ],
+)
+def test_allgather_family_bounds_match_closed_forms(spec: str, k: int, steps: int) -> None:
+    # All-Gather: ⌈(N-1)·k / in-degree⌉ link times (TACOS); Reduce-Scatter the same by egress;
+    # All-Reduce their sum, the bound of a Reduce-Scatter followed by an All-Gather
+    topo = parse_topology(spec)
+    t = _t(topo.num_npus * k)
+    ag = synthesize(topo, coll="allgather", chunks_per_npu=k, trials=1)
+    rs = synthesize(topo, coll="reducescatter", chunks_per_npu=k, trials=1)
+    ar = synthesize(topo, coll="allreduce", chunks_per_npu=k, trials=1)
+    assert ag.lower_bound_ns == pytest.approx(steps * t)
+    assert rs.lower_bound_ns == pytest.approx(steps * t)
+    assert ar.lower_bound_ns == pytest.approx(2 * steps * t)
+
+
 # ------------------------------------------------------------ every collective
 TOPOS = [
     "ring:5",
@@ -444,6 +579,25 @@ def test_exports_to_msccl_xml_and_back(coll: str, tmp_path: Path) -> None:
     assert sends(back) == sends(r.trace) == len(r.schedule)
     report = check_algorithm(back)
     assert report.ok, report.problems
+
+
+# ------------------------------------------------------------------ memory
+def test_schedule_is_compact_and_the_trace_lazy() -> None:
+    # an All-Gather keeps link (int32), chunk (int32), start (float64) and phase (int8) per
+    # transfer: 17 bytes; src, dst and end come from the link
+    r = synthesize("mesh2d:8x8", coll="allgather", trials=1)
+    s = r.schedule
+    assert len(s) == 64 * 63
+    assert s.nbytes == 17 * len(s)
+    assert "trace" not in r.__dict__  # not built until asked for
+    topo = parse_topology("mesh2d:8x8")
+    np.testing.assert_array_equal(s.src, topo.src[s.link])
+    np.testing.assert_array_equal(s.end_ns, s.start_ns + topo.link_time_ns(r.chunk_bytes)[s.link])
+    assert r.trace.num_ops == 2 * len(s)
+    assert r.trace is r.trace  # built once
+    # reductions keep their end times (the reversed phase's exact sums): 25 bytes
+    rs = synthesize("mesh2d:4x4", coll="reducescatter", trials=1).schedule
+    assert rs.nbytes == 25 * len(rs)
 
 
 # ------------------------------------------------------------------- errors
