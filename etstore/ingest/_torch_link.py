@@ -15,22 +15,17 @@ whose interval contains the call (walked up the ET's parent links, O(depth)).
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
+import orjson
 
 from etstore.errors import TraceFormatError
 from etstore.ingest._frames import read_bytes
 from etstore.ingest._torch_comm import ProcessGroup, process_groups
-
-try:  # a C extension: several times faster than json on multi-megabyte traces
-    import orjson as _orjson
-except ImportError:  # pragma: no cover - the pure-Python decoder is the fallback
-    _orjson = None  # type: ignore[assignment]
 
 __all__ = ["KernelOps", "LinkResult", "dumps", "link_rank", "load_json"]
 
@@ -52,18 +47,14 @@ def load_json(path: Path) -> Any:
     """Decode a JSON file (plain or gzip); truncated or invalid JSON is a TraceFormatError."""
     data = read_bytes(path, sniff=False)
     try:
-        if _orjson is not None:
-            return _orjson.loads(data)
-        return json.loads(data)
+        return orjson.loads(data)  # strict JSON (no NaN), ~1.7x the standard library's speed
     except (ValueError, UnicodeDecodeError) as exc:  # orjson.JSONDecodeError is a ValueError
         raise TraceFormatError(f"{path}: not valid JSON (truncated or corrupt): {exc}") from exc
 
 
 def dumps(value: Any) -> bytes:
     """Compact JSON bytes of ``value`` (the raw source record kept per op)."""
-    if _orjson is not None:
-        return _orjson.dumps(value)
-    return json.dumps(value, separators=(",", ":")).encode()
+    return orjson.dumps(value)
 
 
 class KernelOps(NamedTuple):
