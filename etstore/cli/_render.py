@@ -8,13 +8,14 @@ import io
 import json
 import math
 import sys
+from collections.abc import Mapping
 from typing import Any, TextIO
 
 import pyarrow as pa
 from rich.console import Console
 from rich.table import Table
 
-__all__ = ["FORMATS", "json_text", "render", "to_json_value"]
+__all__ = ["FORMATS", "json_text", "recognised_line", "render", "to_json_value"]
 
 FORMATS = ("table", "csv", "json")
 
@@ -119,3 +120,24 @@ def render(
         for row in cells:
             t.add_row(*row)
         (console or Console(file=out)).print(t)
+
+
+def recognised_line(name: str, params: Mapping[str, Any]) -> str | None:
+    """One line saying what an input was recognised as (``params["recognised"]``), or None."""
+    rec = params.get("recognised") if isinstance(params, Mapping) else None
+    if not isinstance(rec, dict):
+        return None
+    parts = [str(rec.get("format", "?"))]
+    if rec.get("ranks"):
+        parts.append(f"{rec['ranks']} ranks")
+    parts.append(f"{rec.get('ops', 0):,} ops")
+    colls = rec.get("collectives") or {}
+    p2p = rec.get("p2p") or {}
+    counts = ", ".join(f"{k} {v}" for k, v in {**colls, **p2p}.items())
+    parts.append(f"collectives: {counts}" if counts else "no collectives")
+    linked = rec.get("linked_fraction")
+    if linked is not None:
+        parts.append(f"linked {100 * linked:.1f}%")
+    if params.get("durations") == "absent":
+        parts.append("durations absent (no Kineto trace)")
+    return f"{name}: " + "; ".join(parts)

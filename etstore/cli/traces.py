@@ -12,7 +12,7 @@ import pyarrow as pa
 from rich.console import Console
 
 from etstore.cli._common import add_format, open_from_args, progress
-from etstore.cli._render import render
+from etstore.cli._render import recognised_line, render
 from etstore.cli.demo import run_demo
 from etstore.errors import OptionError
 from etstore.ingest.comm_groups import write_astra_et
@@ -43,7 +43,7 @@ def _ingest(args: argparse.Namespace, console: Console) -> int:
     if stats.measured:  # nccl-tests / rccl-tests logs became measured runs
         render(pa.Table.from_pylist([m.as_row() for m in stats.measured]), args.format, console=console)
     for report in stats.reports:  # what each input was recognised as; stdout stays data unless a table
-        line = _recognised_line(report.trace.name, report.trace.params)
+        line = recognised_line(report.trace.name, report.trace.params)
         if line and args.format == "table":
             console.print(line, highlight=False, soft_wrap=True)
         elif line:
@@ -51,27 +51,6 @@ def _ingest(args: argparse.Namespace, console: Console) -> int:
     for _path, message in stats.skipped:  # on stderr, beside errors: stdout may be JSON
         sys.stderr.write(f"etstore: skipped {message}\n")
     return 1 if stats.skipped else 0
-
-
-def _recognised_line(name: str, params: Any) -> str | None:
-    """One line saying what an input was recognised as (``params["recognised"]``), or None."""
-    rec = params.get("recognised") if isinstance(params, dict) else None
-    if not isinstance(rec, dict):
-        return None
-    parts = [str(rec.get("format", "?"))]
-    if rec.get("ranks"):
-        parts.append(f"{rec['ranks']} ranks")
-    parts.append(f"{rec.get('ops', 0)} ops")
-    colls = rec.get("collectives") or {}
-    p2p = rec.get("p2p") or {}
-    counts = ", ".join(f"{k} {v}" for k, v in {**colls, **p2p}.items())
-    parts.append(f"collectives: {counts}" if counts else "no collectives")
-    linked = rec.get("linked_fraction")
-    if linked is not None:
-        parts.append(f"linked {100 * linked:.1f}%")
-    if params.get("durations") == "absent":
-        parts.append("durations absent (no Kineto trace)")
-    return f"{name}: " + "; ".join(parts)
 
 
 def _bar_step(bar: Any) -> BatchProgressFn:
@@ -260,9 +239,7 @@ def register(sub: Any) -> None:
     sp.add_argument("--seq-tokens", type=int, default=2048, help="tokens per step (default 2048)")
     sp.add_argument("--seed", type=int, default=0, help="seed of the ±10%% compute jitter")
     sp.add_argument("--name", default="transformer", help="trace name (default transformer)")
-    sp.add_argument(
-        "--out", help="write <OUT>.<rank>.et files (integer pg_names) and <OUT>.comm_groups.json"
-    )
+    sp.add_argument("--out", help="write <OUT>.<rank>.et files (integer pg_names) and <OUT>.comm_groups.json")
     sp.add_argument("--ingest", action="store_true", help="also store it")
     sp.set_defaults(handler=_workload)
 

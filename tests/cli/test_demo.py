@@ -1,0 +1,65 @@
+"""`etstore demo` end to end on the shipped recorded DLRM trace (examples/dlrm_8r).
+
+The pinned numbers are counted from the upstream files: every rank's execution trace holds
+3 ``nccl:all_reduce`` and 5 ``nccl:all_to_all`` nodes; the all-reduce buffers are
+394,241 + 112 + 226,960 float32 elements = 2,485,252 bytes per rank (``dlrm_eg_0.json``).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from etstore.cli import demo, main
+from etstore.errors import ConfigError
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "dlrm_8r"
+
+
+def run(capsys: pytest.CaptureFixture[str], store: Path, *args: str) -> tuple[int, str, str]:
+    code = main(["--store", str(store), *args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_shipped_files_are_the_upstream_pair() -> None:
+    et = sorted(EXAMPLE.glob("dlrm_eg_*.json.gz"))
+    kineto = sorted(EXAMPLE.glob("worker*_step_12.*.pt.trace.json.gz"))
+    assert len(et) == 8 and len(kineto) == 8 and (EXAMPLE / "SOURCE.md").is_file()
+    with gzip.open(EXAMPLE / "dlrm_eg_3.json.gz", "rt") as f:
+        names = [n["name"] for n in json.load(f)["nodes"]]
+    assert names.count("nccl:all_reduce") == 3 and names.count("nccl:all_to_all") == 5
+
+
+def test_demo_runs_on_the_recorded_dlrm_trace(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    out_dir = tmp_path / "out"
+    code, out, _ = run(capsys, tmp_path / "store", "demo", "--out", str(out_dir))
+    assert code == 0
+    text = " ".join(out.split())  # the console wraps long lines
+    assert "dlrm_8r: pytorch-et; 15,516 ops; collectives: ALL_REDUCE 24, ALL_TO_ALL 40; linked 100.0%" in text
+    assert "over 8 ranks" in text
+    # step 3: per rank, the all-reduce bytes counted from the execution trace
+    assert text.count("ALL_REDUCE │ 3 │ 2485252 │ 1576964") == 8
+    assert text.count("ALL_TO_ALL │ 5 │ 64448 │ 24576") == 8
+    # step 4: 3 all-reduce + 5 all-to-all instances, the 4-rank MSCCL-IR ring does not fit 8 ranks
+    assert "replacing 8 collective instances" in text
+    assert "all-reduce uses the built-in ring:2 generator" in text
+    # step 7 cannot apply: no compute consumes a collective's output in this trace
+    assert "does not apply to this trace: chunk-split finds nothing to change" in text
+    html = out_dir / "report.html"
+    assert html.is_file() and html.stat().st_size > 20_000
+    assert "dlrm_8r" in html.read_text(encoding="utf-8")
+    assert len(list(out_dir.glob("dlrm_8r-expanded.*.et"))) == 8
+
+
+def test_demo_without_its_trace_names_the_missing_directory(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setattr(demo, "EXAMPLES", tmp_path / "examples")
+    with pytest.raises(ConfigError, match=r"the demo trace .*examples/dlrm_8r is missing"):
+        demo.run_demo(store_location=str(tmp_path / "store"), console=Console(), out_dir=tmp_path / "out")
+    assert not (tmp_path / "out" / "report.html").exists()
