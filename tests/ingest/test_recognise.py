@@ -157,7 +157,7 @@ def test_cli_ingest_prints_what_it_recognised(
     out, err = capsys.readouterr()
     assert code == 0 and json.loads(out)[0]["trace"] == "dlrm_8r_kineto"  # stdout stays JSON
     assert (
-        "etstore: dlrm_8r_kineto: kineto; 8 ranks; 19781 ops; collectives: ALL_REDUCE 24, ALL_TO_ALL 40"
+        "etstore: dlrm_8r_kineto: kineto; 8 ranks; 19,781 ops; collectives: ALL_REDUCE 24, ALL_TO_ALL 40"
         in err
     )
     code = main(["--store", str(tmp_path / "s"), "ingest", str(shared_fixture(SOURCES[PYTORCH_ET]))])
