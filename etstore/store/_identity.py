@@ -17,9 +17,10 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from etstore.errors import StoreError
 from etstore.model import Trace, TraceKind, content_hash
 
-__all__ = ["HEADER_PARAMS", "identity", "upgraded_identity"]
+__all__ = ["HEADER_PARAMS", "choose_name", "identity", "upgraded_identity"]
 
 
 HEADER_PARAMS = (
@@ -84,3 +85,26 @@ def upgraded_identity(digest: str, kind: str, params: Mapping[str, Any]) -> str:
 def identity(trace: Trace) -> str:
     """The store's identity of ``trace`` (see the module docstring); O(bytes) over its tables."""
     return upgraded_identity(content_hash(trace), str(trace.kind), trace.params)
+
+
+def choose_name(
+    taken: Mapping[str, int], wanted: str, *, explicit: bool, seq: int | None
+) -> tuple[str, bool]:
+    """The name to store content ``seq`` under, and whether that name already points at it.
+
+    ``taken`` maps every stored name to its content's id. A name the user chose
+    (``explicit``) is used as given; a default name that other content holds gets the
+    first free ``-2``, ``-3``, ... suffix instead.
+
+    Raises
+    ------
+    StoreError
+        An explicit name already points at other content.
+    """
+    candidates = [wanted] if explicit else [wanted, *(f"{wanted}-{i}" for i in range(2, len(taken) + 3))]
+    for cand in candidates:
+        if cand not in taken:
+            return cand, False
+        if seq is not None and taken[cand] == seq:
+            return cand, True
+    raise StoreError(f"a different trace is already named {wanted!r}; pick another name or remove it")

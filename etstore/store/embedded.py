@@ -43,7 +43,7 @@ from etstore.model import DEPS_SCHEMA, META_SCHEMA, OPS_SCHEMA, Trace, TraceKind
 from etstore.store import _trace_rows as rows
 from etstore.store._cypher import check_parameters, resolve_names
 from etstore.store._format import check_format, upgrade_format1
-from etstore.store._identity import identity
+from etstore.store._identity import choose_name, identity
 from etstore.store.base import IngestReport, ProgressFn, Store, TraceInfo, checked_kind
 from etstore.store.catalog import Catalog, ContentRecord, NameRecord
 from etstore.store.graph import (
@@ -220,14 +220,7 @@ class EmbeddedStore:
 
     def _choose_name(self, wanted: str, explicit: bool, seq: int | None) -> tuple[str, bool]:
         """The name to store under, and whether it already points at content ``seq``."""
-        taken = self.catalog.name_ids()
-        candidates = [wanted] if explicit else [wanted, *(f"{wanted}-{i}" for i in range(2, len(taken) + 3))]
-        for cand in candidates:
-            if cand not in taken:
-                return cand, False
-            if seq is not None and taken[cand] == seq:
-                return cand, True
-        raise StoreError(f"a different trace is already named {wanted!r}; pick another name or remove it")
+        return choose_name(self.catalog.name_ids(), wanted, explicit=explicit, seq=seq)
 
     def ingest(
         self,

@@ -43,7 +43,7 @@ from etstore.dag import cycle_members
 from etstore.errors import QueryError, StoreError, UnknownTraceError
 from etstore.model import Trace, TraceKind
 from etstore.store._cypher import check_parameters, resolve_names
-from etstore.store._identity import identity
+from etstore.store._identity import choose_name, identity
 from etstore.store._mirror import Mirror, NameRow
 from etstore.store._neo4j_catalog import SCHEMA, check_format, upgrade_format1
 from etstore.store._neo4j_dialect import column, driver, message, plain, translate_cypher
@@ -243,13 +243,7 @@ class Neo4jStore:
         taken = {
             r["n"]: int(r["s"]) for r in self._run("MATCH (t:EtstoreTrace) RETURN t.name AS n, t.seq AS s")
         }
-        candidates = [wanted] if explicit else [wanted, *(f"{wanted}-{i}" for i in range(2, len(taken) + 3))]
-        for cand in candidates:
-            if cand not in taken:
-                return cand, False
-            if seq is not None and taken[cand] == seq:
-                return cand, True
-        raise StoreError(f"a different trace is already named {wanted!r}; pick another name or remove it")
+        return choose_name(taken, wanted, explicit=explicit, seq=seq)
 
     def _name_props(
         self, trace: Trace, name: str, parent: str | None, parent_seq: int | None
