@@ -108,6 +108,8 @@ def astra_networks() -> Path:
 def pytest_runtest_setup(item: pytest.Item) -> None:
     for mark in item.iter_markers("needs_extension"):
         require_extension(mark.args[0])
+    if item.get_closest_marker("slow") and "slow" not in (item.config.getoption("markexpr") or ""):
+        pytest.skip("slow: opt-in with pytest -m slow")
 
 
 # ---------------------------------------------------------------- stores

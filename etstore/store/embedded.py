@@ -180,15 +180,23 @@ class EmbeddedStore:
             self._graph_conn = conn
         return self._graph_conn
 
-    def close(self) -> None:
-        if self._warehouse is not None:
-            self._warehouse.close()
-            self._warehouse = None
+    def _release_graph(self) -> None:
+        """Close the graph after a bulk load; the next use reopens it (a few ms).
+
+        Ladybug keeps what a load brought into its buffer pool until the database closes,
+        so a process that ingests many traces would otherwise fill the pool and fail.
+        """
         if self._graph_conn is not None:
             self._graph_conn.close()
             self._graph_conn = None
             self._graph_db.close()
             self._graph_db = None
+
+    def close(self) -> None:
+        if self._warehouse is not None:
+            self._warehouse.close()
+            self._warehouse = None
+        self._release_graph()
         self.catalog.engine.dispose()
 
     def __enter__(self) -> EmbeddedStore:
@@ -275,6 +283,8 @@ class EmbeddedStore:
         except BaseException:
             self._purge(seq)
             raise
+        finally:
+            self._release_graph()
         return IngestReport(
             name_rec.info(rec),
             created=True,
