@@ -73,7 +73,7 @@ COMMANDS: dict[str, Command] = {
     "rm": Command("traces", "remove traces"),
     "export": Command("traces", "write a stored trace back to files"),
     "workload": Command("traces", "generate a synthetic transformer training step (data x tensor parallel)"),
-    "demo": Command("traces", "run the end-to-end demo on shipped examples"),
+    "demo": Command("demo", "run the end-to-end demo on shipped examples"),
     "cypher": Command("query", "run a Cypher query on the graph"),
     "sql": Command("query", "run SQL on the DuckDB tables"),
     "critical-path": Command("query", "duration-weighted longest dependency path"),

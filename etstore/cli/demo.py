@@ -10,8 +10,10 @@ step that cannot apply to the trace says so in one line.
 
 from __future__ import annotations
 
+import argparse
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 from rich.console import Console
@@ -32,7 +34,15 @@ from etstore.sim.compare import Comparison, compare
 from etstore.store import open_store
 from etstore.store.base import Store
 
-__all__ = ["ALLTOALL_GENERATOR", "DEMO_FINDERS", "EXAMPLES", "RING_GENERATOR", "TOPOLOGY", "run_demo"]
+__all__ = [
+    "ALLTOALL_GENERATOR",
+    "DEMO_FINDERS",
+    "EXAMPLES",
+    "RING_GENERATOR",
+    "TOPOLOGY",
+    "register",
+    "run_demo",
+]
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 TOPOLOGY = "switch:8,bw=50,lat=500"  # 8 NPUs on one switch, like the 8 GPUs of the recorded DLRM run
@@ -283,3 +293,17 @@ def _rewrite_step(store: Store, expanded: str, run: int, console: Console) -> tu
     )
     render(per_rank, title="per rank (the last row, without a rank, is the makespan)", console=console)
     return after, rewritten
+
+
+def _demo(args: argparse.Namespace, console: Console) -> int:
+    run_demo(store_location=args.store, console=console, out_dir=Path(args.out))
+    return 0
+
+
+def register(sub: Any) -> None:
+    """Add ``demo`` to the subparsers ``sub``."""
+    sp = sub.add_parser("demo", help="run the end-to-end demo on shipped examples")
+    sp.add_argument(
+        "--out", default="etstore-demo", help="directory for exported files (default: etstore-demo)"
+    )
+    sp.set_defaults(handler=_demo)

@@ -1,11 +1,10 @@
-"""Trace management commands: ingest, ls, show, rm, export, demo."""
+"""Trace management commands: ingest, ls, show, rm, export, workload."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
-from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -13,7 +12,6 @@ from rich.console import Console
 
 from etstore.cli._common import add_format, open_from_args, progress
 from etstore.cli._render import recognised_line, render
-from etstore.cli.demo import run_demo
 from etstore.errors import OptionError
 from etstore.ingest.comm_groups import write_astra_et
 from etstore.ingest.export import EXPORT_FORMATS, export_trace
@@ -174,11 +172,6 @@ def _workload(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
-def _demo(args: argparse.Namespace, console: Console) -> int:
-    run_demo(store_location=args.store, console=console, out_dir=Path(args.out))
-    return 0
-
-
 def register(sub: Any) -> None:
     sp = sub.add_parser("ingest", help="read traces or algorithms into the store")
     sp.add_argument(
@@ -242,9 +235,3 @@ def register(sub: Any) -> None:
     sp.add_argument("--out", help="write <OUT>.<rank>.et files (integer pg_names) and <OUT>.comm_groups.json")
     sp.add_argument("--ingest", action="store_true", help="also store it")
     sp.set_defaults(handler=_workload)
-
-    sp = sub.add_parser("demo", help="run the end-to-end demo on shipped examples")
-    sp.add_argument(
-        "--out", default="etstore-demo", help="directory for exported files (default: etstore-demo)"
-    )
-    sp.set_defaults(handler=_demo)
