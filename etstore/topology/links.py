@@ -27,14 +27,9 @@ _T = TypeVar("_T")
 
 @dataclass(frozen=True, eq=False)
 class LinkArrays:
-    """Directed links ``src[i] → dst[i]`` with ``latency_ns[i]`` and ``bandwidth_gb_per_s[i]``.
-
-    Bandwidth is in GB/s with GB = 2^30 bytes (ASTRA-sim's convention), so a link
-    moves ``bandwidth_gb_per_s * 2**30 / 1e9`` bytes per ns. ``name`` is the spec
-    it was built from (``ring:8``, ``mesh2d:8x8``...). Built-in shapes keep their
-    axes in ``dims``; ``labels`` maps each NPU to its id before failed NPUs were
-    removed (``None``: the identity). Links may be asymmetric and heterogeneous;
-    parallel links between one pair are allowed, self-loops are not.
+    """The data of a :class:`~etstore.topology.Topology` and its checks: directed links
+    ``src[i] → dst[i]`` with ``latency_ns[i]`` and ``bandwidth_gb_per_s[i]`` (fields and
+    units as the Topology documents them).
 
     Raises
     ------
