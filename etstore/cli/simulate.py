@@ -97,6 +97,9 @@ def _sim(args: argparse.Namespace, console: Console) -> int:
                 params={"algo": args.algo or [], "argv": "sim"},
             )
     summary = {"run_id": run_id, **result.summary()}
+    warning = result.overload_warning()
+    if warning:  # on stderr, so json and csv output stay parseable
+        Console(stderr=True).print(f"warning: {warning}", style="yellow", highlight=False, soft_wrap=True)
     if args.format == "json":
         print_json(
             {
@@ -197,7 +200,12 @@ def _synth_factory(chunks: int, seed: int) -> Any:
 
 
 def _common(sp: argparse.ArgumentParser) -> None:
-    sp.add_argument("--congestion", choices=("aware", "unaware"), help="network model (default unaware)")
+    sp.add_argument(
+        "--congestion",
+        choices=("aware", "unaware"),
+        help="network model (default unaware, as ASTRA-sim's analytical backend; a run whose links are "
+        "offered more than their bandwidth prints a warning)",
+    )
     sp.add_argument(
         "--policy",
         choices=("FIFO", "LIFO"),

@@ -177,7 +177,8 @@ def _where_mask(ops: pa.Table, rows: np.ndarray, where: str) -> np.ndarray:
 
 
 def select(colls: Collectives, ops: pa.Table, where: str | None, types: Sequence[str]) -> np.ndarray:
-    """Per instance: chosen for expansion (``where`` holds on all its ranks; its type is in ``types``).
+    """Per instance: chosen for expansion (``where`` holds on all its ranks; its type is in ``types``;
+    its group has more than one rank).
 
     Raises
     ------
@@ -204,11 +205,16 @@ def select(colls: Collectives, ops: pa.Table, where: str | None, types: Sequence
         )
     inst_type = colls.inst_type
     has_spec = np.array([t in types for t in inst_type], dtype=bool)
-    chosen = (nsel > 0) & has_spec
+    # a collective of a one-rank group moves nothing: it stays a node (the simulator gives it
+    # zero time, whatever the algorithm), as no algorithm has a single rank
+    multi = colls.gsize[colls.inst_pg] > 1
+    chosen = (nsel > 0) & has_spec & multi
     if not chosen.any():
         why = (
             "the where predicate selects no collective"
             if not (nsel > 0).any()
+            else "every selected collective is in a one-rank group (nothing moves)"
+            if not ((nsel > 0) & multi).any()
             else (
                 "no selected collective has an algorithm for its type "
                 f"({', '.join(sorted({str(t) for t in inst_type[nsel > 0]}))}; algorithms given for "

@@ -80,6 +80,9 @@ def place_ops(
     c, C, f0 = parts.cnt[q], parts.total[q], parts.first[q]
     chunk_bytes = (S // C) * c + np.where((f0 + c >= C) & (c > 0), S % C, 0)
     size = np.where(parts.chunked[q], chunk_bytes, parts.fixed_size[q])
+    # a reduction or copy carries the bytes it processes, so the simulator charges it as
+    # it charges the same step inside a collective node (docs/simulator.md, "Cost model")
+    sized = comm | (parts.is_comp[q] & (parts.chunked[q] | (parts.fixed_size[q] > 0)))
     tag = inst_tag0[xinst][owner] + parts.tag[q]
     dur = parts.duration[q]
     if reduce_duration_micros is not None:
@@ -104,7 +107,7 @@ def place_ops(
         "rank": (new_rank, ones),
         "id": (new_id, ones),
         "duration_micros": (dur, ones),
-        "comm_size": (size, comm),
+        "comm_size": (size, sized),
         "comm_src": (gpeer, is_recv),
         "comm_dst": (gpeer, is_send),
         "comm_tag": (tag, comm),

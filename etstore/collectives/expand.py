@@ -223,6 +223,7 @@ def expand(
         "reduce_duration_micros": reduce_duration_micros,
         "expanded_collectives": int(chosen.sum()),
         "producer": "expand",
+        "collective_blocks": _blocks(workload, placed),
     }
     if groups:
         params["comm_groups"] = {str(k): [int(r) for r in v] for k, v in groups.items()}
@@ -332,6 +333,20 @@ def _assign_tags(workload: Trace, chosen: np.ndarray, span: int) -> tuple[int, n
             "comm_tag; expand fewer collectives at a time (a narrower where predicate)"
         )
     return tag_base, tag_base + inst_ord * span
+
+
+def _blocks(workload: Trace, placed: Placed) -> dict[str, list[int]]:
+    """Where each expanded node's ops went: rank, the node's id, its block's first id and op count.
+
+    A block's ids are contiguous; the simulator lets each block hold its rank's
+    communication slot as the node did (docs/expand.md, docs/simulator.md).
+    """
+    return {
+        "rank": placed.xrank.astype(np.int64).tolist(),
+        "parent_id": workload.ops["id"].to_numpy()[placed.xrows].astype(np.int64).tolist(),
+        "first_id": placed.xbase.astype(np.int64).tolist(),
+        "ops": placed.xm.astype(np.int64).tolist(),
+    }
 
 
 def _summary(

@@ -104,19 +104,11 @@ class Algorithms:
         t: tpl.Template | None
         if isinstance(spec, str) and spec == "replay":
             t = None
+        elif n == 1 and isinstance(spec, str):  # a group of one moves nothing, whatever the algorithm
+            t = tpl.empty_template(f"{label}-{coll}-1", 1)
         elif isinstance(spec, str) and spec == "native":
             dims = self.topo_dims if (n == self.num_npus and group == tuple(range(n))) else (n,)
-            t = tpl.native_template(
-                coll,
-                size,
-                dims,
-                splits=cfg.preferred_dataset_splits,
-                active_chunks=cfg.active_chunks_per_dimension,
-                endpoint_delay_ns=cfg.endpoint_delay_ns,
-                local_mem_bw_gb_per_s=cfg.local_mem_bw_gb_per_s,
-                reduction_mem_accesses=cfg.reduction_mem_accesses,
-                integer_ns=cfg.integer_ns,
-            )
+            t = tpl.native_template(coll, size, dims, **self._native_kwargs())
         else:
             if isinstance(spec, str):
                 trace = self._generated(spec, coll, n)
@@ -139,6 +131,18 @@ class Algorithms:
             )
         self.cache[key] = t
         return t, label
+
+    def _native_kwargs(self) -> dict[str, Any]:
+        """The config's parameters of ASTRA-sim's native ring."""
+        cfg = self.config
+        return {
+            "splits": cfg.preferred_dataset_splits,
+            "active_chunks": cfg.active_chunks_per_dimension,
+            "endpoint_delay_ns": cfg.endpoint_delay_ns,
+            "local_mem_bw_gb_per_s": cfg.local_mem_bw_gb_per_s,
+            "reduction_mem_accesses": cfg.reduction_mem_accesses,
+            "integer_ns": cfg.integer_ns,
+        }
 
     def _generated(self, name: str, coll: str, n: int) -> Trace:
         """The generator's algorithm ``name`` for ``coll`` on ``n`` ranks (built once)."""

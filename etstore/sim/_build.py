@@ -20,9 +20,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from etstore.dag import generations
 from etstore.model import Trace
 from etstore.sim import _templates as tpl
 from etstore.sim._algorithms import Algorithms, CollectiveInstance, check_complete, collective_instances
+from etstore.sim._holds import collective_holds, recorded_blocks, rewire_holds
 from etstore.sim._kinds import (
     K_COLL,
     K_COMP,
@@ -82,6 +84,10 @@ class Built:
     types: TypeNames
     ids: np.ndarray  # node id per trace op, uint64
     is_coll: np.ndarray  # per trace op: a COMM_COLL_NODE
+    is_step: np.ndarray  # per trace op: a step of an expanded collective (carries chunk attributes)
+    hold_acq: np.ndarray  # rows that take the comm slot for an expanded collective's block (_holds)
+    hold_rel: np.ndarray  # rows that give it back, same order
+    hold_key: np.ndarray  # per block: (rank << 40) | id of the collective node it replaced, uint64
 
 
 @dataclass(frozen=True, eq=False)
@@ -150,6 +156,7 @@ class _Ops:
     has_size: np.ndarray
     ctag: np.ndarray
     is_coll: np.ndarray
+    is_step: np.ndarray  # an algorithm's step (chunk attributes): takes no NPU slot
     all_ranks: np.ndarray
     kind: np.ndarray
     dur: np.ndarray  # ns
@@ -215,7 +222,9 @@ def _decode_ops(trace: Trace, net: Network, config: SimConfig) -> _Ops:
     kind[is_send] = K_SEND
     kind[is_recv] = K_RECV
     kind[is_mem] = K_MEM
+    is_step, step_cost = _algorithm_steps(ops, is_comp, csize, has_size, config)
     dur = np.where(is_comp, np.where(durm > 0, durm * unit, config.min_comp_ns), 0.0)
+    dur = np.where(is_comp & is_step & (durm <= 0) & has_size, step_cost, dur)
     dur = np.where(is_mem, durm * unit, dur)
     if config.integer_ns:
         dur = np.floor(dur)
@@ -234,7 +243,33 @@ def _decode_ops(trace: Trace, net: Network, config: SimConfig) -> _Ops:
             f"trace {trace.name!r}: rank {int(rank[i])} node {int(ids[i])} names peer {int(peer[i])}, "
             f"outside the topology's NPUs 0..{net.num_nodes - 1}"
         )
-    return _Ops(rank, ids, types, durm, csize, has_size, ctag, is_coll, all_ranks, kind, dur, peer)
+    return _Ops(rank, ids, types, durm, csize, has_size, ctag, is_coll, is_step, all_ranks, kind, dur, peer)
+
+
+def _algorithm_steps(
+    ops: pa.Table, is_comp: np.ndarray, csize: np.ndarray, has_size: np.ndarray, config: SimConfig
+) -> tuple[np.ndarray, np.ndarray]:
+    """(is_step, cost): ops that carry an algorithm's chunk attributes, and a step's local cost (ns).
+
+    ``expand`` copies an algorithm's chunk attributes (``total_chunk_cnt``) onto the
+    ops that replace a collective and writes the bytes of each reduction or copy in
+    its ``comm_size``; such a step is charged as inside a collective node: no NPU
+    slot, and a zero-duration reduction or copy costs :func:`_templates.step_cost_ns`.
+    """
+    total, has_total = _col(ops, "total_chunk_cnt", 0, np.int64)
+    is_step = has_total & (total > 0)
+    cost = np.zeros(len(is_step))
+    sized = is_step & is_comp & has_size
+    if sized.any():
+        cost[sized] = tpl.step_cost_ns(
+            csize[sized],
+            tpl.copy_steps(ops["name"])[sized],
+            local_mem_bw_gb_per_s=config.local_mem_bw_gb_per_s,
+            reduction_mem_accesses=config.reduction_mem_accesses,
+            copy_mem_accesses=config.copy_mem_accesses,
+            integer_ns=config.integer_ns,
+        )
+    return is_step, cost
 
 
 def _dependency_rows(trace: Trace, rank: np.ndarray, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -329,6 +364,41 @@ def _expand_collectives(
     return join_of
 
 
+def _hold_slots(
+    trace: Trace, plan: _Plan, ops: _Ops, es: np.ndarray, ed: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Acquire and release ops around every recorded block of an expanded trace (:mod:`._holds`).
+
+    Returns the rewired trace edges and the acquire rows, release rows and parent
+    keys per block (empty when the trace records no blocks). Block members become
+    steps: they take no slot of their own.
+    """
+    empty = np.zeros(0, dtype=np.int64)
+    holds = collective_holds(trace, ops.rank, ops.ids)
+    if holds is None:
+        return es, ed, empty, empty, empty.astype(np.uint64)
+    nb = holds.count
+    acq_row = plan.count + np.arange(nb, dtype=np.int64)
+    rel_row = acq_row + nb
+    es2, ed2 = rewire_holds(holds, es, ed, acq_row, rel_row)
+    if recorded_blocks(trace.params or {})[1]:
+        # a rewrite may have wired an op between a block's entries and its other ops; a
+        # hold that would close a cycle is dropped rather than stall the replay
+        n = plan.count + 2 * nb
+        if (generations(n, es2, ed2) < 0).any():
+            log.warning(
+                "trace %s: its rewrite reorders collective blocks; they hold no comm slot", trace.name
+            )
+            return es, ed, empty, empty, empty.astype(np.uint64)
+    ops.is_step |= holds.member >= 0
+    zeros = np.zeros(nb)
+    for kind in (K_DELAY, K_JOIN):  # acquire ops, then release ops: rows acq_row, rel_row
+        plan.add(
+            kind=np.full(nb, kind), dur=zeros, rank=holds.rank, owner=holds.first_row, local=np.full(nb, -1)
+        )
+    return es2, ed2, acq_row, rel_row, holds.parent_key
+
+
 def build(
     trace: Trace,
     net: Network,
@@ -366,8 +436,11 @@ def build(
             trace, ops.is_coll, ops.rank, ops.ids, ops.csize, ops.all_ranks, groups
         )
     join_of = _expand_collectives(trace, plan, ops, instances, algos, config)
+    es, ed, hold_acq, hold_rel, hold_key = _hold_slots(trace, plan, ops, es, ed)
     # trace edges leave a collective from its join
-    es = np.where(join_of[es] >= 0, join_of[es], es) if len(es) else es
+    if len(es):
+        top = np.flatnonzero(es < n0)
+        es[top] = np.where(join_of[es[top]] >= 0, join_of[es[top]], es[top])
     plan.edges(es, ed)
     arrays = plan.arrays()
     arrays["kind"][:n0] = ops.kind
@@ -383,6 +456,10 @@ def build(
         types=ops.types,
         ids=ops.ids,
         is_coll=ops.is_coll,
+        is_step=ops.is_step,
+        hold_acq=hold_acq,
+        hold_rel=hold_rel,
+        hold_key=hold_key,
     )
 
 
@@ -405,7 +482,8 @@ def _slots(
     """(acq, rel, free): slot id ``rank_index * NRES + class`` each op takes and gives back.
 
     A collective takes its rank's communication slot when it starts and its join
-    gives it back; a class without a cap takes no slot.
+    gives it back; a class without a cap takes no slot, nor does an expanded
+    collective's step (as the same step inside a collective node takes none).
     """
     n = len(kind)
     ranks = built.ranks
@@ -425,6 +503,9 @@ def _slots(
     cls[(kind == K_MEM)] = R_MEM
     cls[top & ((kind == K_SEND) | (kind == K_COLL))] = R_COMM
     cls[top & (kind == K_RECV)] = R_RECV
+    steps = np.zeros(n, dtype=bool)
+    steps[:n0] = built.is_step
+    cls[steps] = -1  # an expanded collective's steps run as inside the collective node: no slot
     replay_coll = np.zeros(n, dtype=bool)
     replay_coll[:n0] = built.is_coll & (kind[:n0] == K_DELAY)
     cls[replay_coll] = R_COMM
@@ -437,6 +518,11 @@ def _slots(
     coll_rows = np.flatnonzero((kind == K_COLL) & top)
     rel[coll_rows] = -1
     rel[built.join_of[coll_rows]] = slot[coll_rows]
+    # an expanded collective's block: its acquire op takes the comm slot, its release op gives it back
+    if len(built.hold_acq) and caps[R_COMM] is not None:
+        comm_slot = rix[built.hold_acq] * NRES + R_COMM
+        acq[built.hold_acq], rel[built.hold_acq] = comm_slot, -1
+        acq[built.hold_rel], rel[built.hold_rel] = -1, comm_slot
     free = [0.0] * (len(ranks) * NRES)
     for r in range(len(ranks)):
         for c, cap in caps.items():
@@ -475,7 +561,11 @@ def loop_inputs(built: Built, config: SimConfig) -> LoopInputs:
     # ASTRA-sim issues a rank's dependency-free nodes in ascending node id; ids are uint64,
     # so the loop gets each trace op's position in (rank, id) order instead
     prio = np.zeros(n, dtype=np.int64)
-    prio[np.lexsort((built.ids, rank[: built.n0]))] = np.arange(built.n0, dtype=np.int64)
+    by_id = np.lexsort((built.ids, rank[: built.n0]))
+    prio[by_id] = 2 * np.arange(built.n0, dtype=np.int64)
+    if len(built.hold_acq):  # a block's acquire op waits where its removed collective node would have
+        keys = ((rank[: built.n0].astype(np.uint64) << np.uint64(40)) | built.ids)[by_id]
+        prio[built.hold_acq] = 2 * np.searchsorted(keys, built.hold_key).astype(np.int64) - 1
     return LoopInputs(
         kind=kind,
         dur=a["dur"],

@@ -21,6 +21,7 @@ from etstore.sim.result import (
     COLLECTIVES_SCHEMA,
     LINKS_SCHEMA,
     OP_TIMINGS_SCHEMA,
+    OVERLOAD_SCHEMA,
     RANK_BREAKDOWN_SCHEMA,
     busbw_factor,
     nccl_bytes,
@@ -38,6 +39,7 @@ class Tables(NamedTuple):
     collectives: pa.Table
     links: pa.Table
     total_ns: float
+    overloaded: pa.Table
 
 
 def _union_length(start: np.ndarray, end: np.ndarray, group: np.ndarray, ngroups: int) -> np.ndarray:
@@ -160,6 +162,44 @@ def _links(net: Network, inp: LoopInputs, out: LoopOutput, aware: bool, total: f
     )
 
 
+def _overloaded(
+    net: Network, inp: LoopInputs, start: np.ndarray, end: np.ndarray, links: pa.Table
+) -> pa.Table:
+    """:data:`OVERLOAD_SCHEMA`: links whose bytes over their busy window exceed their bandwidth.
+
+    The window of a link runs from the start of the first message routed over it to
+    the arrival of the last; one message alone never exceeds (its time includes
+    ``size / bandwidth``), so only messages the unaware model lets share the link do.
+    """
+    sends = np.flatnonzero(inp.kind == K_SEND)
+    if not len(sends):
+        return OVERLOAD_SCHEMA.empty_table()
+    lo, hi = net.link_windows(inp.msrc[sends], inp.mdst[sends], start[sends], end[sends])
+    nbytes = links["bytes"].to_numpy()
+    bw = links["bandwidth_gb_per_s"].to_numpy()
+    window = hi - lo
+    used = (nbytes > 0) & (window > 0)
+    offered = np.zeros(len(nbytes))
+    offered[used] = nbytes[used] / window[used] * 1e9 / GIB
+    over = np.flatnonzero(used & (offered > bw * (1 + 1e-9)))
+    over = over[np.argsort(-(offered[over] / bw[over]), kind="stable")]
+    take = pa.array(over)
+    return pa.Table.from_arrays(
+        [
+            links["link"].take(take),
+            links["src"].take(take),
+            links["dst"].take(take),
+            pa.array(bw[over]),
+            pa.array(offered[over]),
+            pa.array(nbytes[over]),
+            links["messages"].take(take),
+            pa.array(lo[over]),
+            pa.array(hi[over]),
+        ],
+        schema=OVERLOAD_SCHEMA,
+    )
+
+
 def result_tables(
     trace: Trace, built: Built, inp: LoopInputs, out: LoopOutput, net: Network, *, aware: bool
 ) -> Tables:
@@ -191,10 +231,12 @@ def result_tables(
         schema=OP_TIMINGS_SCHEMA,
     )
     kind, rank = inp.kind[:n0], inp.rank[:n0]
+    links = _links(net, inp, out, aware, total)
     return Tables(
         ops=timings,
         ranks=_breakdown(built, kind, rank, start[:n0], end_top, built.is_coll),
         collectives=_collectives(built, start[:n0], end_top),
-        links=_links(net, inp, out, aware, total),
+        links=links,
         total_ns=total,
+        overloaded=OVERLOAD_SCHEMA.empty_table() if aware else _overloaded(net, inp, start, end, links),
     )

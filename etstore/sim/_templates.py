@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.compute as pc
 
 from etstore.errors import TemplateError
@@ -29,8 +30,12 @@ __all__ = [
     "K_SEND",
     "Template",
     "buffer_bytes",
+    "chunk_bytes",
+    "copy_steps",
+    "empty_template",
     "mem_cost_ns",
     "native_template",
+    "step_cost_ns",
     "trace_template",
 ]
 
@@ -126,6 +131,12 @@ def _finish(
     )
 
 
+def empty_template(name: str, n: int) -> Template:
+    """A template in which none of ``n`` ranks does anything (a collective of one rank)."""
+    z = np.zeros(0, dtype=np.int64)
+    return _finish(name, n, z, z, z.astype(float), z, z, z, z, z)
+
+
 def _floor(x: float, integer_ns: bool) -> float:
     return float(math.floor(x)) if integer_ns else float(x)
 
@@ -134,6 +145,59 @@ def mem_cost_ns(size_bytes: float, accesses: int, local_mem_bw_gb_per_s: float, 
     """``accesses`` passes over ``size_bytes`` of local memory (GB = 10^9), each truncated if asked."""
     one = size_bytes / local_mem_bw_gb_per_s  # GB/s with GB = 1e9 is bytes per ns
     return accesses * _floor(one, integer_ns)
+
+
+def step_cost_ns(
+    size_bytes: np.ndarray,
+    is_copy: np.ndarray,
+    *,
+    local_mem_bw_gb_per_s: float,
+    reduction_mem_accesses: int,
+    copy_mem_accesses: int,
+    integer_ns: bool,
+) -> np.ndarray:
+    """What a collective's local step of ``b`` bytes costs (ns), on every path.
+
+    A reduction is ``reduction_mem_accesses`` passes of ``b / local_mem_bw`` (ASTRA-sim's
+    packet processing: one write and two reads), a copy ``copy_mem_accesses`` passes;
+    each pass is truncated to whole ns with ``integer_ns``, as ASTRA-sim truncates
+    each. The native ring (:func:`native_template`), an algorithm run by a collective
+    node (:func:`trace_template`) and the same algorithm after ``expand`` all charge
+    this (docs/simulator.md, "Cost model").
+
+    Notes
+    -----
+    O(n), vectorised.
+    """
+    one = np.asarray(size_bytes, dtype=np.float64) / local_mem_bw_gb_per_s
+    if integer_ns:
+        one = np.floor(one)
+    out: np.ndarray = one * np.where(is_copy, copy_mem_accesses, reduction_mem_accesses)
+    return out
+
+
+def copy_steps(names: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """Which ops of a name column are copies (names starting with ``copy``); the rest of an
+    algorithm's ``COMP_NODE`` steps are reductions."""
+    found: np.ndarray = pc.fill_null(pc.starts_with(names, "copy"), False).to_numpy(zero_copy_only=False)
+    return found
+
+
+def chunk_bytes(
+    buffer: int | np.ndarray, cnt: np.ndarray, total: np.ndarray, first: np.ndarray
+) -> np.ndarray:
+    """Bytes of ``cnt`` chunks from chunk ``first`` of a ``buffer`` cut into ``total`` chunks.
+
+    ``buffer // total · cnt``, plus ``buffer % total`` when the chunks include the
+    last one, so a buffer's chunks add up to it exactly: the rule of
+    :func:`etstore.ingest.message_sizes` and of ``expand``.
+    """
+    total = np.maximum(np.asarray(total, dtype=np.int64), 1)
+    cnt = np.asarray(cnt, dtype=np.int64)
+    base: np.ndarray = (buffer // total) * cnt + np.where(
+        (first + cnt >= total) & (cnt > 0), buffer % total, 0
+    )
+    return base
 
 
 # ---------------------------------------------------------------- native ring
@@ -206,8 +270,7 @@ def native_template(
     nchunks = -(-size_bytes // chunk)
     plan = _phase_plan(coll, dims, chunk)
     if not plan:  # a single NPU: nothing moves
-        z = np.zeros(0, dtype=np.int64)
-        return _finish(f"native-{coll}", n_ranks, z, z, z.astype(float), z, z, z, z, z)
+        return empty_template(f"native-{coll}", n_ranks)
     coords = np.zeros((n_ranks, len(dims)), dtype=np.int64)
     stride = np.ones(len(dims), dtype=np.int64)
     ids = np.arange(n_ranks, dtype=np.int64)
@@ -352,10 +415,11 @@ def trace_template(
 ) -> Template:
     """An algorithm trace (``docs/algorithms.md``) as a template for a collective of ``size_bytes``.
 
-    Message size is ``B / total_chunk_cnt · msg_chunk_cnt`` with ``B`` =
-    :func:`buffer_bytes`, else the op's ``comm_size``. A ``COMP_NODE`` lasts
-    ``duration_micros`` if set, else a local reduction (or copy, when its name starts
-    with ``copy``) of its chunk bytes. Other node types take no time.
+    Message size is :func:`chunk_bytes` of ``B`` = :func:`buffer_bytes`, else the
+    op's ``comm_size``. A ``COMP_NODE`` lasts ``duration_micros`` if set, else
+    :func:`step_cost_ns` of its chunk bytes: a local reduction, or a copy when its
+    name starts with ``copy``. Other node types take no time; no op takes an NPU slot
+    (the collective node holds the communication slot while its algorithm runs).
 
     Raises
     ------
@@ -390,10 +454,11 @@ def trace_template(
     cdst, has_dst = col("comm_dst", -1)
     csrc, has_src = col("comm_src", -1)
     durm = ops["duration_micros"].to_numpy().astype(np.float64)
+    first, _ = col("msg_chunk_idx", 0)
     chunked = has_tot & (tot_cnt > 0)
     size = np.where(
         chunked,
-        (B * np.where(has_msg, msg_cnt, 1)) // np.where(chunked, tot_cnt, 1),
+        chunk_bytes(B, np.where(has_msg, msg_cnt, 1), np.where(chunked, tot_cnt, 1), first),
         np.where(has_csize, csize, 0),
     )
     is_send = types == "COMM_SEND_NODE"
@@ -417,12 +482,15 @@ def trace_template(
         )
     peer = np.where(comm, np.searchsorted(uniq, np.where(comm, peer_rank, uniq[0])), -1)
     kind = np.where(is_send, K_SEND, np.where(is_recv, K_RECV, K_DELAY)).astype(np.int8)
-    names = ops["name"].to_numpy(zero_copy_only=False)
-    is_copy = np.fromiter((str(x or "").startswith("copy") for x in names), dtype=bool, count=nops)
-    one_pass = size.astype(np.float64) / local_mem_bw_gb_per_s
-    if integer_ns:
-        one_pass = np.floor(one_pass)
-    mem = one_pass * np.where(is_copy, copy_mem_accesses, reduction_mem_accesses)
+    is_copy = copy_steps(ops["name"])
+    mem = step_cost_ns(
+        size,
+        is_copy,
+        local_mem_bw_gb_per_s=local_mem_bw_gb_per_s,
+        reduction_mem_accesses=reduction_mem_accesses,
+        copy_mem_accesses=copy_mem_accesses,
+        integer_ns=integer_ns,
+    )
     dur = np.where(is_comp, np.where(durm > 0, durm * duration_unit_ns, mem), 0.0)
     if integer_ns:
         dur = np.floor(dur)

@@ -18,11 +18,13 @@ network and configuration. Both runs land in the metrics tables through
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import pyarrow as pa
 
 from etstore.errors import ConfigError, QueryError, StoreError
+from etstore.sim._algorithms import AlgorithmSpec
 from etstore.sim.config import SimConfig
 from etstore.sim.engine import simulate
 from etstore.sim.metrics import record_run
@@ -93,6 +95,7 @@ def compare(
     *,
     config: SimConfig | None = None,
     congestion: str | None = None,
+    algorithms: Mapping[str, AlgorithmSpec] | None = None,
 ) -> Comparison:
     """Simulate stored traces ``a`` and ``b`` on ``topo`` and record the differences.
 
@@ -109,6 +112,10 @@ def compare(
         Simulation parameters (default :class:`SimConfig`).
     congestion
         ``"aware"`` or ``"unaware"``: overrides ``config.congestion``.
+    algorithms
+        Per collective type, the algorithm its collective nodes run in both traces
+        (as :func:`~etstore.sim.simulate`); comparing a trace run with algorithm X
+        to its expansion with X compares the same schedule under the same costs.
 
     Returns
     -------
@@ -143,8 +150,8 @@ def compare(
             raise ConfigError(f"congestion {congestion!r}: expected 'aware' or 'unaware'")
         cfg = cfg.replace(congestion=congestion)
     topology = topo if isinstance(topo, Topology) else parse_topology(topo or default_topology(trace_a))
-    res_a = simulate(trace_a, topology, config=cfg)
-    res_b = simulate(trace_b, topology, config=cfg)
+    res_a = simulate(trace_a, topology, config=cfg, algorithms=algorithms)
+    res_b = simulate(trace_b, topology, config=cfg, algorithms=algorithms)
     warehouse = store.warehouse
     ra = record_run(warehouse, res_a, trace_name=a, params={"compare": [a, b]})
     try:

@@ -16,13 +16,20 @@ Issue semantics (FORMATS.md §1, ASTRA-sim's workload layer):
 * a ``COMM_COLL_NODE`` holds the communication slot while its algorithm runs: the
   node expands, on its rank, into that rank's part of the algorithm chosen for its
   collective type (ASTRA-sim's native ring, a generator, or a stored algorithm); the
-  k-th collective of a communicator group on every member rank is one instance.
+  k-th collective of a communicator group on every member rank is one instance;
+* one cost model on every path: a reduction or copy inside an algorithm costs its
+  local-memory passes whether the algorithm runs inside a node or after ``expand``,
+  whose steps take no NPU slot (docs/simulator.md, "Cost model");
+* under the congestion-unaware model, links offered more than their bandwidth are
+  listed in ``SimResult.overloaded``.
 
 The trace is converted once into integer-indexed arrays (CSR successors, per-op
 kind, duration, size, peer, match key) and replayed by one heap-based loop over
 ``(time_ns, op)`` tuples; there is no Python object per op. The phases live in
 their own modules: :mod:`~etstore.sim._algorithms` (which algorithm each collective
-instance runs), :mod:`~etstore.sim._build` (the arrays), :mod:`~etstore.sim._loop`
+instance runs), :mod:`~etstore.sim._build` (the arrays), :mod:`~etstore.sim._holds`
+(an expanded collective's block holds the communication slot as its node did),
+:mod:`~etstore.sim._loop`
 (the loop, Python and native), :mod:`~etstore.sim._tables` (the result tables) and
 :mod:`~etstore.sim._stuck` (why a replay stopped).
 """
@@ -171,4 +178,5 @@ def _simulate(
         num_npus=topo.num_npus,
         config=config,
         algorithms=dict(algos.labels),
+        overloaded=tables.overloaded,
     )

@@ -8,8 +8,10 @@ GB/s with GB = 2^30):
     one row per simulation: ``run_id`` (primary key), ``trace``, ``topology``,
     ``num_npus``, ``congestion`` (``aware``/``unaware``), ``scheduling_policy``,
     ``params`` (JSON: every :class:`~etstore.sim.SimConfig` field, algorithms,
-    caller parameters), ``total_ns`` (simulated makespan), ``wall_s`` (wall time of
-    the simulation), ``loop_s`` (CPU time of its event loop), ``events``,
+    caller parameters, and ``overloaded_links`` — ``SimResult.overloaded`` as rows —
+    when a congestion-unaware run offered a link more than its bandwidth),
+    ``total_ns`` (simulated makespan), ``wall_s`` (wall time of the simulation),
+    ``loop_s`` (CPU time of its event loop), ``events``,
     ``events_per_s``, ``num_ops``, ``sim_ops`` (ops incl. collective sub-ops),
     ``created_at`` (UTC).
 ``op_timings``

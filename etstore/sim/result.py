@@ -20,6 +20,7 @@ __all__ = [
     "COLLECTIVES_SCHEMA",
     "LINKS_SCHEMA",
     "OP_TIMINGS_SCHEMA",
+    "OVERLOAD_SCHEMA",
     "RANK_BREAKDOWN_SCHEMA",
     "STUCK_SCHEMA",
     "SimResult",
@@ -77,6 +78,19 @@ LINKS_SCHEMA = pa.schema(
         ("messages", pa.int64()),
         ("busy_ns", pa.float64()),
         ("utilization", pa.float64()),
+    ]
+)
+OVERLOAD_SCHEMA = pa.schema(
+    [
+        ("link", pa.int32()),
+        ("src", pa.int32()),
+        ("dst", pa.int32()),
+        ("bandwidth_gb_per_s", pa.float64()),
+        ("offered_gb_per_s", pa.float64()),
+        ("bytes", pa.float64()),
+        ("messages", pa.int64()),
+        ("from_ns", pa.float64()),
+        ("to_ns", pa.float64()),
     ]
 )
 STUCK_SCHEMA = pa.schema(
@@ -140,6 +154,13 @@ class SimResult:
     events
         Events processed: one per op that finished (a send and its matched receive
         are two), plus one per link hop with the congestion-aware model.
+    overloaded
+        :data:`OVERLOAD_SCHEMA`, congestion-unaware only: links offered more than their
+        bandwidth, i.e. the bytes of the messages routed over a link divided by the
+        window from the first one's start to the last one's arrival exceed the
+        link's bandwidth (GB = 2^30). Such a result is physically impossible (the
+        unaware model lets messages share a link at full speed); worst first.
+        Empty when congestion-aware (links queue) or nothing exceeds.
     """
 
     ops: pa.Table
@@ -156,6 +177,7 @@ class SimResult:
     num_npus: int
     config: SimConfig
     algorithms: Mapping[str, str] = field(default_factory=dict)
+    overloaded: pa.Table = field(default_factory=OVERLOAD_SCHEMA.empty_table)
 
     @property
     def events_per_s(self) -> float:
@@ -163,12 +185,29 @@ class SimResult:
         return self.events / self.loop_s if self.loop_s > 0 else float("inf")
 
     def params(self) -> dict[str, Any]:
-        """JSON-able parameters of the run (config, algorithms, topology)."""
-        return {
+        """JSON-able parameters of the run (config, algorithms, topology; overloaded links when any)."""
+        out: dict[str, Any] = {
             "config": self.config.to_dict(),
             "algorithms": dict(self.algorithms),
             "topology": self.topology,
         }
+        if self.overloaded.num_rows:  # so a recorded impossible run stays marked in the warehouse
+            out["overloaded_links"] = self.overloaded.to_pylist()
+        return out
+
+    def overload_warning(self) -> str | None:
+        """One line naming the most overloaded link, or None (see :attr:`overloaded`)."""
+        if not self.overloaded.num_rows:
+            return None
+        w = self.overloaded.slice(0, 1).to_pylist()[0]
+        more = self.overloaded.num_rows - 1
+        return (
+            f"physically impossible under the congestion-unaware model: link {w['link']} "
+            f"(NPU {w['src']} -> {w['dst']}) is offered {w['offered_gb_per_s']:,.1f} GB/s over "
+            f"{w['from_ns']:,.0f}..{w['to_ns']:,.0f} ns but carries {w['bandwidth_gb_per_s']:,.1f} GB/s"
+            + (f" ({more} more links exceed theirs)" if more else "")
+            + "; simulate congestion-aware for a feasible time"
+        )
 
     def summary(self) -> dict[str, Any]:
         """A JSON-able digest (what ``etstore sim`` prints)."""
@@ -187,6 +226,12 @@ class SimResult:
         if r.num_rows:
             for col in ("compute_ns", "comm_ns", "exposed_comm_ns", "idle_ns"):
                 out[f"mean_{col}"] = float(pc.mean(r[col]).as_py())
+        if self.overloaded.num_rows:
+            worst = self.overloaded.slice(0, 1).to_pylist()[0]
+            out["overloaded_links"] = self.overloaded.num_rows
+            out["worst_link"] = {
+                k: worst[k] for k in ("link", "src", "dst", "bandwidth_gb_per_s", "offered_gb_per_s")
+            }
         if self.collectives.num_rows:
             out["collectives"] = self.collectives.num_rows
             out["mean_busbw_gb_per_s"] = float(pc.mean(self.collectives["busbw_gb_per_s"]).as_py())

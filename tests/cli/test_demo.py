@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -48,6 +49,17 @@ def test_demo_runs_on_the_recorded_dlrm_trace(capsys: pytest.CaptureFixture[str]
     # step 4: 3 all-reduce + 5 all-to-all instances, the 4-rank MSCCL-IR ring does not fit 8 ranks
     assert "replacing 8 collective instances" in text
     assert "all-reduce uses the built-in ring:2 generator" in text
+    # step 5: the same algorithms as collective nodes and expanded give the same time (one cost
+    # model); ASTRA-sim's native ring is reported as the different algorithm it is
+    five = re.search(
+        r"dlrm_8r \(collective nodes run ring:2 all-reduce, direct all-to-all\): ([\d,.]+) µs \(run 1\); "
+        r"dlrm_8r-expanded: ([\d,.]+) µs \(run 2\): ([-+][\d.]+)%",
+        text,
+    )
+    assert five is not None and five.group(1) == five.group(2) and five.group(3) == "+0.000"
+    ends = re.search(r"last communication ends at ([\d,.]+) µs \(collective nodes\) and ([\d,.]+) µs", text)
+    assert ends is not None and ends.group(1) == ends.group(2)
+    assert "with ASTRA-sim's native ring collectives instead" in text and "not the expansion" in text
     # step 7 cannot apply: no compute consumes a collective's output in this trace
     assert "does not apply to this trace: chunk-split finds nothing to change" in text
     html = out_dir / "report.html"

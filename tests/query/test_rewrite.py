@@ -179,7 +179,7 @@ def test_errors(store: EmbeddedStore) -> None:
 def test_chunk_split_of_a_real_expansion(store: EmbeddedStore) -> None:
     from etstore.collectives.expand import expand
 
-    w = transformer(ranks=4, layers=2, tp=2, hidden=1024, seq_tokens=512)
+    w = transformer(ranks=4, layers=2, tp=4, hidden=1024, seq_tokens=512)
     store.ingest(w, name="w")
     e = expand(w, "ring:2")
     store.ingest(e.trace, name="wx", parent="w", lineage=e.lineage)

@@ -244,8 +244,9 @@ def test_ring_allreduce_algorithm_on_a_ring(congestion: str) -> None:
 
 
 def test_ring_algorithm_as_an_expanded_workload() -> None:
-    # As a workload, the algorithm's zero-duration reduce COMP nodes take 1 ns each
-    # (ASTRA-sim's rule), while inside a collective they cost a local reduction.
+    # The algorithm's steps carry its chunk attributes and sized reduce COMP nodes, as
+    # expand writes them: a zero-duration reduce costs the same local reduction as
+    # inside a collective node (one cost model, docs/simulator.md), not a 1 ns COMP.
     n, size = 8, 8 << 20
     alg = generate("ring", coll="allreduce", ranks=n)
     ops = alg.ops.set_column(
@@ -253,8 +254,18 @@ def test_ring_algorithm_as_an_expanded_workload() -> None:
     )
     expanded = alg.replace(ops=ops, kind="expanded")
     res = simulate(expanded, Topology.ring(n))
-    assert res.total_ns == 2 * (n - 1) * _msg_ns(size // n) + (n - 1) * 1.0
+    reduce_ns = 3 * math.floor(size // n / 50)  # one write + two reads at 50 GB/s (GB = 1e9)
+    assert res.total_ns == 2 * (n - 1) * _msg_ns(size // n) + (n - 1) * reduce_ns
     assert res.ops.num_rows == n * (3 * (n - 1) + 2 * (n - 1))
+    # without a size a zero-duration COMP is an ordinary one: 1 ns, as ASTRA-sim runs it
+    unsized = alg.replace(
+        ops=ops.set_column(
+            ops.schema.get_field_index("comm_size"),
+            "comm_size",
+            [[size // n if t != "COMP_NODE" else None for t in ops["type"].to_pylist()]],
+        )
+    )
+    assert simulate(unsized, Topology.ring(n)).total_ns == 2 * (n - 1) * _msg_ns(size // n) + (n - 1) * 1.0
 
 
 def test_astra_sim_regression_case_gives_117780_ns(rt_inputs: Path) -> None:

@@ -21,6 +21,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from etstore.collectives.expand import expand
 from etstore.collectives.generators import generate
 from etstore.ingest.et import read_et
 from etstore.model import Trace, deps_table, ops_table
@@ -431,6 +432,9 @@ def test_transformer_workloads_issue_identically(monkeypatch: pytest.MonkeyPatch
     # many ops wait for a slot at once
     trace = transformer(ranks=16, tp=4, layers=2)
     _assert_same(monkeypatch, lambda: engine.simulate(trace, Topology.ring(16), config=config))
+    # expanded: every collective's block holds the comm slot through its acquire/release ops
+    expanded = expand(trace, "direct").trace
+    _assert_same(monkeypatch, lambda: engine.simulate(expanded, Topology.ring(16), config=config))
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
