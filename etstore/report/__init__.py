@@ -13,7 +13,7 @@ returning a plotly figure, for notebooks and dashboards.
 from __future__ import annotations
 
 from etstore.errors import ReportError
-from etstore.report.build import latest_run, opportunities, write_report
+from etstore.report.build import latest_run, write_report
 from etstore.report.critical import schedule_critical_path
 from etstore.report.figures import (
     breakdown_figure,
@@ -21,14 +21,16 @@ from etstore.report.figures import (
     compare_figure,
     link_heatmap_figure,
     sweep_busbw_figure,
-    timeline_figure,
 )
+from etstore.report.gantt import critical_path_steps, timeline_figure
+from etstore.report.opportunity_table import opportunities
 
 __all__ = [
     "ReportError",
     "breakdown_figure",
     "collective_busbw_figure",
     "compare_figure",
+    "critical_path_steps",
     "latest_run",
     "link_heatmap_figure",
     "opportunities",

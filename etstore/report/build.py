@@ -19,6 +19,7 @@ from plotly.offline import get_plotlyjs
 from etstore import __version__
 from etstore.errors import ReportError
 from etstore.report._data import RunInfo, has_table, metrics_warehouse, query, run_infos
+from etstore.report._html import Raw, fmt_ns, table
 from etstore.report.critical import schedule_critical_path
 from etstore.report.figures import (
     breakdown_figure,
@@ -26,16 +27,15 @@ from etstore.report.figures import (
     compare_figure,
     link_heatmap_figure,
     sweep_busbw_figure,
-    timeline_figure,
 )
+from etstore.report.gantt import timeline_figure
+from etstore.report.measured import measured_busbw_figures
+from etstore.report.opportunity_table import opportunities_html
 from etstore.store.warehouse import Warehouse
 
-__all__ = ["OPPORTUNITY_ROWS", "ReportError", "latest_run", "opportunities", "write_report"]
+__all__ = ["ReportError", "latest_run", "write_report"]
 
 log = logging.getLogger(__name__)
-
-# opportunities listed in the report (the largest gains first); the total counts them all
-OPPORTUNITY_ROWS = 200
 
 _CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:0 auto;max-width:1800px;
@@ -48,38 +48,6 @@ th,td{padding:3px 10px;border-bottom:1px solid #eee;text-align:right}
 th{background:#f6f6f6}td.l,th.l{text-align:left}.note{color:#666;font-style:italic}
 .better{color:#1a7f37}.worse{color:#c62828}
 """
-
-
-def _fmt_ns(ns: float | None) -> str:
-    """Time for people: ns, µs or ms."""
-    if ns is None:
-        return "–"
-    a = abs(ns)
-    if a < 1e3:
-        return f"{ns:,.0f} ns"
-    if a < 1e6:
-        return f"{ns / 1e3:,.2f} µs"
-    return f"{ns / 1e6:,.3f} ms"
-
-
-def _table(header: Sequence[str], rows: Sequence[Sequence[Any]], *, left: int = 1) -> str:
-    """An HTML table; the first ``left`` columns are text (left-aligned), all cells escaped."""
-    th = "".join(
-        f'<th class="{"l" if i < left else ""}">{html.escape(str(h))}</th>' for i, h in enumerate(header)
-    )
-    body = []
-    for row in rows:
-        tds = []
-        for i, v in enumerate(row):
-            cls = "l" if i < left else ""
-            text = v if isinstance(v, _Raw) else html.escape("–" if v is None else str(v))
-            tds.append(f'<td class="{cls}">{text}</td>')
-        body.append("<tr>" + "".join(tds) + "</tr>")
-    return f"<table><thead><tr>{th}</tr></thead><tbody>{''.join(body)}</tbody></table>"
-
-
-class _Raw(str):
-    """Already-escaped HTML for a table cell."""
 
 
 class _Page:
@@ -129,40 +97,6 @@ def latest_run(warehouse: Warehouse) -> int:
     return int(v)
 
 
-def opportunities(
-    warehouse: Warehouse, trace: str, *, limit: int = OPPORTUNITY_ROWS
-) -> tuple[pa.Table, pa.Table] | None:
-    """The trace's recorded overlap/chunk/reorder opportunities: (top rows, totals per kind), or None.
-
-    Rows (largest ``gain_ns`` first): ``kind``, ``rank``, ``op_id``, ``op`` (name, when
-    the trace is stored), ``other_id``, ``other``, ``gain_ns``, ``detail``. Totals:
-    ``kind``, ``n``, ``gain_ns``. None when the ``opportunities`` table is absent or
-    holds nothing for the trace.
-    """
-    if not has_table(warehouse, "opportunities"):
-        return None
-    totals = query(
-        warehouse,
-        "SELECT kind, count(*) AS n, sum(gain_ns) AS gain_ns FROM opportunities WHERE trace = $t "
-        "GROUP BY kind ORDER BY gain_ns DESC",
-        {"t": trace},
-    )
-    if totals.num_rows == 0:
-        return None
-    if has_table(warehouse, "ops"):
-        sql = """SELECT p.kind, p.rank, p.op_id, a.name AS op, p.other_id, b.name AS other, p.gain_ns,
-                p.detail
-            FROM opportunities p
-            LEFT JOIN ops a ON a.trace = p.trace AND a.rank = p.rank AND a.id = p.op_id
-            LEFT JOIN ops b ON b.trace = p.trace AND b.rank = p.rank AND b.id = p.other_id
-            WHERE p.trace = $t ORDER BY p.gain_ns DESC NULLS LAST, p.rank, p.op_id LIMIT $n"""
-    else:
-        sql = """SELECT kind, rank, op_id, NULL AS op, other_id, NULL AS other, gain_ns, detail
-            FROM opportunities
-            WHERE trace = $t ORDER BY gain_ns DESC NULLS LAST, rank, op_id LIMIT $n"""
-    return query(warehouse, sql, {"t": trace, "n": int(limit)}), totals
-
-
 def _summary(page: _Page, runs: Sequence[RunInfo], warehouse: Warehouse) -> None:
     stats = query(
         warehouse,
@@ -186,14 +120,14 @@ def _summary(page: _Page, runs: Sequence[RunInfo], warehouse: Warehouse) -> None
                 r.num_npus,
                 f"{r.num_ops:,}",
                 f"{r.events:,}",
-                _fmt_ns(r.total_ns),
-                _fmt_ns(s.get("compute")),
-                _fmt_ns(s.get("exposed")),
-                _fmt_ns(s.get("idle")),
+                fmt_ns(r.total_ns),
+                fmt_ns(s.get("compute")),
+                fmt_ns(s.get("exposed")),
+                fmt_ns(s.get("idle")),
             ]
         )
     page.add(
-        _table(
+        table(
             [
                 "run",
                 "trace",
@@ -233,11 +167,11 @@ def _differences(page: _Page, runs: Sequence[RunInfo], warehouse: Warehouse) -> 
     ).to_pylist()
     by = {row["run_id"]: row for row in t}
     metrics = [
-        ("makespan", "total_ns", _fmt_ns, False),
-        ("mean exposed communication per rank", "exposed", _fmt_ns, False),
-        ("max exposed communication of a rank", "max_exposed", _fmt_ns, False),
-        ("mean idle per rank", "idle", _fmt_ns, False),
-        ("mean communication hidden under compute", "hidden", _fmt_ns, True),
+        ("makespan", "total_ns", fmt_ns, False),
+        ("mean exposed communication per rank", "exposed", fmt_ns, False),
+        ("max exposed communication of a rank", "max_exposed", fmt_ns, False),
+        ("mean idle per rank", "idle", fmt_ns, False),
+        ("mean communication hidden under compute", "hidden", fmt_ns, True),
         ("mean collective busbw (GB/s)", "busbw", lambda v: "–" if v is None else f"{v:,.2f}", True),
         ("max link utilization", "max_util", lambda v: "–" if v is None else f"{v * 100:,.1f}%", False),
         ("bytes over links (MiB)", "bytes", lambda v: "–" if v is None else f"{v / 2**20:,.1f}", False),
@@ -260,18 +194,18 @@ def _differences(page: _Page, runs: Sequence[RunInfo], warehouse: Warehouse) -> 
             d = b - a
             better = (d > 0) == higher_is_better if d != 0 else None
             cls = "" if better is None or key == "events" else ("better" if better else "worse")
-            delta = fmt(d) if fmt is not _fmt_ns else _fmt_ns(d)
+            delta = fmt(d) if fmt is not fmt_ns else fmt_ns(d)
             if key == "max_util":
                 delta = f"{d * 100:+,.1f} pt"
-            elif key in ("busbw", "bytes", "events") or fmt is _fmt_ns:
+            elif key in ("busbw", "bytes", "events") or fmt is fmt_ns:
                 delta = ("+" if d > 0 else "") + delta
             pct = f"{d / a * 100:+,.1f}%" if a else "–"
             row += [
-                _Raw(f'<span class="{cls}">{html.escape(delta)}</span>'),
-                _Raw(f'<span class="{cls}">{pct}</span>'),
+                Raw(f'<span class="{cls}">{html.escape(delta)}</span>'),
+                Raw(f'<span class="{cls}">{pct}</span>'),
             ]
         rows.append(row)
-    page.add(_table(header, rows))
+    page.add(table(header, rows))
 
 
 def _critical_section(page: _Page, runs: Sequence[RunInfo], paths: dict[int, pa.Table]) -> None:
@@ -291,8 +225,8 @@ def _critical_section(page: _Page, runs: Sequence[RunInfo], paths: dict[int, pa.
                 r.run_id,
                 f"{cp.num_rows:,}",
                 len(set(cp["rank"].to_pylist())),
-                _fmt_ns(end),
-                f"{int((~comm).sum()):,} ({_fmt_ns(compute)}, {compute / end * 100 if end else 0:.0f}%)",
+                fmt_ns(end),
+                f"{int((~comm).sum()):,} ({fmt_ns(compute)}, {compute / end * 100 if end else 0:.0f}%)",
                 f"{int(comm.sum()):,}",
                 f"{via.count('msg')} messages, {via.count('peer')} collective peers",
             ]
@@ -305,7 +239,7 @@ def _critical_section(page: _Page, runs: Sequence[RunInfo], paths: dict[int, pa.
         "is communication and waiting.</p>"
     )
     page.add(
-        _table(
+        table(
             [
                 "run",
                 "ops on path",
@@ -319,52 +253,6 @@ def _critical_section(page: _Page, runs: Sequence[RunInfo], paths: dict[int, pa.
             left=1,
         )
     )
-
-
-def _opportunities_section(page: _Page, runs: Sequence[RunInfo], warehouse: Warehouse) -> None:
-    for trace in dict.fromkeys(r.trace for r in runs):
-        found = opportunities(warehouse, trace)
-        if found is None:
-            page.add(
-                f'<p class="note">No overlap, chunk or reorder opportunities are recorded for trace '
-                f"{html.escape(trace)} (run <code>etstore overlap</code> to find them).</p>"
-            )
-            continue
-        rows, totals = found
-        total_n = sum(totals["n"].to_pylist())
-        page.add(
-            f"<p>Trace <b>{html.escape(trace)}</b>: {total_n:,} opportunities, "
-            + ", ".join(
-                f"{k}: {n:,} worth {_fmt_ns(g)}"
-                for k, n, g in zip(
-                    totals["kind"].to_pylist(),
-                    totals["n"].to_pylist(),
-                    totals["gain_ns"].to_pylist(),
-                    strict=True,
-                )
-            )
-            + (f" (the {rows.num_rows} largest below)" if total_n > rows.num_rows else "")
-            + ".</p>"
-        )
-        page.add(
-            _table(
-                ["kind", "rank", "op", "other op", "gain", "detail"],
-                [
-                    [
-                        r["kind"],
-                        r["rank"],
-                        f"{r['op_id']}" + (f" {r['op']}" if r["op"] else ""),
-                        "–"
-                        if r["other_id"] is None
-                        else f"{r['other_id']}" + (f" {r['other']}" if r["other"] else ""),
-                        _fmt_ns(r["gain_ns"]),
-                        r["detail"] or "",
-                    ]
-                    for r in rows.to_pylist()
-                ],
-                left=4,
-            )
-        )
 
 
 def write_report(
@@ -417,7 +305,7 @@ def write_report(
     Notes
     -----
     O(ops) per run in DuckDB and numpy; timelines of runs beyond
-    :data:`~etstore.report.figures.DETAIL_OPS` ops are merged to about one span per
+    :data:`~etstore.report.gantt.DETAIL_OPS` ops are merged to about one span per
     pixel, so a 64-rank, 1M-op run stays well under 10 s and 20 MB.
     """
     started = time.perf_counter()
@@ -465,6 +353,10 @@ def _runs_page(
         if diff is not None:
             page.figures_row([diff])
     page.add("<h2>Timeline</h2>")
+    page.add(
+        '<p class="sub">Each rank has two lanes: compute above, communication below (a colour per '
+        "collective type), idle time as the thin grey line between; the critical path in black.</p>"
+    )
     paths = {r.run_id: schedule_critical_path(warehouse, r) for r in runs}
     timelines = [
         timeline_figure(warehouse, r.run_id, critical_path=paths[r.run_id] if critical_path else False)
@@ -476,6 +368,8 @@ def _runs_page(
     page.figures_row([breakdown_figure(warehouse, [r.run_id for r in runs])])
     page.add("<h2>Bus bandwidth</h2>")
     _bandwidth_section(page, runs, sweep_ids, warehouse)
+    for fig in measured_busbw_figures(warehouse):  # nccl-tests runs and calibrations, when stored
+        page.figures_row([fig])
     page.add("<h2>Link utilization</h2>")
     links = link_heatmap_figure(warehouse, [r.run_id for r in runs])
     if links is not None:
@@ -484,8 +378,9 @@ def _runs_page(
         page.add('<p class="note">No link traffic was recorded for these runs.</p>')
     page.add("<h2>Critical path</h2>")
     _critical_section(page, runs, paths)
-    page.add("<h2>Overlap and reorder opportunities</h2>")
-    _opportunities_section(page, runs, warehouse)
+    page.add('<section id="opportunities"><h2>Overlap and reorder opportunities</h2>')
+    page.add(opportunities_html(warehouse, [r.trace for r in runs]))
+    page.add("</section>")
     return page, heading
 
 

@@ -1,15 +1,19 @@
-"""A real store with two runs of one workload, a bandwidth sweep and recorded opportunities."""
+"""Real stores for the report: two runs of one workload with a bandwidth sweep; the hand-checked
+overlap workload with the opportunities the finders record for it."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
+from etstore.query.overlap import find_opportunities
 from etstore.sim import SimConfig, record_run, record_sweep, simulate, sweep
 from etstore.store import EmbeddedStore
 from etstore.testing import RecordedStore as Recorded
-from etstore.topology import Topology
+from etstore.testing import hand_workload, ingest_hand_expanded
+from etstore.topology import Topology, parse_topology
 from etstore.workloads import transformer
 
 
@@ -45,3 +49,28 @@ def recorded(tmp_path_factory: pytest.TempPathFactory) -> Recorded:
 def store(recorded: Recorded) -> Iterator[EmbeddedStore]:
     with EmbeddedStore(recorded.path, read_only=True) as s:
         yield s
+
+
+@pytest.fixture(scope="module")
+def hand_runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[int]]:
+    """tests/query/test_overlap.py's 2-rank workloads ("hand" and "expanded") with three runs
+    (hand on ring:2 unaware and aware, expanded on ring:2) and the finders' opportunities recorded:
+    per rank of "hand" an overlap (20 µs) and a reorder (55 µs), per rank of "expanded" a chunk (3 µs)."""
+    path = tmp_path_factory.mktemp("hand") / "store"
+    ring = parse_topology("ring:2")
+    with EmbeddedStore(path) as store:
+        trace = hand_workload()
+        store.ingest(trace, name="hand")
+        expanded = ingest_hand_expanded(store)
+        runs = [
+            record_run(store.warehouse, simulate(trace, ring), trace_name="hand"),
+            record_run(
+                store.warehouse,
+                simulate(trace, ring, config=SimConfig(congestion="aware")),
+                trace_name="hand",
+            ),
+            record_run(store.warehouse, simulate(store.load(expanded), ring), trace_name=expanded),
+        ]
+        find_opportunities(store, "hand", topo="ring:2")
+        find_opportunities(store, expanded, topo="ring:2")
+    return path, runs

@@ -16,6 +16,7 @@ from etstore.report import (
     breakdown_figure,
     collective_busbw_figure,
     compare_figure,
+    critical_path_steps,
     latest_run,
     link_heatmap_figure,
     schedule_critical_path,
@@ -93,11 +94,50 @@ def test_critical_path_of_a_hand_checked_schedule(tmp_path: Path) -> None:
         rid = record_run(store.warehouse, simulate(tr, Topology.fully_connected(2)), trace_name="handmade")
         (run,) = run_infos(store.warehouse, [rid])
         cp = schedule_critical_path(store.warehouse, run)
+        fig = timeline_figure(store.warehouse, rid)
     assert cp["name"].to_pylist() == ["A", "S", "R", "B"]
     assert cp["rank"].to_pylist() == [0, 0, 1, 1]
     assert cp["via"].to_pylist() == ["start", "dep", "msg", "dep"]
     assert cp["end_ns"][3].as_py() == pytest.approx(run.total_ns)
     assert cp["start_ns"][0].as_py() == 0
+    # the receive was posted at 0 and waited for the message: on the timeline the path stays on
+    # the send until it ends, then drops to the receive (not back to 0, where R started)
+    start, end = (cp[c].to_numpy() / 1e3 for c in ("start_ns", "end_ns"))
+    assert start[2] == 0 and end[1] > 5
+    line = fig.data[-1]
+    assert line.name == "critical path (4 ops)"
+    assert list(line.x) == pytest.approx([0, 5, 5, end[1], end[1], end[2], end[2], end[3]])
+    assert list(line.y) == [-0.22, -0.22, 0.22, 0.22, 1.22, 1.22, 0.78, 0.78]  # rank ± lane
+
+
+def test_critical_path_steps_only_go_forward() -> None:
+    # a step that began before the one ahead of it ended (a receive posted early, a collective
+    # member that waited for a late peer) holds the path from that end; one ending before it
+    # (out of order) is a point there
+    seg_start, seg_end = critical_path_steps(
+        np.array([0.0, 10.0, 2.0, 40.0, 35.0, 50.0]), np.array([10.0, 30.0, 38.0, 45.0, 44.0, 60.0])
+    )
+    assert seg_start.tolist() == [0.0, 10.0, 30.0, 40.0, 45.0, 50.0]
+    assert seg_end.tolist() == [10.0, 30.0, 38.0, 45.0, 45.0, 60.0]
+    empty = critical_path_steps(np.zeros(0), np.zeros(0))
+    assert [len(a) for a in empty] == [0, 0]
+
+
+def test_critical_path_lines_run_forward_in_time(recorded: Recorded, store: EmbeddedStore) -> None:
+    for run in recorded.runs:
+        (info,) = run_infos(store.warehouse, [run])
+        cp = schedule_critical_path(store.warehouse, info)
+        via = cp["via"].to_pylist()
+        # the 8-rank transformer's path crosses ranks through a message and collective peers,
+        # whose ops started before the step ahead of them ended
+        assert "msg" in via and "peer" in via
+        assert (cp["start_ns"].to_numpy()[1:] < cp["end_ns"].to_numpy()[:-1]).any()
+        fig = timeline_figure(store.warehouse, run)
+        (line,) = [t for t in fig.data if t.name.startswith("critical path")]
+        x = np.asarray(line.x, dtype=float)
+        assert len(x) == 2 * cp.num_rows
+        assert (np.diff(x) >= 0).all()
+        assert x[-1] == pytest.approx(cp["end_ns"][cp.num_rows - 1].as_py() / 1e3)
 
 
 def test_compare_report_shows_differences_side_by_side(
