@@ -240,6 +240,14 @@ class Trace:
     source: str = ""
     params: Mapping[str, Any] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        # every per-rank pass (writers, the simulator, rank_slices) reads a rank's ops as one
+        # block of rows; rows given out of rank order are put in order, each rank's own kept
+        ranks = self.ops["rank"].to_numpy() if self.ops.num_rows else np.empty(0, np.int64)
+        if len(ranks) > 1 and bool((np.diff(ranks) < 0).any()):
+            order = np.argsort(ranks, kind="stable")
+            object.__setattr__(self, "ops", self.ops.take(pa.array(order)))
+
     @property
     def num_ops(self) -> int:
         return self.ops.num_rows

@@ -10,7 +10,8 @@
 #                                   runs CMD as is and the Neo4j test cases skip, saying why
 #
 # Listens on 127.0.0.1:$ETSTORE_NEO4J_PORT (7687). State (data, log, pid, the generated dev password)
-# lives in $ETSTORE_NEO4J_HOME (./.neo4j). Needs Java 17 and Maven 3.8+.
+# lives in $ETSTORE_NEO4J_HOME (./.neo4j). Needs Java 17 and Maven 3.8+. The server refuses
+# LOAD CSV from file:/// URLs and has no plugins (see scripts/neo4j-server).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"

@@ -83,6 +83,7 @@ COMMANDS: dict[str, Command] = {
     "synth": Command("topology", "synthesize a topology-aware collective algorithm and store it"),
     "sim": Command("simulate", "replay a trace over a network; metrics into DuckDB"),
     "sweep": Command("simulate", "bus bandwidth over sizes x algorithms x topologies"),
+    "calibrate": Command("calibrate", "fit a topology's latency and bandwidth to a measured nccl-tests run"),
     "expand": Command(
         "expand", "replace collective nodes by an algorithm's send/recv/reduce ops (stores a new trace)"
     ),
@@ -116,6 +117,14 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
         default=None,
         help=f"store directory or neo4j://user:pass@host:7687 URL "
         f"(default: ${_STORE_ENV_VAR} or ./{_DEFAULT_STORE})",
+    )
+    p.add_argument(
+        "--wait",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="how long to wait for another etstore process writing (or reading) the store "
+        "(default: $ETSTORE_WAIT or 300)",
     )
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     module = COMMANDS[command].module if command is not None else None

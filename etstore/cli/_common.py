@@ -1,12 +1,23 @@
-"""Helpers shared by the command modules: store opening, parameters, progress, formats."""
+"""Helpers shared by the command modules: store opening, parameters, progress, formats.
+
+A command that writes an embedded store makes Ctrl-C end it at once (within a few
+milliseconds, whatever the engines are doing): what it was writing is rolled back, or,
+for a removal past its commit point, finished, by the next command on the store, from
+the store's journal (``docs/reliability.md``). Rolling back a large ingest there and
+then could take as long as the ingest did.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import signal
 import sys
+import threading
+import weakref
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 from rich.console import Console
@@ -16,9 +27,9 @@ from etstore.cli._render import FORMATS, json_text
 from etstore.errors import OptionError
 from etstore.ingest import read_trace
 from etstore.model import Trace
-from etstore.store import Store, open_store
+from etstore.store import EmbeddedStore, Store, open_store
 
-__all__ = ["add_format", "open_from_args", "params", "print_json", "progress", "trace_from"]
+__all__ = ["add_format", "open_from_args", "params", "print_json", "progress", "say", "trace_from"]
 
 
 def add_format(sp: argparse.ArgumentParser) -> None:
@@ -42,9 +53,93 @@ def params(args: argparse.Namespace) -> dict[str, Any]:
     return dict(_parse_param(p) for p in args.param or [])
 
 
+def say(line: str) -> None:
+    """One line on stderr, ``etstore: `` first (waiting, recovering, interrupted)."""
+    sys.stderr.write(f"etstore: {line}\n")
+    sys.stderr.flush()
+
+
 def open_from_args(args: argparse.Namespace, *, read_only: bool = False) -> Store:
-    """The store ``--store`` names (default: ``$ETSTORE_STORE``, then ``./.etstore``)."""
-    return open_store(args.store, read_only=read_only)
+    """The store ``--store`` names (default: ``$ETSTORE_STORE``, then ``./.etstore``).
+
+    An embedded store waits ``--wait`` seconds for other processes (saying so on
+    stderr), and one opened for writing makes Ctrl-C stop the command at once.
+    """
+    store = open_store(
+        args.store,
+        read_only=read_only,
+        wait_s=getattr(args, "wait", None),
+        notify=say,
+        purpose=str(getattr(args, "command", None) or "etstore"),
+    )
+    if not read_only and isinstance(store, EmbeddedStore):  # a server serializes writers itself
+        _guard_interrupts(store)
+    return store
+
+
+_writers: weakref.WeakSet[EmbeddedStore] = weakref.WeakSet()
+_exiting = threading.Lock()
+_guarded = False
+
+
+def _guard_interrupts(store: EmbeddedStore) -> None:
+    """Make Ctrl-C during ``store``'s ingest or removal end the process at once (see the module
+    docstring). Python runs a signal handler only between bytecodes of the main thread, which
+    an engine call can hold for seconds, so a thread woken through the signal wakeup fd acts
+    as well, whichever comes first."""
+    global _guarded
+    _writers.add(store)
+    if _guarded or threading.current_thread() is not threading.main_thread():
+        return
+    if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        return  # someone else handles Ctrl-C (an embedding program): leave it to them
+    read_end, write_end = os.pipe()
+    os.set_blocking(write_end, False)
+    if signal.set_wakeup_fd(write_end, warn_on_full_buffer=False) != -1:  # taken: put it back
+        signal.set_wakeup_fd(-1)
+        os.close(read_end)
+        os.close(write_end)
+        return
+    signal.signal(signal.SIGINT, _on_interrupt)
+    threading.Thread(target=_watch, args=(read_end,), name="etstore-interrupt", daemon=True).start()
+    _guarded = True
+
+
+def _watch(read_end: int) -> None:
+    """Wake on every signal; a Ctrl-C during a write ends the process."""
+    while True:
+        try:
+            got = os.read(read_end, 64)
+        except OSError:
+            return
+        if not got:
+            return
+        if signal.SIGINT in got:
+            _stop_writing()
+
+
+def _on_interrupt(signum: int, frame: FrameType | None) -> None:
+    """SIGINT in the main thread: stop a write at once, else the usual KeyboardInterrupt."""
+    _stop_writing()
+    signal.default_int_handler(signum, frame)
+
+
+def _stop_writing() -> None:
+    """If a store of this process is ingesting or removing, say what happens to it and exit 130."""
+    for store in list(_writers):
+        current = store.session.current
+        if current is None or current.op == "open":
+            continue
+        with _exiting:
+            if current.op == "remove":
+                fate = f"the next command on {store.location} finishes the removal"
+            else:
+                fate = f"nothing of it is kept: the next command on {store.location} rolls it back"
+            if sys.stdout.isatty():
+                sys.stdout.write("\x1b[?25h\n")  # a progress bar hid the cursor
+                sys.stdout.flush()
+            say(f"interrupted during the {current.describe()}; {fate}")
+            os._exit(130)
 
 
 def progress(console: Console) -> Any:

@@ -16,8 +16,9 @@ from etstore.errors import OptionError
 from etstore.ingest.comm_groups import write_astra_et
 from etstore.ingest.export import EXPORT_FORMATS, export_trace
 from etstore.query.summary import summarize
-from etstore.store.base import IngestReport
+from etstore.store.base import IngestReport, ProgressFn
 from etstore.store.batch import BatchProgressFn, OnError, ingest_paths
+from etstore.store.embedded import EmbeddedStore
 from etstore.workloads import transformer
 
 __all__ = ["register"]
@@ -36,10 +37,12 @@ def _ingest(args: argparse.Namespace, console: Console) -> int:
                 )
         else:
             stats = ingest_paths(store, args.paths, name=args.name, on_error=on_error)
-    if stats.reports or not stats.measured:
+    if stats.reports or not (stats.measured or stats.tuner):
         render(pa.Table.from_pylist([_report_row(r) for r in stats.reports]), args.format, console=console)
     if stats.measured:  # nccl-tests / rccl-tests logs became measured runs
         render(pa.Table.from_pylist([m.as_row() for m in stats.measured]), args.format, console=console)
+    if stats.tuner:  # tuner trajectories became tuner runs
+        render(pa.Table.from_pylist([t.as_row() for t in stats.tuner]), args.format, console=console)
     for report in stats.reports:  # what each input was recognised as; stdout stays data unless a table
         line = recognised_line(report.trace.name, report.trace.params)
         if line and args.format == "table":
@@ -124,10 +127,36 @@ def _show(args: argparse.Namespace, console: Console) -> int:
 
 def _rm(args: argparse.Namespace, console: Console) -> int:
     with open_from_args(args) as store:
+        # rm is idempotent: a name removed lately, by an rm that finished, or was interrupted past
+        # its commit point and finished by a later command, is reported as gone, not unknown
+        finished_now: set[str] = set()
+        gone: set[str] = set()
+        if isinstance(store, EmbeddedStore):
+            finished_now = {e.name for e in store.recovered if e.op == "remove"}
+            gone = set(store.removed_names())
         for name in args.traces:
-            store.remove(name)
+            if name in gone:
+                how = "this command finished its interrupted removal" if name in finished_now else ""
+                console.print(f"{name} was already removed" + (f" ({how})" if how else ""))
+                continue
+            bar = progress(console) if isinstance(store, EmbeddedStore) else None
+            if bar is not None and isinstance(store, EmbeddedStore):
+                with bar:
+                    store.remove(name, progress=_rm_step(bar, name))
+            else:
+                store.remove(name)
             console.print(f"removed {name}")
     return 0
+
+
+def _rm_step(bar: Any, name: str) -> ProgressFn:
+    """A removal's progress callback drawing one bar."""
+    task = bar.add_task(f"rm {name}", total=None)
+
+    def step(stage: str, done: int, total: int) -> None:
+        bar.update(task, description=f"rm {name} ({stage})", completed=done, total=total)
+
+    return step
 
 
 def _export(args: argparse.Namespace, console: Console) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 from etstore.errors import StoreError
@@ -30,7 +31,14 @@ DEFAULT_STORE = ".etstore"
 ENV_VAR = "ETSTORE_STORE"
 
 
-def open_store(location: str | os.PathLike[str] | None = None, *, read_only: bool = False) -> Store:
+def open_store(
+    location: str | os.PathLike[str] | None = None,
+    *,
+    read_only: bool = False,
+    wait_s: float | None = None,
+    notify: Callable[[str], None] | None = None,
+    purpose: str = "",
+) -> Store:
     """Open a store: a directory (embedded) or a ``neo4j://`` / ``bolt://`` URL.
 
     Parameters
@@ -39,6 +47,11 @@ def open_store(location: str | os.PathLike[str] | None = None, *, read_only: boo
         A store directory or a server URL; default ``$ETSTORE_STORE``, then ``./.etstore``.
     read_only
         Open without write access (several readers may share an embedded store).
+    wait_s, notify, purpose
+        An embedded store: how long to wait for another process's write (seconds; default
+        ``$ETSTORE_WAIT``, then 300), a function told once in one line whom it waits for,
+        and what this process is doing (shown to processes that wait for it). A server
+        serializes writers itself and ignores them.
 
     Returns
     -------
@@ -56,4 +69,4 @@ def open_store(location: str | os.PathLike[str] | None = None, *, read_only: boo
         return Neo4jStore(loc, read_only=read_only)
     if scheme:
         raise StoreError(f"unknown store URL scheme {scheme!r}; use a directory path or neo4j:// / bolt://")
-    return EmbeddedStore(Path(loc), read_only=read_only)
+    return EmbeddedStore(Path(loc), read_only=read_only, wait_s=wait_s, notify=notify, purpose=purpose)

@@ -4,9 +4,11 @@ Each input (a file, directory, glob or ``<dir>/<prefix>``, as
 :func:`~etstore.ingest.read_trace` reads it) becomes one trace, stored all or
 nothing; a failure never undoes the traces stored before it. A file whose content
 is nccl-tests or rccl-tests output (:func:`~etstore.ingest.nccl_tests.is_nccl_tests_log`)
-becomes a measured run instead (:func:`~etstore.store.measured.store_measured_run`),
-whatever its name. ``on_error`` decides what a failure does to the rest of the batch:
-``"raise"`` stops there, ``"skip"`` records it and goes on.
+becomes a measured run instead (:func:`~etstore.store.measured.store_measured_run`), and
+one that is a tuner trajectory (:func:`~etstore.ingest.tuner.is_tuner_log`) a tuner run
+(:func:`~etstore.store.tuner.store_tuner_run`), whatever its name. ``on_error`` decides
+what a failure does to the rest of the batch: ``"raise"`` stops there, ``"skip"``
+records it and goes on.
 """
 
 from __future__ import annotations
@@ -19,8 +21,10 @@ from typing import Literal
 from etstore.errors import EtstoreError, OptionError, StoreError
 from etstore.ingest import read_trace
 from etstore.ingest.nccl_tests import is_nccl_tests_log, read_nccl_tests
+from etstore.ingest.tuner import is_tuner_log, read_tuner_log
 from etstore.store.base import IngestReport, Store
 from etstore.store.measured import MeasuredReport, store_measured_run
+from etstore.store.tuner import TunerReport, store_tuner_run
 
 __all__ = ["BatchProgressFn", "BatchStats", "OnError", "ingest_paths"]
 
@@ -40,7 +44,8 @@ class BatchStats:
     and message, which starts with the path). ``ops``, ``deps`` and ``missing`` (dependencies on absent nodes)
     add up the stored traces; ``reports`` has one :class:`IngestReport` per
     successful trace input, in input order; ``measured`` one
-    :class:`~etstore.store.measured.MeasuredReport` per nccl-tests / rccl-tests log.
+    :class:`~etstore.store.measured.MeasuredReport` per nccl-tests / rccl-tests log;
+    ``tuner`` one :class:`~etstore.store.tuner.TunerReport` per tuner trajectory.
     """
 
     files_ok: int
@@ -51,6 +56,7 @@ class BatchStats:
     reports: tuple[IngestReport, ...]
     skipped: tuple[tuple[str, str], ...] = ()
     measured: tuple[MeasuredReport, ...] = ()
+    tuner: tuple[TunerReport, ...] = ()
 
 
 def ingest_paths(
@@ -70,7 +76,8 @@ def ingest_paths(
     paths
         Inputs, one trace each: a ``.et``/``.json`` file, a directory, a glob,
         ``<dir>/<prefix>``, or an MSCCL-IR ``.xml``; or one measured run each: a
-        nccl-tests / rccl-tests log (recognised by its content).
+        nccl-tests / rccl-tests log or one tuner run each: a tuner trajectory (both
+        recognised by their content).
     name
         The stored name (trace or measured run); only with a single input (default:
         each input's prefix, a log's file name without its extension).
@@ -105,21 +112,25 @@ def ingest_paths(
         raise OptionError("a name names one trace; give a single input with it")
     reports: list[IngestReport] = []
     measured: list[MeasuredReport] = []
+    tuner: list[TunerReport] = []
     skipped: list[tuple[str, str]] = []
     for path in paths:
         spec = str(path)
         try:
             if is_nccl_tests_log(spec):
                 measured.append(_store_log(store, spec, name, progress))
+            elif is_tuner_log(spec):
+                tuner.append(_store_trajectory(store, spec, name, progress))
             else:
                 reports.append(_ingest_one(store, spec, name, progress))
         except EtstoreError as exc:
             if on_error == "raise":
                 stored = [r.trace.name for r in reports] + [m.name for m in measured]
+                stored += [t.name for t in tuner]
                 raise _located(exc, spec, stored) from exc
             skipped.append((spec, _path_led(exc, spec)))
     return BatchStats(
-        files_ok=len(reports) + len(measured),
+        files_ok=len(reports) + len(measured) + len(tuner),
         files_skipped=len(skipped),
         ops=sum(r.trace.ops for r in reports),
         deps=sum(r.trace.deps for r in reports),
@@ -127,6 +138,7 @@ def ingest_paths(
         reports=tuple(reports),
         skipped=tuple(skipped),
         measured=tuple(measured),
+        tuner=tuple(tuner),
     )
 
 
@@ -150,6 +162,18 @@ def _store_log(store: Store, spec: str, name: str | None, progress: BatchProgres
     if progress is not None:
         progress(spec, "read", 1, 1)
     return store_measured_run(store.warehouse, parsed, name=name)
+
+
+def _store_trajectory(
+    store: Store, spec: str, name: str | None, progress: BatchProgressFn | None
+) -> TunerReport:
+    """Parse one tuner trajectory (CSV or JSON lines) and store it as a tuner run."""
+    if progress is not None:
+        progress(spec, "read", 0, 1)
+    parsed = read_tuner_log(spec, name=name)
+    if progress is not None:
+        progress(spec, "read", 1, 1)
+    return store_tuner_run(store, parsed, name=name)
 
 
 def _path_led(exc: EtstoreError, spec: str) -> str:

@@ -43,7 +43,12 @@ from etstore.model import DEPS_SCHEMA, META_SCHEMA, OPS_SCHEMA, Trace, TraceKind
 from etstore.store import _trace_rows as rows
 from etstore.store._cypher import check_parameters, resolve_names
 from etstore.store._format import check_format, upgrade_format1
+from etstore.store._graph_purge import Step, discard_rebuild, remove_range, warehouse_rows
+from etstore.store._graph_reader import SandboxedGraph
 from etstore.store._identity import choose_name, identity
+from etstore.store._journal import JournalEntry
+from etstore.store._lock import WaitFn
+from etstore.store._session import Session
 from etstore.store.base import IngestReport, ProgressFn, Store, TraceInfo, checked_kind
 from etstore.store.catalog import Catalog, ContentRecord, NameRecord
 from etstore.store.graph import (
@@ -56,6 +61,7 @@ from etstore.store.graph import (
     uid_base,
 )
 from etstore.store.result import Result
+from etstore.store.tuner import TUNER_STEP_NODE_DDL
 from etstore.store.warehouse import DEPS_COLUMNS, OPS_COLUMNS, Warehouse
 
 __all__ = ["EmbeddedStore"]
@@ -82,6 +88,7 @@ def _graph_ddl() -> list[str]:
         "CREATE REL TABLE IF NOT EXISTS DEP(FROM Op TO Op, kind STRING)",
         "CREATE REL TABLE IF NOT EXISTS MSG(FROM Op TO Op, tag INT32, comm_size INT64)",
         "CREATE REL TABLE IF NOT EXISTS BECOMES(FROM Op TO Op)",
+        TUNER_STEP_NODE_DDL,  # tuner runs' steps (etstore.store.tuner writes them)
     ]
 
 
@@ -98,6 +105,9 @@ def _buffer_pool_bytes(graph: Path, incoming: int) -> int:
     return int(min(0.8 * ram, max(1 << 30, 16 * (held + incoming))))
 
 
+_PURGE_STEPS = 7  # stages a removal reports: warehouse, then the graph's (see _graph_purge)
+
+
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
@@ -106,14 +116,44 @@ def _first_line(exc: BaseException) -> str:
 class EmbeddedStore:
     """Ladybug + DuckDB + catalog in one directory (see the module docstring).
 
+    Parameters
+    ----------
+    path
+        The store directory (created if absent).
+    read_only
+        Open for reading: several readers share the store; writers wait for them.
+    wait_s
+        How long to wait for another process holding the store, in seconds (default
+        ``$ETSTORE_WAIT``, else 300; :mod:`etstore.store._lock`).
+    notify
+        Called with one line when the open has to wait for another process, or recovers
+        what an interrupted writer left (default: a log warning).
+    purpose
+        What this open is for (e.g. ``"ingest"``), shown to the processes that wait for it.
+
     Raises
     ------
     StoreError
         The path is not a store directory, the store was written by a newer etstore,
-        or it is of format 1 and opened read-only (the message says how to upgrade).
+        it is of format 1 and opened read-only (the message says how to upgrade), or
+        another process held it for longer than ``wait_s``.
+
+    Notes
+    -----
+    A writer holds the store alone; readers share it (``docs/reliability.md``). Whatever
+    an interrupted writer left (its journal, :mod:`etstore.store._journal`) is rolled
+    back or finished by the next open, a read-only one included, before it reads.
     """
 
-    def __init__(self, path: str | os.PathLike[str], *, read_only: bool = False) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        read_only: bool = False,
+        wait_s: float | None = None,
+        notify: WaitFn | None = None,
+        purpose: str = "",
+    ) -> None:
         self.path = Path(path)
         self.location = str(self.path)
         self.read_only = read_only
@@ -123,13 +163,23 @@ class EmbeddedStore:
             read_only = False  # a fresh store: create it once, then nothing writes
         self.path.mkdir(parents=True, exist_ok=True)
         self._read_only_engines = self.read_only and read_only
-        self.catalog = Catalog(self.path / "catalog.sqlite", create=not self._read_only_engines)
         self._warehouse: Warehouse | None = None
         self._graph_conn: Any = None
         self._graph_db: Any = None
         self._graph_columns: tuple[str, ...] = GRAPH_OP_COLUMNS
         self._aliases: tuple[tuple[int, ...], dict[str, str]] | None = None
+        self.session = Session(
+            self.path,
+            write=not self._read_only_engines,
+            purpose=purpose,
+            wait_s=wait_s,
+            notify=notify if notify is not None else log.warning,
+        )
         try:
+            self.recovered = self.session.recover(self._roll_back)
+            """What this open rolled back or finished for writers that were interrupted."""
+            self.session.start_writing()
+            self.catalog = Catalog(self.path / "catalog.sqlite", create=not self._read_only_engines)
             if check_format(self.catalog, self.location, read_only=self._read_only_engines):
                 self._warehouse = upgrade_format1(self.catalog, self.path / "warehouse.duckdb", self.location)
             if not self.read_only:
@@ -155,30 +205,48 @@ class EmbeddedStore:
 
     def _open_graph(self, incoming: int = 0) -> Any:
         """Open the graph once, with a buffer pool sized for what it holds plus
-        ``incoming`` bytes of Arrow about to be loaded."""
-        if self._graph_conn is None:
-            import ladybug  # imported lazily: SQL-only commands never pay for it
+        ``incoming`` bytes of Arrow about to be loaded.
 
-            try:
-                # checkpoints are ours: one per ingest or removal instead of one per COPY
-                # statement (each commit of a bulk load would otherwise checkpoint by itself)
-                self._graph_db = ladybug.Database(
-                    str(self.path / "graph"),
-                    read_only=self._read_only_engines,
-                    auto_checkpoint=self._read_only_engines,
-                    buffer_pool_size=_buffer_pool_bytes(self.path / "graph", incoming),
-                )
-                conn: Any = ladybug.Connection(self._graph_db)  # typed loosely, as _graph_conn
-            except RuntimeError as exc:
-                raise StoreError(f"{self.path}: cannot open the Ladybug graph: {_first_line(exc)}") from exc
-            if not self._read_only_engines:
-                for ddl in _graph_ddl():
-                    conn.execute(ddl)
-                # a store made by an older etstore may carry more op properties: load what it has
-                info = conn.execute("CALL table_info('Op') RETURN name").get_as_arrow(0)
-                self._graph_columns = tuple(info["name"].to_pylist())
-            self._graph_conn = conn
+        A read-only store's graph is served by a process the kernel keeps from touching
+        files (:mod:`etstore.store._graph_reader`); where the kernel cannot, it is opened
+        read-only here. A store this read-only open created gets its empty graph first."""
+        if self._graph_conn is None and self.read_only:
+            graph = self.path / "graph"
+            if not self._read_only_engines and not graph.exists():
+                self._open_ladybug(0, read_only=False)
+                self._release_graph()
+            self._graph_db = self._graph_conn = SandboxedGraph.start(
+                graph, buffer_pool_bytes=_buffer_pool_bytes(graph, 0)
+            )  # closing either ends the process
+            if self._graph_conn is None:
+                self._open_ladybug(0, read_only=True)
+        if self._graph_conn is None:
+            self._open_ladybug(incoming, read_only=self._read_only_engines)
         return self._graph_conn
+
+    def _open_ladybug(self, incoming: int, *, read_only: bool) -> None:
+        """Open the graph in this process (writable ones get the schema)."""
+        import ladybug  # imported lazily: SQL-only commands never pay for it
+
+        try:
+            # checkpoints are ours: one per ingest or removal instead of one per COPY
+            # statement (each commit of a bulk load would otherwise checkpoint by itself)
+            self._graph_db = ladybug.Database(
+                str(self.path / "graph"),
+                read_only=read_only,
+                auto_checkpoint=read_only,
+                buffer_pool_size=_buffer_pool_bytes(self.path / "graph", incoming),
+            )
+            conn: Any = ladybug.Connection(self._graph_db)  # typed loosely, as _graph_conn
+        except RuntimeError as exc:
+            raise StoreError(f"{self.path}: cannot open the Ladybug graph: {_first_line(exc)}") from exc
+        if not read_only:
+            for ddl in _graph_ddl():
+                conn.execute(ddl)
+            # a store made by an older etstore may carry more op properties: load what it has
+            info = conn.execute("CALL table_info('Op') RETURN name").get_as_arrow(0)
+            self._graph_columns = tuple(info["name"].to_pylist())
+        self._graph_conn = conn
 
     def _release_graph(self) -> None:
         """Close the graph after a bulk load; the next use reopens it (a few ms).
@@ -193,11 +261,45 @@ class EmbeddedStore:
             self._graph_db = None
 
     def close(self) -> None:
+        """Close the engines, then (the writer) remove the journal and unlock (idempotent)."""
+        self._close_engines()
+        self.session.close()
+
+    def _close_engines(self) -> None:
         if self._warehouse is not None:
             self._warehouse.close()
             self._warehouse = None
         self._release_graph()
-        self.catalog.engine.dispose()
+        catalog: Catalog | None = getattr(self, "catalog", None)  # absent if the open failed early
+        if catalog is not None:
+            catalog.engine.dispose()
+
+    # ------------------------------------------------------------ journal and recovery
+
+    def _roll_back(self, entry: JournalEntry) -> None:
+        """Open the engines writable and make them agree with the catalog: an unfinished
+        ingest goes, an unfinished removal completes (the journal is a removal's commit
+        point), and Ladybug and DuckDB replay their logs so read-only opens need nothing."""
+        flags = (self.read_only, self._read_only_engines)
+        self.read_only = self._read_only_engines = False  # writable for the time it takes
+        discard_rebuild(self.path / "graph.rebuild")  # a removal's copy cut short; the graph is intact
+        try:
+            self.catalog = Catalog(self.path / "catalog.sqlite", create=True)
+            if check_format(self.catalog, self.location, read_only=False):
+                self._warehouse = upgrade_format1(self.catalog, self.path / "warehouse.duckdb", self.location)
+            if entry.op == "remove" and self.catalog.name(entry.name) is not None:
+                self.catalog.drop_name(entry.name)
+            if entry.op == "remove":  # (also recorded by the removal itself, unless killed first)
+                self.session.journal.note_removed(entry.name)
+            self._sweep()
+            if (self.path / "graph").exists():
+                self.graph.execute("CHECKPOINT")  # replays and folds in the log of a killed writer
+            if (self.path / "warehouse.duckdb").exists():
+                self.warehouse.execute("CHECKPOINT")
+        finally:
+            self._close_engines()
+            self.__dict__.pop("catalog", None)  # the open makes its own, read-only or not
+            self.read_only, self._read_only_engines = flags
 
     def __enter__(self) -> EmbeddedStore:
         """The store itself; leaving the block closes it."""
@@ -267,15 +369,19 @@ class EmbeddedStore:
                 return IngestReport(n.info(c), created=False, seconds=time.perf_counter() - started)
             name_rec.trace_id = existing.seq
             others = self.catalog.names_of(existing.seq)
+            self.session.doing("name", final, existing.seq)
             info = self._add_name(name_rec, existing, trace, lineage)
+            self.session.done()
             first = others[0].name if others else None
             return IngestReport(info, created=True, same_as=first, seconds=time.perf_counter() - started)
+        self.session.doing("ingest", final)
         rec = self.catalog.add_content(
             ContentRecord(content_hash=digest, kind=kind.value, ranks=trace.num_ranks, graph_name=final)
         )
         seq = rec.seq
         assert seq is not None  # the catalog assigned it
         name_rec.trace_id = seq
+        self.session.doing("ingest", final, seq)
         try:
             rec, cycles, unmatched_sends, unmatched_recvs = self._write(
                 trace, rec, name_rec, lineage, progress
@@ -285,6 +391,7 @@ class EmbeddedStore:
             raise
         finally:
             self._release_graph()
+        self.session.done()
         return IngestReport(
             name_rec.info(rec),
             created=True,
@@ -468,30 +575,42 @@ class EmbeddedStore:
 
     # ------------------------------------------------------------ removal
 
-    def _purge(self, seq: int) -> None:
+    def _purge(self, seq: int, progress: ProgressFn | None = None) -> None:
         """Remove content ``seq`` from both engines, then from the catalog (with any name left)."""
         self.catalog.mark_deleting(seq)
         lo = uid_base(seq)
-        try:
-            self._purge_graph(lo, lo + (1 << UID_SHIFT), last=self.catalog.content_count() == 1)
-        except RuntimeError as exc:  # pragma: no cover - engine failure while cleaning up
-            log.error("could not remove graph data of trace id %d: %s", seq, exc)
-            raise StoreError(f"could not remove trace id {seq} from the graph: {_first_line(exc)}") from exc
+        done = [0]
+
+        def step(stage: str) -> None:
+            done[0] += 1
+            if progress is not None:
+                progress(stage, min(done[0], _PURGE_STEPS), _PURGE_STEPS)
+
+        step("warehouse")
         wh = self.warehouse
         with wh.transaction():
             rows.delete_content(wh, seq)
+        try:
+            self._purge_graph(lo, lo + (1 << UID_SHIFT), last=self.catalog.content_count() == 1, step=step)
+        except RuntimeError as exc:  # pragma: no cover - engine failure while cleaning up
+            log.error("could not remove graph data of trace id %d: %s", seq, exc)
+            raise StoreError(f"could not remove trace id {seq} from the graph: {_first_line(exc)}") from exc
         self.catalog.delete_content(seq)
         self._aliases = None
+        if progress is not None:
+            progress("done", _PURGE_STEPS, _PURGE_STEPS)
 
-    def _purge_graph(self, lo: int, hi: int, *, last: bool) -> None:
+    def _purge_graph(self, lo: int, hi: int, *, last: bool, step: Step) -> None:
         """Delete the graph's ops with uids in ``[lo, hi)`` and every edge touching them.
 
-        Ladybug deletes at ~10 µs per node or edge; when no other content is stored,
-        dropping and recreating the tables is instant (and safe to redo after a
-        crash: the tables are recreated on the next open in any case).
+        When no other content is stored, dropping and recreating the tables is instant
+        (and safe to redo after a crash: the tables are recreated on the next open in any
+        case); otherwise the faster of deleting in place and rebuilding without the range
+        (:mod:`etstore.store._graph_purge`).
         """
         g = self.graph
         if last:
+            step("graph")
             for table in ("BECOMES", "MSG", "DEP", "Op"):
                 g.execute(f"DROP TABLE IF EXISTS {table}")
             for ddl in _graph_ddl():
@@ -499,14 +618,11 @@ class EmbeddedStore:
             g.execute("CHECKPOINT")
             self._graph_columns = GRAPH_OP_COLUMNS
             return
-        p = {"lo": lo, "hi": hi}
-        # edges first, one table at a time (faster than DETACH DELETE), then the nodes
-        for rel, end in (("DEP", "a"), ("MSG", "a"), ("BECOMES", "a"), ("BECOMES", "b")):
-            g.execute(
-                f"MATCH (a:Op)-[r:{rel}]->(b:Op) WHERE {end}.uid >= $lo AND {end}.uid < $hi DELETE r", p
-            )
-        g.execute("MATCH (o:Op) WHERE o.uid >= $lo AND o.uid < $hi DETACH DELETE o", p)
-        g.execute("CHECKPOINT")
+        graph, seq = self.path / "graph", lo >> UID_SHIFT
+        keep = {n.trace_id: c.graph_name for n, c in self.catalog.names() if n.trace_id != seq}
+        source = warehouse_rows(self.warehouse, keep)  # DuckDB reads the kept rows faster than Ladybug
+        pool = _buffer_pool_bytes(graph, 0)
+        remove_range(g, graph, lo, hi, step, pool=pool, release=self._release_graph, source=source)
 
     def _rename_graph(self, seq: int, name: str) -> None:
         """Make content ``seq``'s graph nodes carry ``name`` (its old one was removed)."""
@@ -525,7 +641,7 @@ class EmbeddedStore:
         stale = self.catalog.stale()
         for rec in stale:
             assert rec.seq is not None
-            log.warning("removing incomplete trace id %d left by an interrupted ingest or removal", rec.seq)
+            log.info("removing incomplete trace id %d left by an interrupted ingest or removal", rec.seq)
             self._purge(rec.seq)
         for rec in self.catalog.misnamed_graphs():
             assert rec.seq is not None
@@ -540,17 +656,38 @@ class EmbeddedStore:
                     with wh.transaction():
                         wh.execute(f"DELETE {gone}")
 
-    def remove(self, name: str) -> None:
+    def remove(self, name: str, *, progress: ProgressFn | None = None) -> None:
+        """Remove the name ``name``, and its content when no other name points at it.
+
+        ``progress(stage, done, total)`` is called as the content's rows go. The journal
+        entry is the commit point: an interrupted removal is finished by the next open.
+        Raises UnknownTraceError (no such name) or StoreError (read-only); costs in
+        :mod:`etstore.store._graph_purge`.
+        """
         if self.read_only:
             raise StoreError(f"{self.location} is open read-only")
         self._lookup(name)
-        dropped = self.catalog.drop_name(name)  # the commit point
-        if dropped is None:  # removed by another process meanwhile
+        self.session.doing("remove", name)
+        self.session.removing(name)
+        try:
+            self._remove(name, progress)
+        finally:
+            self.session.done()
+
+    def removed_names(self) -> list[str]:
+        """Names removed lately and not stored again (the last 100), whether their removal
+        finished in its own process or, interrupted, in a later open."""
+        names = self.catalog.all_names()
+        return [n for n in self.session.journal.removed() if n not in names]
+
+    def _remove(self, name: str, progress: ProgressFn | None) -> None:
+        dropped = self.catalog.drop_name(name)
+        if dropped is None:  # pragma: no cover - the store is locked: nobody else removes it
             raise UnknownTraceError(f"no trace named {name!r} in {self.location}")
         rec, rest = dropped
         self._aliases = None
         if not rest:
-            self._purge(rec.trace_id)
+            self._purge(rec.trace_id, progress)
             return
         wh = self.warehouse
         pid = rec.parent_trace_id
@@ -608,24 +745,37 @@ class EmbeddedStore:
 
         A ``$parameter`` without a value is refused; a trace name whose content the graph
         holds under another of its names is resolved to it (:mod:`etstore.store._cypher`).
+        On a read-only store the query cannot write or read files (``COPY ... TO``,
+        ``EXPORT DATABASE``, ``LOAD FROM``): it runs in a process the kernel sandboxes.
         """
         check_parameters(query, params)
         text, values = resolve_names(query, params, self._second_names())
+        graph = self.graph
         try:
-            res = self.graph.execute(text, values)
+            if isinstance(graph, SandboxedGraph):  # a read-only store (see _open_graph)
+                got = graph.query(text, values)
+                return Result(pa.table({}) if got is None else got, query)
+            res = graph.execute(text, values)
             if not res.get_column_names():
                 return Result(pa.table({}), query)
             # chunk size 0: one chunk of exactly the result's rows. The default sizes
             # its buffers for millions of rows, which costs ~1 ms on every small query.
             table = res.get_as_arrow(0)
-        except RuntimeError as exc:
+        except (RuntimeError, QueryError) as exc:
             raise QueryError(f"Cypher error: {_first_line(exc)} (query: {query!r})") from exc
         return Result(table, query)
 
     def sql(self, query: str, params: Mapping[str, Any] | None = None) -> Result:
         """Run SQL on DuckDB (views ``ops``, ``deps``, ``missing_deps``, ``messages``, ``meta``,
-        ``lineage`` by trace name, table ``traces`` and the simulator's metrics)."""
-        return self.warehouse.query(query, params)
+        ``lineage`` by trace name, table ``traces`` and the simulator's metrics).
+
+        On a read-only store the query cannot write or read files: the warehouse is open
+        read-only with DuckDB's external access off (:meth:`Warehouse.open`)."""
+        warehouse = self.warehouse
+        if self.read_only and not warehouse.read_only:  # created by this open: schema in, now lock it
+            warehouse.close()
+            self._warehouse = warehouse = Warehouse.open(self.path / "warehouse.duckdb", read_only=True)
+        return warehouse.query(query, params)
 
 
 def _stat(path: Path) -> tuple[int, int]:

@@ -744,8 +744,18 @@ class Neo4jStore:
 
     def sql(self, query: str, params: Mapping[str, Any] | None = None) -> Result:
         """Run SQL on the client-side DuckDB warehouse (views ``ops``, ``deps``, ``missing_deps``,
-        ``messages``, ``meta``, ``lineage`` by trace name, ``traces`` and the simulator's metrics)."""
-        return self.warehouse.query(query, params)
+        ``messages``, ``meta``, ``lineage`` by trace name, ``traces`` and the simulator's metrics).
+
+        On a read-only store the query runs on that file opened read-only with no access to
+        other files (:meth:`Warehouse.open <etstore.store.warehouse.Warehouse.open>`), once
+        it is in step with the server.
+        """
+        if not self.read_only:
+            return self.warehouse.query(query, params)
+        self._sync()
+        self._mirror.close()  # DuckDB holds a file either writable or read-only in one process
+        with Warehouse.open(self._mirror.path, read_only=True) as warehouse:
+            return warehouse.query(query, params)
 
 
 _satisfies_store: type[Store] = Neo4jStore  # mypy checks the backend against the interface

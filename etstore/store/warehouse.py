@@ -17,6 +17,10 @@ same schema at open:
     :data:`COMPARISONS_DDL`).
 ``measured_runs``, ``measurements``
     nccl-tests / rccl-tests logs, one run per log (:data:`MEASURED_DDL`).
+``tuner_runs``, ``tuner_steps``, ``v_tuner_best``, ``v_tuner_vs_sim``
+    tuner trajectories, one run per file (:data:`TUNER_DDL`, views :data:`TUNER_VIEWS`).
+``calibrations``, ``calibration_points``, ``v_measured_vs_sim``
+    network parameters fitted to measured runs (:data:`CALIBRATION_DDL`).
 
 :class:`Warehouse` wraps one DuckDB connection behind a narrow API (``query``,
 ``execute``, ``append``, ``next_id``, ``transaction``, ``registered``) and turns
@@ -41,6 +45,7 @@ if TYPE_CHECKING:
     import duckdb
 
 __all__ = [
+    "CALIBRATION_DDL",
     "COMPARISONS_DDL",
     "CONTENT_TABLES",
     "DEPS_COLUMNS",
@@ -53,6 +58,8 @@ __all__ = [
     "TRACE_DDL",
     "TRACE_TABLES",
     "TRACE_VIEWS",
+    "TUNER_DDL",
+    "TUNER_VIEWS",
     "VIEWS",
     "Warehouse",
 ]
@@ -213,6 +220,98 @@ MEASURED_DDL: tuple[str, ...] = (
 writes them, ``docs/measured.md`` documents them). Bandwidths are GB/s with GB = 10^9 bytes,
 as nccl-tests prints them."""
 
+TUNER_DDL: tuple[str, ...] = (
+    """CREATE TABLE IF NOT EXISTS tuner_runs (
+        run_id BIGINT PRIMARY KEY, name VARCHAR NOT NULL UNIQUE, source VARCHAR,
+        content_hash VARCHAR NOT NULL, format VARCHAR, fields VARCHAR, rows BIGINT, linked BIGINT,
+        created_at TIMESTAMP DEFAULT (now()::TIMESTAMP))""",
+    """CREATE TABLE IF NOT EXISTS tuner_steps (
+        run_id BIGINT NOT NULL, step BIGINT NOT NULL, line INTEGER, collective VARCHAR, size_bytes BIGINT,
+        ranks INTEGER, nodes INTEGER, topology VARCHAR, gpu_model VARCHAR, algorithm VARCHAR,
+        protocol VARCHAR, channels INTEGER, chunk_bytes BIGINT, algorithm_trace VARCHAR, trace VARCHAR,
+        trace_rule VARCHAR, time_us DOUBLE, busbw_gb_per_s DOUBLE, reward DOUBLE, extra VARCHAR)""",
+)
+"""DDL of the tuner-trajectory tables (:mod:`etstore.store.tuner` writes them,
+``docs/measured.md`` documents them)."""
+
+# A step's size bucket is the power of two at or below its size (0 for empty messages).
+_SIZE_BUCKET = "CASE WHEN s.size_bytes > 0 THEN 1::BIGINT << floor(log2(s.size_bytes))::INTEGER ELSE 0 END"
+
+TUNER_VIEWS: dict[str, str] = {
+    "v_tuner_best": f"""CREATE OR REPLACE VIEW v_tuner_best AS
+        WITH per_action AS (
+            SELECT s.run_id, r.name AS run, s.topology, s.collective, {_SIZE_BUCKET} AS size_bucket_bytes,
+                s.algorithm, s.protocol, s.channels, s.chunk_bytes, s.trace, count(*) AS steps,
+                median(s.time_us) AS median_time_us, median(s.busbw_gb_per_s) AS median_busbw_gb_per_s
+            FROM tuner_steps s JOIN tuner_runs r USING (run_id) GROUP BY ALL)
+        SELECT *, count(*) OVER bucket AS actions_tried, sum(steps) OVER bucket AS bucket_steps
+        FROM per_action
+        WINDOW bucket AS (PARTITION BY run_id, topology, collective, size_bucket_bytes)
+        QUALIFY row_number() OVER (PARTITION BY run_id, topology, collective, size_bucket_bytes
+            ORDER BY median_time_us, algorithm, protocol, channels, chunk_bytes, trace) = 1""",
+    "v_tuner_vs_sim": """CREATE OR REPLACE VIEW v_tuner_vs_sim AS
+        WITH per_algorithm AS (
+            SELECT sweep_id, topology, congestion, collective, num_npus, size_bytes, algorithm,
+                min(time_ns) AS time_ns
+            FROM sweep_points GROUP BY ALL),
+        fastest AS (
+            SELECT sweep_id, topology, congestion, collective, num_npus, size_bytes,
+                arg_min(algorithm, time_ns) AS sim_fastest, min(time_ns) / 1e3 AS sim_fastest_us,
+                count(*) AS sim_algorithms
+            FROM per_algorithm GROUP BY ALL),
+        joined AS (
+            SELECT s.run_id, r.name AS run, s.step, s.collective, s.size_bytes, s.ranks, s.topology,
+                coalesce(s.algorithm, s.trace) AS picked, s.algorithm, s.trace, s.time_us,
+                f.sweep_id, f.topology AS sim_topology, f.congestion, f.sim_algorithms, f.sim_fastest,
+                f.sim_fastest_us,
+                (SELECT min(p.time_ns) FROM per_algorithm p
+                 WHERE p.sweep_id = f.sweep_id AND p.topology IS NOT DISTINCT FROM f.topology
+                    AND p.congestion IS NOT DISTINCT FROM f.congestion AND p.collective = f.collective
+                    AND p.num_npus = f.num_npus AND p.size_bytes = f.size_bytes
+                    AND (lower(p.algorithm) = lower(s.algorithm) OR p.algorithm = s.trace)
+                ) / 1e3 AS sim_picked_us
+            FROM tuner_steps s JOIN tuner_runs r USING (run_id)
+            JOIN fastest f
+                ON f.collective = s.collective AND f.num_npus = s.ranks AND f.size_bytes = s.size_bytes)
+        SELECT *,
+            CASE WHEN sim_picked_us IS NOT NULL
+                THEN coalesce(lower(sim_fastest) = lower(algorithm), false)
+                    OR coalesce(sim_fastest = trace, false) END AS picked_is_fastest
+        FROM joined""",
+}
+"""The tuner views, by name (re-created at every open): the best action per size bucket
+(``v_tuner_best``) and each step beside the simulator's sweeps of the same collective, ranks
+and size (``v_tuner_vs_sim``); ``docs/measured.md`` documents their columns."""
+
+CALIBRATION_DDL: tuple[str, ...] = (
+    """CREATE TABLE IF NOT EXISTS calibrations (
+        calibration_id BIGINT PRIMARY KEY, name VARCHAR NOT NULL UNIQUE, measured_run_id BIGINT,
+        measured_run VARCHAR, collective VARCHAR, ranks INTEGER, algorithm VARCHAR, congestion VARCHAR,
+        start_spec VARCHAR, spec VARCHAR, local_mem_bw_gb_per_s DOUBLE, params VARCHAR, busbw_factor DOUBLE,
+        min_size_bytes BIGINT, max_size_bytes BIGINT, points INTEGER, rms_error_before_pct DOUBLE,
+        rms_error_after_pct DOUBLE, max_error_before_pct DOUBLE, max_error_after_pct DOUBLE, rounds INTEGER,
+        simulations INTEGER, created_at TIMESTAMP DEFAULT (now()::TIMESTAMP))""",
+    """CREATE TABLE IF NOT EXISTS calibration_points (
+        calibration_id BIGINT NOT NULL, size_bytes BIGINT, fitted BOOLEAN, measured_time_us DOUBLE,
+        sim_before_time_us DOUBLE, sim_after_time_us DOUBLE)""",
+    """CREATE OR REPLACE VIEW v_measured_vs_sim AS
+        SELECT c.measured_run_id, c.measured_run, c.calibration_id, c.name AS calibration, c.collective,
+            c.ranks, c.algorithm, c.spec, c.local_mem_bw_gb_per_s, p.size_bytes, p.fitted,
+            p.measured_time_us, p.size_bytes / p.measured_time_us / 1e3 * c.busbw_factor
+                AS measured_busbw_gb_per_s,
+            p.sim_before_time_us, p.size_bytes / p.sim_before_time_us / 1e3 * c.busbw_factor
+                AS sim_before_busbw_gb_per_s,
+            p.sim_after_time_us, p.size_bytes / p.sim_after_time_us / 1e3 * c.busbw_factor
+                AS sim_after_busbw_gb_per_s,
+            100 * (p.sim_before_time_us / p.measured_time_us - 1) AS error_before_pct,
+            100 * (p.sim_after_time_us / p.measured_time_us - 1) AS error_after_pct
+        FROM calibration_points p JOIN calibrations c USING (calibration_id)""",
+)
+"""DDL of the calibrations (:mod:`etstore.sim.calibrate` writes them, ``docs/measured.md``
+documents them) and of the view ``v_measured_vs_sim``: per calibrated size, the measured time
+beside the simulated ones before and after the fit. Its bandwidths are GB/s with GB = 10^9,
+as nccl-tests prints them, so they compare with ``measurements`` directly."""
+
 MIRROR_STATE_DDL = (
     "CREATE TABLE IF NOT EXISTS _etstore_mirror_contents "
     "(trace_id BIGINT PRIMARY KEY, content_hash VARCHAR, lineage VARCHAR, server VARCHAR)"
@@ -226,6 +325,13 @@ local content is (created by that backend only)."""
 # below that line; this size puts it above, at a third less DuckDB time per ingest.
 # DuckDB does not persist the size, so every open attaches with it.
 _ROW_GROUP_SIZE = 16384
+
+# A read-only warehouse is the database file itself, opened read-only at the instance level
+# (so no ATTACH of it can be writable), with every other file out of reach: COPY ... TO,
+# EXPORT DATABASE, ATTACH, read_csv/read_parquet/glob, INSTALL/LOAD and persistent secrets
+# all fail with DuckDB's PermissionException. The lock makes SET/RESET of any option fail,
+# so a query cannot turn access back on.
+_READ_ONLY_CONFIG: dict[str, Any] = {"enable_external_access": False, "lock_configuration": True}
 
 
 def _duckdb() -> Any:
@@ -254,16 +360,19 @@ class Warehouse:
         An open DuckDB connection; the warehouse owns it from now on (:meth:`close`).
         ``Warehouse(duckdb.connect())`` is a fresh in-memory warehouse (no tables
         until :meth:`create_schema`).
+    read_only
+        Whether ``con`` was opened read-only (:meth:`open` says what that refuses).
 
     Notes
     -----
     Not thread-safe: one thread at a time may use a warehouse.
     """
 
-    __slots__ = ("_con", "_depth", "_error")
+    __slots__ = ("_con", "_depth", "_error", "read_only")
 
-    def __init__(self, con: duckdb.DuckDBPyConnection) -> None:
+    def __init__(self, con: duckdb.DuckDBPyConnection, *, read_only: bool = False) -> None:
         self._con = con
+        self.read_only = read_only
         self._error: type[Exception] = _duckdb().Error
         self._depth = 0  # open transaction() blocks; only the outermost one talks to DuckDB
 
@@ -279,7 +388,10 @@ class Warehouse:
             The DuckDB database file.
         read_only
             Open without write access (several readers may share the file); the schema
-            is not touched.
+            is not touched. The engine then refuses every statement that writes or reads
+            a file other than this one (``COPY ... TO``, ``EXPORT DATABASE``, ``ATTACH``,
+            ``read_csv``, ``INSTALL``/``LOAD``, ...): DuckDB's ``enable_external_access``
+            is off and ``lock_configuration`` keeps a query from turning it back on.
         legacy
             What to do with trace tables of store format 1 (keyed by name): a table
             ``name``, ``trace_id``, ``parent_trace_id``, ``content_hash`` re-keys them
@@ -296,14 +408,19 @@ class Warehouse:
             ...) or the metrics tables are of a newer schema version.
         """
         duckdb = _duckdb()
+        if read_only:
+            try:
+                con = duckdb.connect(str(path), read_only=True, config=dict(_READ_ONLY_CONFIG))
+            except duckdb.Error as exc:
+                raise StoreError(f"{path}: cannot open the DuckDB warehouse: {_first_line(exc)}") from exc
+            return cls(con, read_only=True)
         try:
             con = duckdb.connect()
         except duckdb.Error as exc:  # pragma: no cover - an in-memory database always opens
             raise StoreError(f"cannot start DuckDB: {_first_line(exc)}") from exc
         try:
             quoted = str(path).replace("'", "''")
-            opts = "READ_ONLY" if read_only else f"ROW_GROUP_SIZE {_ROW_GROUP_SIZE}"
-            con.execute(f"ATTACH '{quoted}' AS warehouse ({opts})")
+            con.execute(f"ATTACH '{quoted}' AS warehouse (ROW_GROUP_SIZE {_ROW_GROUP_SIZE})")
             con.execute("USE warehouse")
         except duckdb.Error as exc:
             con.close()
@@ -312,12 +429,11 @@ class Warehouse:
             con.close()
             raise
         warehouse = cls(con)
-        if not read_only:
-            try:
-                warehouse.create_schema(legacy=legacy)
-            except BaseException:
-                warehouse.close()
-                raise
+        try:
+            warehouse.create_schema(legacy=legacy)
+        except BaseException:
+            warehouse.close()
+            raise
         return warehouse
 
     def close(self) -> None:
@@ -486,6 +602,10 @@ class Warehouse:
             self.execute(OPPORTUNITIES_DDL)
             self.execute(COMPARISONS_DDL)
             for ddl in MEASURED_DDL:
+                self.execute(ddl)
+            for ddl in (*TUNER_DDL, *TUNER_VIEWS.values()):
+                self.execute(ddl)
+            for ddl in CALIBRATION_DDL:
                 self.execute(ddl)
 
     def _create_metrics(self) -> None:

@@ -19,6 +19,11 @@ import org.neo4j.io.ByteUnit;
  * comes from the environment variable {@code ETSTORE_NEO4J_DEV_PASSWORD} (never from the
  * command line, so it does not show in process listings). Prints {@code READY} once Bolt
  * accepts connections and shuts the database down cleanly on SIGTERM.
+ *
+ * <p>No Cypher statement may read the server's files: {@code LOAD CSV FROM 'file:///...'} is
+ * refused ({@code dbms.security.allow_csv_import_from_file_urls=false}), whatever the access
+ * mode of the session. No plugin (APOC or other) is on the class path, so there is no file
+ * export or import procedure either.
  */
 public final class Neo4jDevServer {
     private Neo4jDevServer() {}
@@ -38,6 +43,7 @@ public final class Neo4jDevServer {
                 .setConfig(BoltConnector.listen_address, new SocketAddress(args[1], Integer.parseInt(args[2])))
                 .setConfig(BoltConnector.encryption_level, BoltConnector.EncryptionLevel.DISABLED)
                 .setConfig(GraphDatabaseSettings.auth_enabled, true)
+                .setConfig(GraphDatabaseSettings.allow_file_urls, false)
                 .setConfig(GraphDatabaseSettings.pagecache_memory, ByteUnit.mebiBytes(512))
                 .build();
         CountDownLatch stopped = new CountDownLatch(1);

@@ -1,0 +1,117 @@
+"""One open of an embedded store: its lock, its journal, and recovery from interrupted writers.
+
+:mod:`etstore.store._lock` keeps writers apart from each other and from readers;
+:mod:`etstore.store._journal` says what a writer is doing. A session ties the two: a
+writer writes its journal before it touches an engine and removes it when it closes;
+whoever takes the lock and finds a journal knows its writer is gone and has what it
+left rolled back or finished (by the store, which knows its engines) before reading.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+from etstore.store._journal import Journal, JournalEntry
+from etstore.store._lock import StoreLock, WaitFn, wait_seconds
+
+__all__ = ["Session"]
+
+
+class Session:
+    """The lock and journal of one open of a store directory.
+
+    Parameters
+    ----------
+    directory
+        The store directory (it exists).
+    write
+        A writer (alone) or a reader (beside other readers).
+    purpose
+        What the open is for (e.g. ``"ingest"``), shown to those who wait for it.
+    wait_s
+        How long to wait for other processes, in seconds (None: ``$ETSTORE_WAIT`` or 300).
+    notify
+        Told, in one line, when the open waits or recovers.
+
+    Raises
+    ------
+    StoreError
+        Another process held the store for longer than ``wait_s``.
+    """
+
+    def __init__(
+        self, directory: Path, *, write: bool, purpose: str, wait_s: float | None, notify: WaitFn
+    ) -> None:
+        self.notify = notify
+        self.journal = Journal(directory)
+        self.entry: JournalEntry | None = None  # this open's journal, while it is the writer
+        self.current: JournalEntry | None = None
+        """What this writer is doing (its journal as last written), None for a reader."""
+        mine = StoreLock(directory, write=write, what=purpose, wait_s=wait_seconds(wait_s), on_wait=notify)
+        self.lock = mine.acquire()
+        self.owner = self.lock is mine  # else an earlier open of this process holds the store
+        self.purpose = purpose
+        self.directory = directory
+
+    def recover(self, roll_back: Callable[[JournalEntry], None]) -> tuple[JournalEntry, ...]:
+        """Have ``roll_back`` undo or finish what each interrupted writer left; returns their journals.
+
+        The lock proves a journal's writer is gone (it would hold the lock). A reader
+        becomes the writer for the time it takes, then a reader again; another writer may
+        come in between and be interrupted in turn, hence the loop. An open that shares
+        its process's earlier open recovers nothing (the journal is that open's).
+
+        Raises
+        ------
+        StoreError
+            Another writer held the store for longer than the wait limit meanwhile.
+        """
+        done: list[JournalEntry] = []
+        while self.owner and (entry := self.journal.read()) is not None:
+            upgraded = not self.lock.write
+            if upgraded:
+                self.lock.upgrade()
+                entry = self.journal.read()
+            try:
+                if entry is not None:
+                    self.notify(f"recovering from an interrupted {entry.describe()} in {self.directory} ...")
+                    roll_back(entry)
+                    self.journal.clear()
+                    done.append(entry)
+            finally:
+                if upgraded:
+                    self.lock.downgrade()
+        return tuple(done)
+
+    def start_writing(self) -> None:
+        """Write this writer's journal (before any engine is touched)."""
+        if self.owner and self.lock.write:
+            self.entry = self.current = JournalEntry(pid=os.getpid(), command=self.purpose, op="open")
+            self.journal.write(self.entry)
+
+    def doing(self, op: str, name: str = "", trace_id: int | None = None) -> None:
+        """Say in the journal what this writer is about to do."""
+        if self.entry is not None:
+            self.current = self.entry._replace(op=op, name=name, trace_id=trace_id)
+            self.journal.write(self.current)
+
+    def removing(self, name: str) -> None:
+        """``name`` is being removed (recorded with its commit point, so that an ``rm`` run
+        again, after a kill at any moment, can say the name is already gone)."""
+        if self.entry is not None:
+            self.journal.note_removed(name)
+
+    def done(self) -> None:
+        """The operation named by :meth:`doing` is committed or rolled back."""
+        if self.entry is not None:
+            self.current = self.entry
+            self.journal.write(self.entry)
+
+    def close(self) -> None:
+        """Remove this writer's journal (all it wrote is committed or rolled back) and unlock."""
+        if self.entry is not None:
+            self.journal.clear()
+            self.entry = self.current = None
+        self.lock.release()
