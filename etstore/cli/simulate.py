@@ -63,6 +63,8 @@ def _config(args: argparse.Namespace) -> Any:
         overrides["congestion"] = args.congestion
     if args.policy:
         overrides["scheduling_policy"] = args.policy
+    if args.hops:
+        overrides["hops"] = args.hops
     if args.chunks is not None:
         overrides["algorithm_chunks"] = args.chunks
     if args.system_config:
@@ -97,6 +99,8 @@ def _sim(args: argparse.Namespace, console: Console) -> int:
                 params={"algo": args.algo or [], "argv": "sim"},
             )
     summary = {"run_id": run_id, **result.summary()}
+    if config.ignored:  # system-file keys not modelled; read_system_config also warns on stderr
+        summary["ignored_system_keys"] = list(config.ignored)
     warning = result.overload_warning()
     if warning:  # on stderr, so json and csv output stay parseable
         Console(stderr=True).print(f"warning: {warning}", style="yellow", highlight=False, soft_wrap=True)
@@ -205,6 +209,11 @@ def _common(sp: argparse.ArgumentParser) -> None:
         choices=("aware", "unaware"),
         help="network model (default unaware, as ASTRA-sim's analytical backend; a run whose links are "
         "offered more than their bandwidth prints a warning)",
+    )
+    sp.add_argument(
+        "--hops",
+        choices=("store-and-forward", "cut-through"),
+        help="how an aware message crosses a multi-hop route (default store-and-forward, as ASTRA-sim)",
     )
     sp.add_argument(
         "--policy",

@@ -21,6 +21,8 @@ from etstore.collectives.generators import GENERATORS, generate
 from etstore.errors import ConfigError, EtstoreError
 from etstore.model import Trace
 from etstore.sim import _templates as tpl
+from etstore.sim._native import native_template
+from etstore.sim._phases import SharedBus
 from etstore.sim.config import SimConfig, collective_name
 from etstore.sim.result import not_stuck
 
@@ -36,7 +38,8 @@ __all__ = [
 AlgorithmSpec = str | Trace
 
 BUILTIN_ALGORITHMS: frozenset[str] = frozenset({"native", "replay", *GENERATORS})
-"""Algorithm names the simulator resolves itself: ``native`` (ASTRA-sim's ring),
+"""Algorithm names the simulator resolves itself: ``native`` (ASTRA-sim's native
+implementations per dimension, :attr:`SimConfig.native_impls`; ring by default),
 ``replay`` (the node's own duration) and every generator of
 :data:`etstore.collectives.generators.GENERATORS`; any other name is a stored algorithm."""
 
@@ -107,8 +110,19 @@ class Algorithms:
         elif n == 1 and isinstance(spec, str):  # a group of one moves nothing, whatever the algorithm
             t = tpl.empty_template(f"{label}-{coll}-1", 1)
         elif isinstance(spec, str) and spec == "native":
-            dims = self.topo_dims if (n == self.num_npus and group == tuple(range(n))) else (n,)
-            t = tpl.native_template(coll, size, dims, **self._native_kwargs())
+            # a group of every NPU runs on the network's dimensions; a smaller one is a
+            # single "local" ring of its members, as ASTRA-sim's communicator groups are
+            whole = n == self.num_npus and group == tuple(range(n))
+            dims = self.topo_dims if whole else (n,)
+            t = native_template(  # ConfigError names the implementation ASTRA-sim cannot run
+                coll,
+                size,
+                dims,
+                impls=cfg.native_impls_for(coll),
+                local=not whole,
+                total_npus=self.num_npus,
+                **self._native_kwargs(),
+            )
         else:
             if isinstance(spec, str):
                 trace = self._generated(spec, coll, n)
@@ -142,6 +156,15 @@ class Algorithms:
             "local_mem_bw_gb_per_s": cfg.local_mem_bw_gb_per_s,
             "reduction_mem_accesses": cfg.reduction_mem_accesses,
             "integer_ns": cfg.integer_ns,
+            "optimization": cfg.collective_optimization,
+            "shared_bus": SharedBus(
+                cfg.shared_bus_l_ns,
+                cfg.shared_bus_o_ns,
+                cfg.shared_bus_g_ns_per_byte,
+                cfg.local_reduction_delay,
+            )
+            if cfg.model_shared_bus
+            else None,
         }
 
     def _generated(self, name: str, coll: str, n: int) -> Trace:

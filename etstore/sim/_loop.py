@@ -70,6 +70,7 @@ def _run(
     overhead: float,
     prio: list[int],
     n: int,
+    cut_through: bool = False,
 ) -> dict[str, Any]:
     """The event loop: a calendar of distinct times (a heap of floats) with a bucket of items each.
 
@@ -81,6 +82,13 @@ def _run(
     issues the dependency-free nodes of a rank in ascending node id each time a node
     finishes. Ready and start times are not recorded here (they follow from the end
     times, see :func:`simulate`), except for ops that took a slot.
+
+    A congestion-aware hop (``hop[dst][node]`` a link of ``ldst``/``llat``/``lbw``) starts
+    when the link is free, holds it ``size / bandwidth``, and is store-and-forward: the
+    message is at the next node ``latency + size / bandwidth`` after the hop started (as
+    ASTRA-sim's link, truncated as one delay). With ``cut_through`` the next hop may start
+    ``latency`` after this one did, but no link finishes before the message's tail has
+    reached it (``tail``), and the destination receives the tail.
     """
     end_t = [-1.0] * n
     start_t = [-1.0] * n  # only for ops that took an NPU slot
@@ -97,6 +105,7 @@ def _run(
     lbusy = [0.0] * nl
     lbytes = [0.0] * nl
     lmsgs = [0] * nl
+    tail = [0.0] * n  # cut-through: when the message's last byte reaches its current node
     cal: list[float] = []
     buckets: dict[float, list[int]] = {}
     push = heapq.heappush
@@ -188,16 +197,23 @@ def _run(
                         if st < t:
                             st = t
                         sz = size[s]
-                        ser = sz / lbw[link]
-                        if integer_ns:
-                            ser = floor(ser)
+                        raw = sz / lbw[link]
+                        ser = floor(raw) if integer_ns else raw
                         fin = st + ser
+                        nxt = ldst[link]
+                        if cut_through:
+                            if fin < tail[s]:
+                                fin = tail[s]
+                            lat = floor(llat[link]) if integer_ns else llat[link]
+                            tail[s] = fin + lat
+                            t2 = tail[s] if nxt == d else st + lat
+                        else:
+                            t2 = st + (floor(llat[link] + raw) if integer_ns else llat[link] + raw)
                         lfree[link] = fin
-                        lbusy[link] += ser
+                        lbusy[link] += fin - st
                         lbytes[link] += sz
                         lmsgs[link] += 1
-                        cur[s] = ldst[link]
-                        t2 = fin + llat[link]
+                        cur[s] = nxt
                         b = buckets.get(t2)
                         if b is None:
                             buckets[t2] = [x]
@@ -242,6 +258,14 @@ def _run(
     }
 
 
+def _loop_links(net: Network, aware: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(destination node, latency ns, bytes/ns) per link the loop walks (aware: the hop graph)."""
+    if aware:
+        graph = net.hop_graph()
+        return graph.dst, graph.latency_ns, graph.bytes_per_ns
+    return net.dst, net.latency_ns, net.bytes_per_ns
+
+
 def _run_lists(
     perm: np.ndarray,
     inv: np.ndarray,
@@ -255,6 +279,7 @@ def _run_lists(
     config: SimConfig,
 ) -> tuple[dict[str, Any], float]:
     """:func:`_run` on renumbered Python lists; (its output, CPU seconds of list conversion + loop)."""
+    ldst, llat, lbw = _loop_links(net, aware)
     n = len(perm)
     succ_new = inv[succ].tolist()
     ptr_new = ptr[perm]
@@ -278,13 +303,14 @@ def _run_lists(
         col["dstn"].tolist(),
         col["size"].astype(np.float64).tolist(),
         hop,
-        net.dst.tolist(),
-        net.latency_ns.tolist(),
-        net.bytes_per_ns.tolist(),
+        ldst.tolist(),
+        llat.tolist(),
+        lbw.tolist(),
         config.integer_ns,
         float(config.message_overhead_ns),
         col["prio"].tolist(),
         n,
+        cut_through=net.hops == "cut-through",
     )
     return out, time.process_time() - t_loop
 
@@ -313,9 +339,12 @@ def _run_native(
     np.cumsum(cnt, out=sptr[1:])
     gather = np.arange(int(sptr[-1]), dtype=np.int64) - np.repeat(sptr[:-1] - starts, cnt)
     succ_new = np.ascontiguousarray(inv[succ[gather]], dtype=np.int64)
-    nl = net.topo.num_links
-    # the network's [dst, src] next-link array (rows built by net.prepare) instead of ``hop``
-    nh = np.ascontiguousarray(net._nh, dtype=np.int32).ravel() if aware else np.zeros(0, np.int32)
+    ldst, llat, lbw = _loop_links(net, aware)
+    nl = len(ldst)
+    # the aware graph's [dst, node] next-link array (rows built by net.prepare_hops) instead of ``hop``
+    nh = np.zeros(0, np.int32)
+    if aware:
+        nh = np.ascontiguousarray(net.hop_graph().next_link, dtype=np.int32).ravel()
     t_loop = time.process_time()
 
     def i64(name: str) -> np.ndarray:
@@ -345,9 +374,9 @@ def _run_native(
         i64("dstn"),
         f64("size"),
         nh,
-        np.ascontiguousarray(net.dst, dtype=np.int64),
-        np.ascontiguousarray(net.latency_ns, dtype=np.float64),
-        np.ascontiguousarray(net.bytes_per_ns, dtype=np.float64),
+        np.ascontiguousarray(ldst, dtype=np.int64),
+        np.ascontiguousarray(llat, dtype=np.float64),
+        np.ascontiguousarray(lbw, dtype=np.float64),
         start,
         end,
         np.zeros(nl),
@@ -358,6 +387,7 @@ def _run_native(
         bool(config.integer_ns),
         float(config.message_overhead_ns),
         i64("prio"),
+        net.hops == "cut-through",
     )
     loop_s = time.process_time() - t_loop
     out = {
@@ -399,8 +429,8 @@ def _message_model(
 ) -> tuple[np.ndarray, list[list[int] | None]]:
     """(mt, hop): per-send network time (congestion-unaware), or the routes the aware loop walks.
 
-    The native loop reads the network's next-link array (rows built by ``net.prepare``);
-    the Python loop takes them as lists (``hop[dst][src]``).
+    The native loop reads the aware graph's next-link array (rows built by
+    ``net.prepare_hops``); the Python loop takes them as lists (``hop[dst][node]``).
     """
     sends = np.flatnonzero(inp.kind == K_SEND)
     mt = np.zeros(len(inp.kind))
@@ -408,7 +438,7 @@ def _message_model(
     if len(sends):
         mdst = inp.mdst[sends]
         if aware and native:
-            net.prepare(mdst)
+            net.prepare_hops(mdst)
         elif aware:
             hop = net.hop_table(mdst)
         else:
@@ -465,6 +495,12 @@ def run_loop(inp: LoopInputs, net: Network, config: SimConfig, n0: int) -> LoopO
         send_q = {k: [int(perm[j]) for j in q] for k, q in out["send_q"].items() if q}
         recv_q = {k: [int(perm[j]) for j in q] for k, q in out["recv_q"].items() if q}
         waitq = [[int(perm[j]) for j in q] for q in out["waitq"] if q]
+    lbusy, lbytes, lmsgs = out["lbusy"], out["lbytes"], out["lmsgs"]
+    if aware:  # per topology link (the aware graph may add switch ports)
+        sends = np.flatnonzero(inp.kind == K_SEND)
+        lbusy, lbytes, lmsgs = net.link_counters(
+            lbusy, lbytes, lmsgs, inp.msrc[sends], inp.mdst[sends], inp.size[sends]
+        )
     return LoopOutput(
         start=out["start"],
         end=out["end"],
@@ -474,8 +510,8 @@ def run_loop(inp: LoopInputs, net: Network, config: SimConfig, n0: int) -> LoopO
         send_q=send_q,
         recv_q=recv_q,
         waitq=waitq,
-        lbusy=np.asarray(out["lbusy"], dtype=np.float64),
-        lbytes=np.asarray(out["lbytes"], dtype=np.float64),
-        lmsgs=np.asarray(out["lmsgs"], dtype=np.int64),
+        lbusy=np.asarray(lbusy, dtype=np.float64),
+        lbytes=np.asarray(lbytes, dtype=np.float64),
+        lmsgs=np.asarray(lmsgs, dtype=np.int64),
         loop_s=loop_s,
     )

@@ -28,6 +28,14 @@
  * id each time a node finishes, so after every item the touched slots are handed out,
  * lowest first, while places are free (the reference's heap pops the same order).
  *
+ * Hops (congestion-aware). A message walks the links of the network's aware graph
+ * (etstore.sim.network.Network.hop_graph: the topology's links plus, per switch, an
+ * uplink and a downlink per NPU), one event per hop, each link a FIFO queue held
+ * trunc(size / bw). Store-and-forward (ASTRA-sim's Link): the next node has the message
+ * trunc(latency + size / bw) after the hop started. Cut-through (`cut_through`): the
+ * head is at the next node trunc(latency) after the hop started, the link is held
+ * until the tail has passed (`tail`), and the destination waits for the tail.
+ *
  * The loop runs without the GIL: it only touches the input buffers and malloc'd
  * memory. Input errors raise ValueError before the loop starts.
  */
@@ -108,6 +116,7 @@ typedef struct {
     const int64_t *prio; /* issue order among ops waiting for one slot */
     const int32_t *hop;  /* [dst * nn + src] -> next link, or NULL when congestion-unaware */
     int aware, integer_ns;
+    int cut_through; /* congestion-aware hops: 0 store-and-forward, 1 cut-through */
     double overhead;
     /* inputs updated in place */
     int64_t *indeg, *cur, *lmsgs;
@@ -116,6 +125,7 @@ typedef struct {
     int64_t *partner, *qnext;
     int64_t *dkey, *keyval; /* dense message key per op (-1: none) and its mkey */
     uint8_t *arrived;
+    double *tail; /* cut-through: when each message's last byte reaches its current node */
     int64_t *whead, *wtail;                 /* slot ready queues, per resource, sorted by (prio, op) */
     uint8_t *touched;                       /* per resource: in `dirty` */
     int64_t *dirty, ndirty;                 /* resources to hand out after the running item */
@@ -307,15 +317,25 @@ static int run_loop(Loop *s)
                         double st = s->lfree[link];
                         if (st < t) st = t;
                         double sz = s->size[snd];
-                        double ser = sz / s->lbw[link];
-                        if (s->integer_ns) ser = trunc(ser); /* Python's int(): toward zero */
-                        double fin = st + ser;
+                        double raw = sz / s->lbw[link];
+                        double ser = s->integer_ns ? trunc(raw) : raw; /* Python's int(): toward zero */
+                        double fin = st + ser, t2;
+                        int64_t nxt = s->ldst[link];
+                        if (s->cut_through) { /* the head moves on after the latency, the tail follows */
+                            if (fin < s->tail[snd]) fin = s->tail[snd];
+                            double lat = s->integer_ns ? trunc(s->llat[link]) : s->llat[link];
+                            s->tail[snd] = fin + lat;
+                            t2 = nxt == d ? s->tail[snd] : st + lat;
+                        } else { /* store-and-forward: latency + serialization, truncated as one delay */
+                            double delay = s->llat[link] + raw;
+                            t2 = st + (s->integer_ns ? trunc(delay) : delay);
+                        }
                         s->lfree[link] = fin;
-                        s->lbusy[link] += ser;
+                        s->lbusy[link] += fin - st;
                         s->lbytes[link] += sz;
                         s->lmsgs[link] += 1;
-                        s->cur[snd] = s->ldst[link];
-                        if (schedule(s, fin + s->llat[link], x) < 0) return -1;
+                        s->cur[snd] = nxt;
+                        if (schedule(s, t2, x) < 0) return -1;
                         continue;
                     }
                 }
@@ -506,7 +526,7 @@ static PyObject *wait_lists(Loop *s)
 
 PyDoc_STRVAR(run_doc,
              "run(kind, dur, sptr, succ, indeg, acq, rel, free, mkey, mt, cur, dstn, size, hop, ldst, llat,\n"
-             "    lbw, start, end, lfree, lbusy, lbytes, lmsgs, aware, integer_ns, overhead, prio)\n"
+             "    lbw, start, end, lfree, lbusy, lbytes, lmsgs, aware, integer_ns, overhead, prio, cut_through)\n"
              "--\n\n"
              "The simulator's event loop over numpy arrays (see engine._run, the reference).\n"
              "indeg, free, cur, start, end, lfree, lbusy, lbytes and lmsgs are updated in place; start\n"
@@ -516,12 +536,12 @@ static PyObject *simloop_run(PyObject *self, PyObject *args)
 {
     (void)self;
     PyObject *o[NBUF + 3];
-    int aware, integer_ns;
+    int aware, integer_ns, cut_through = 0;
     double overhead;
-    if (!PyArg_ParseTuple(args, "OOOOOOOOOOOOOOOOOOOOOOOpidO", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5],
+    if (!PyArg_ParseTuple(args, "OOOOOOOOOOOOOOOOOOOOOOOpidO|p", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5],
                           &o[6], &o[7], &o[8], &o[9], &o[10], &o[11], &o[12], &o[13], &o[14], &o[15], &o[16],
                           &o[17], &o[18], &o[19], &o[20], &o[21], &o[22], &aware, &integer_ns, &overhead,
-                          &o[23]))
+                          &o[23], &cut_through))
         return NULL;
     enum { KIND, DUR, SPTR, SUCC, INDEG, ACQ, REL, FREE, MKEY, MT, CUR, DSTN, SIZE, HOP, LDST, LLAT, LBW,
            START, END, LFREE, LBUSY, LBYTES, LMSGS, PRIO, NB };
@@ -587,6 +607,7 @@ static PyObject *simloop_run(PyObject *self, PyObject *args)
     s.lmsgs = b[LMSGS].buf;
     s.aware = aware;
     s.integer_ns = integer_ns;
+    s.cut_through = aware && cut_through;
     s.prio = b[PRIO].buf;
     s.overhead = overhead;
     /* the routing table is square: nn NPUs */
@@ -608,6 +629,7 @@ static PyObject *simloop_run(PyObject *self, PyObject *args)
     s.touched = calloc(nr, 1);
     s.dirty = malloc(nr * sizeof(int64_t));
     s.arrived = calloc(nn1, 1);
+    s.tail = s.cut_through ? calloc(nn1, sizeof(double)) : NULL; /* all 0.0: no tail before injection */
     s.whead = malloc(nr * sizeof(int64_t));
     s.wtail = malloc(nr * sizeof(int64_t));
     s.shead = malloc(nk * sizeof(int64_t));
@@ -616,7 +638,7 @@ static PyObject *simloop_run(PyObject *self, PyObject *args)
     s.rhead = malloc(nk * sizeof(int64_t));
     s.rtail = malloc(nk * sizeof(int64_t));
     s.rorder = malloc(nk * sizeof(int64_t));
-    if (!s.partner || !s.qnext || !s.touched || !s.dirty || !s.arrived || !s.whead || !s.wtail || !s.shead || !s.stail ||
+    if (!s.partner || !s.qnext || !s.touched || !s.dirty || !s.arrived || (s.cut_through && !s.tail) || !s.whead || !s.wtail || !s.shead || !s.stail ||
         !s.sorder || !s.rhead || !s.rtail || !s.rorder) {
         PyErr_NoMemory();
         goto done;
@@ -662,6 +684,7 @@ done:
     free(s.touched);
     free(s.dirty);
     free(s.arrived);
+    free(s.tail);
     free(s.whead);
     free(s.wtail);
     free(s.shead);

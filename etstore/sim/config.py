@@ -27,6 +27,7 @@ from typing import Any
 from etstore.collective import COLLECTIVE_NAMES, chakra_name
 from etstore.errors import ConfigError
 from etstore.ingest.files import read_comm_groups
+from etstore.sim._native import parse_implementation
 from etstore.topology import AstraNetwork, astra_topology, read_network_config
 
 __all__ = [
@@ -57,15 +58,40 @@ def collective_name(name: str) -> str:
     return chakra
 
 
-# ASTRA-sim implementation names -> ours ("native" = ASTRA-sim's own ring, per dimension).
-_IMPL_NAMES = {
-    "ring": "native",
-    "oneRing": "native",
-    "direct": "direct",
-    "oneDirect": "direct",
-    "halvingDoubling": "halving-doubling",
-    "oneHalvingDoubling": "halving-doubling",
-    "doubleBinaryTree": "tree",
+# ASTRA-sim system-JSON keys, by what etstore does with them
+_IMPL_KEYS = {
+    "all-reduce-implementation": "ALL_REDUCE",
+    "all-gather-implementation": "ALL_GATHER",
+    "reduce-scatter-implementation": "REDUCE_SCATTER",
+    "all-to-all-implementation": "ALL_TO_ALL",
+}
+_MODELLED = {
+    "model-shared-bus",
+    "L",
+    "o",
+    "G",
+    "local-reduction-delay",
+    "scheduling-policy",
+    "endpoint-delay",
+    "active-chunks-per-dimension",
+    "preferred-dataset-splits",
+    "local-mem-bw",
+    "collective-optimization",
+    *_IMPL_KEYS,
+}
+# read by ASTRA-sim but without effect on its times (outputs and switches of what we model)
+_NO_TIME_EFFECT = {"trace-enabled", "local-mem-trace-filename", "track-local-mem", "replay-only"}
+# LogGP's gap (back-to-back transfers) and the roofline's peak: they act only when enabled
+_SHARED_BUS = ("g",)
+_ROOFLINE = ("peak-perf",)
+# read by ASTRA-sim, change its times, not modelled here
+_NOT_MODELLED = {
+    "roofline-enabled": "roofline compute model",
+    "all-reduce-implementation-custom": "custom collective",
+    "all-gather-implementation-custom": "custom collective",
+    "reduce-scatter-implementation-custom": "custom collective",
+    "all-to-all-implementation-custom": "custom collective",
+    "per-node-custom-implementation": "per-node custom collectives",
 }
 
 
@@ -87,7 +113,12 @@ class SimConfig:
         (``max_comm_ops=1``); see docs/simulator.md.
     congestion
         ``"unaware"``: a message takes ``sum(latency) + size / min(bandwidth)`` over
-        its route; ``"aware"``: store-and-forward per link with FIFO link queues.
+        its route; ``"aware"``: per link with FIFO link queues (see ``hops``).
+    hops
+        How a congestion-aware message crosses a multi-hop route: ``"store-and-forward"``
+        (each hop receives the whole message before sending it on, as ASTRA-sim's
+        congestion-aware links; the default) or ``"cut-through"`` (the head moves on after
+        a hop's latency). ``None`` is the default.
     max_comp_ops, max_cpu_ops, max_comm_ops, max_mem_ops
         Ops of each class that may run at once per NPU (ASTRA-sim: 1 each). Comm
         covers sends and collectives. ``None`` means unlimited.
@@ -119,14 +150,39 @@ class SimConfig:
         Also require equal sizes when matching sends to receives (ASTRA-sim does);
         off by default, matching on (src, dst, tag) as the store does.
     all_reduce_impl, all_gather_impl, reduce_scatter_impl, all_to_all_impl
-        Default algorithm per collective: ``"native"`` (ASTRA-sim's ring, one phase
-        per dimension) or a generator name (``ring``, ``direct``, ...).
+        Default algorithm per collective: ``"native"`` (ASTRA-sim's native
+        implementations, one phase per dimension, see ``native_impls``) or a
+        generator name (``ring``, ``direct``, ...).
     algorithm_chunks
         ``chunks`` passed to the algorithm generators.
+    native_impls
+        ASTRA-sim implementation per network dimension for a ``"native"`` collective,
+        by Chakra name: ``{"ALL_REDUCE": ("ring", "direct")}`` (``ring``, ``direct``,
+        ``halvingDoubling``, ``doubleBinaryTree``, ``oneRing``...). A collective not
+        listed runs ``ring`` on every dimension.
+    collective_optimization
+        ASTRA-sim's ``collective-optimization`` for a native all-reduce:
+        ``"localBWAware"`` (reduce-scatter up the dimensions, all-reduce on the last,
+        all-gather down) or ``"baseline"`` (an all-reduce of the whole chunk on every
+        dimension).
+    model_shared_bus
+        ASTRA-sim's ``model-shared-bus``: a native collective's packets cross the NPU ↔
+        memory LogGP links (``shared_bus_l_ns``, ``shared_bus_o_ns``,
+        ``shared_bus_g_ns_per_byte``: ASTRA-sim's ``L``, ``o``, ``G``; and a fixed
+        0.0038 ns/byte memory link) and reductions are also processed at
+        ``local_reduction_delay`` ns per 100 bytes + 50 ns, instead of one endpoint
+        delay per packet (not on a communicator group smaller than the system, whose
+        ring uses ASTRA-sim's fixed 10 ns path). See docs/simulator.md.
+    ignored
+        Keys of the ASTRA-sim system file that etstore did not apply, each as
+        ``key=value (why)``; :func:`read_system_config` also logs them as one warning.
+    extra
+        Keys of the system file that are not parameters above (including the ignored ones).
     """
 
     scheduling_policy: str = "LIFO"
     congestion: str = "unaware"
+    hops: str | None = None
     max_comp_ops: int | None = 1
     max_cpu_ops: int | None = 1
     max_comm_ops: int | None = 1
@@ -148,6 +204,14 @@ class SimConfig:
     reduce_scatter_impl: str = "native"
     all_to_all_impl: str = "native"
     algorithm_chunks: int = 1
+    native_impls: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    collective_optimization: str = "localBWAware"
+    model_shared_bus: bool = False
+    shared_bus_l_ns: float = 0.0
+    shared_bus_o_ns: float = 0.0
+    shared_bus_g_ns_per_byte: float = 0.0
+    local_reduction_delay: int = 1
+    ignored: tuple[str, ...] = ()
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -155,6 +219,8 @@ class SimConfig:
             raise ConfigError(f"scheduling_policy must be FIFO or LIFO, not {self.scheduling_policy!r}")
         if self.congestion not in ("aware", "unaware"):
             raise ConfigError(f"congestion must be 'aware' or 'unaware', not {self.congestion!r}")
+        if self.hops not in (None, "store-and-forward", "cut-through"):
+            raise ConfigError(f"hops must be 'store-and-forward' or 'cut-through', not {self.hops!r}")
         for name in ("max_comp_ops", "max_cpu_ops", "max_comm_ops", "max_recv_ops", "max_mem_ops"):
             value = getattr(self, name)
             if value is not None and value < 1:
@@ -166,6 +232,21 @@ class SimConfig:
         for name in ("endpoint_delay_ns", "message_overhead_ns", "min_comp_ns", "duration_unit_ns"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0, not {getattr(self, name)}")
+        if self.collective_optimization not in ("localBWAware", "baseline"):
+            raise ConfigError(
+                "collective_optimization must be localBWAware or baseline, "
+                f"not {self.collective_optimization!r}"
+            )
+        impls = {collective_name(k): tuple(v) for k, v in self.native_impls.items()}
+        for names in impls.values():
+            for name in names:
+                parse_implementation(name)  # raises on an unknown name
+        object.__setattr__(self, "native_impls", impls)
+
+    def native_impls_for(self, coll: str) -> tuple[str, ...]:
+        """ASTRA-sim implementation per dimension for a native ``coll`` (empty: ring everywhere)."""
+        key = "REDUCE_SCATTER" if coll == "REDUCE_SCATTER_BLOCK" else coll
+        return tuple(self.native_impls.get(key, ()))
 
     def impl_for(self, coll: str) -> str:
         """Default algorithm name for a Chakra collective (``ALL_REDUCE`` → ``all_reduce_impl``)."""
@@ -185,29 +266,30 @@ class SimConfig:
         """JSON-able parameters (what :func:`etstore.sim.record_run` stores)."""
         out = asdict(self)
         out["extra"] = dict(self.extra)
+        out["native_impls"] = {k: list(v) for k, v in self.native_impls.items()}
+        out["ignored"] = list(self.ignored)
         return out
 
     @classmethod
     def from_astra(cls, system: Mapping[str, Any], **overrides: Any) -> SimConfig:
         """A config from the parsed contents of an ASTRA-sim system JSON.
 
-        Keys read: ``scheduling-policy``, ``endpoint-delay``,
+        Keys modelled: ``scheduling-policy``, ``endpoint-delay``,
         ``active-chunks-per-dimension``, ``preferred-dataset-splits``,
-        ``local-mem-bw``, ``*-implementation``. Other keys land in ``extra``.
-        Unsupported values (``EXPLICIT`` scheduling, mixed implementations per
-        dimension) raise :class:`ConfigError`.
+        ``local-mem-bw``, ``collective-optimization``, ``*-implementation`` (per
+        dimension, ASTRA-sim's names), ``model-shared-bus`` with ``L``, ``o``, ``G``,
+        ``local-reduction-delay``. Keys that do not change ASTRA-sim's times as given
+        (``g`` without the shared bus, ``roofline-enabled: 0``, trace outputs) are
+        accepted. Every other key is listed in ``ignored`` (``g`` with the shared bus,
+        the roofline, custom collectives, and keys ASTRA-sim does not read either, such
+        as ``boost-mode``, unless 0); all keys but the modelled ones land in ``extra``.
+
+        Raises
+        ------
+        ConfigError
+            An unsupported value: ``EXPLICIT`` scheduling, an unknown implementation
+            or collective optimization.
         """
-        known = {
-            "scheduling-policy",
-            "endpoint-delay",
-            "active-chunks-per-dimension",
-            "preferred-dataset-splits",
-            "local-mem-bw",
-            "all-reduce-implementation",
-            "all-gather-implementation",
-            "reduce-scatter-implementation",
-            "all-to-all-implementation",
-        }
         values: dict[str, Any] = {}
         if "scheduling-policy" in system:
             values["scheduling_policy"] = str(system["scheduling-policy"]).upper()
@@ -223,15 +305,30 @@ class SimConfig:
             values["preferred_dataset_splits"] = int(system["preferred-dataset-splits"])
         if "local-mem-bw" in system:
             values["local_mem_bw_gb_per_s"] = float(system["local-mem-bw"])
+        if "model-shared-bus" in system:
+            values["model_shared_bus"] = _enabled(system["model-shared-bus"])
         for key, attr in (
-            ("all-reduce-implementation", "all_reduce_impl"),
-            ("all-gather-implementation", "all_gather_impl"),
-            ("reduce-scatter-implementation", "reduce_scatter_impl"),
-            ("all-to-all-implementation", "all_to_all_impl"),
+            ("L", "shared_bus_l_ns"),
+            ("o", "shared_bus_o_ns"),
+            ("G", "shared_bus_g_ns_per_byte"),
         ):
             if key in system:
-                values[attr] = _impl_from_astra(key, system[key])
-        values["extra"] = {k: v for k, v in system.items() if k not in known}
+                values[attr] = float(system[key])
+        if "local-reduction-delay" in system:
+            values["local_reduction_delay"] = int(system["local-reduction-delay"])
+        if "collective-optimization" in system:
+            opt = str(system["collective-optimization"])
+            if opt not in ("localBWAware", "baseline"):
+                raise ConfigError(f"collective-optimization {opt!r}: expected localBWAware or baseline")
+            values["collective_optimization"] = opt
+        impls: dict[str, tuple[str, ...]] = {}
+        for key, coll in _IMPL_KEYS.items():
+            if key in system:
+                impls[coll] = _impls_from_astra(key, system[key])
+                values[f"{coll.lower()}_impl"] = "native"
+        values["native_impls"] = impls
+        values["extra"] = {k: v for k, v in system.items() if k not in _MODELLED}
+        values["ignored"] = _ignored_keys(system)
         values.update(overrides)
         return cls(**values)
 
@@ -241,21 +338,49 @@ class SimConfig:
         return [f.name for f in fields(cls)]
 
 
-def _impl_from_astra(key: str, value: Any) -> str:
+def _impls_from_astra(key: str, value: Any) -> tuple[str, ...]:
+    """The per-dimension implementation list of ``key`` (a name or a list of names)."""
     names = [value] if isinstance(value, str) else list(value)
     if not names:
         raise ConfigError(f"{key}: empty implementation list")
-    mapped = []
     for name in names:
-        base = name
-        if name.startswith("direct") and name != "direct":
-            base = "direct"  # "directN" carries a window we do not model
-        if base not in _IMPL_NAMES:
-            raise ConfigError(f"{key}: unknown implementation {name!r}; known: {', '.join(_IMPL_NAMES)}")
-        mapped.append(_IMPL_NAMES[base])
-    if len(set(mapped)) > 1:
-        raise ConfigError(f"{key}: different implementations per dimension ({names}) are not supported")
-    return mapped[0]
+        try:
+            parse_implementation(str(name))
+        except ConfigError as exc:
+            raise ConfigError(f"{key}: {exc}") from exc
+    return tuple(str(x) for x in names)
+
+
+def _enabled(value: Any) -> bool:
+    return value not in (0, False, None, "0", "false", "False")
+
+
+def _ignored_keys(system: Mapping[str, Any]) -> tuple[str, ...]:
+    """``key=value (why)`` for every key of a system file that changes ASTRA-sim's times but is
+    not modelled here, and for every key ASTRA-sim does not read."""
+    out = []
+    shared_bus = _enabled(system.get("model-shared-bus", 0))
+    roofline = _enabled(system.get("roofline-enabled", 0))
+    if shared_bus and int(system.get("active-chunks-per-dimension", 1)) > 1:
+        out.append(
+            "model-shared-bus=1 with active-chunks-per-dimension > 1 (the queueing of concurrent "
+            "chunks' packets on the bus)"
+        )
+    for key, value in system.items():
+        if key in _MODELLED or key in _NO_TIME_EFFECT:
+            continue
+        if key in _SHARED_BUS:
+            if shared_bus:
+                out.append(f"{key}={value} (LogGP gap between shared-bus transfers)")
+        elif key in _ROOFLINE:
+            if roofline:
+                out.append(f"{key}={value} (roofline compute model)")
+        elif key in _NOT_MODELLED:
+            if key != "roofline-enabled" or _enabled(value):
+                out.append(f"{key}={json.dumps(value)} ({_NOT_MODELLED[key]})")
+        elif _enabled(value):  # switched off, an unread key changes nothing anyway
+            out.append(f"{key}={json.dumps(value)} (not read by ASTRA-sim either)")
+    return tuple(out)
 
 
 def read_system_config(path: str | Path, **overrides: Any) -> SimConfig:
@@ -290,6 +415,9 @@ def read_system_config(path: str | Path, **overrides: Any) -> SimConfig:
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a JSON object of system parameters")
     try:
-        return SimConfig.from_astra(data, **overrides)
+        config = SimConfig.from_astra(data, **overrides)
     except ConfigError as exc:
         raise ConfigError(f"{path}: {exc}") from exc
+    if config.ignored:
+        log.warning("%s: not modelled, ignored: %s", path, "; ".join(config.ignored))
+    return config

@@ -149,7 +149,7 @@ def _simulate(
     """:func:`simulate` with the garbage collector paused: build, loop, tables."""
     t0 = time.perf_counter()
     try:
-        net = Network(topo, dims)
+        net = Network(topo, dims, hops=config.hops)
         algos = Algorithms(config, algorithms, net.dims, topo.num_npus)
         built = build(trace, net, config, algos, groups)
     except TemplateError as exc:

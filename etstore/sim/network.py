@@ -12,9 +12,14 @@ Two message models sit on the routes (FORMATS.md §3):
 * congestion-unaware: ``Σ latency + size / min(bandwidth)`` over the route, i.e.
   ``hops × latency + size / bandwidth`` on uniform links; vectorised here
   (:meth:`Network.message_times_ns`).
-* congestion-aware: store-and-forward, each link a FIFO queue busy ``size /
-  bandwidth`` per message, the next hop reached ``latency`` later. The event loop
-  in :mod:`etstore.sim.engine` walks messages hop by hop with :meth:`Network.hop_table`.
+* congestion-aware: each link a FIFO queue; the event loop in :mod:`etstore.sim._loop`
+  walks messages hop by hop over :meth:`Network.hop_graph`, where a switch is a node
+  of its own with an uplink and a downlink per NPU (ASTRA-sim's congestion-aware
+  Switch; :mod:`etstore.sim._switches`). How a message crosses a multi-hop route is
+  :attr:`Network.hops`: ``"store-and-forward"`` (the default, ASTRA-sim's: the whole
+  message is received before it is sent on, ``latency + size / bandwidth`` per hop)
+  or ``"cut-through"`` (the head moves on after ``latency``; a link stays busy until
+  the tail has passed, so an uncongested route takes ``Σ latency + size / bandwidth``).
 
 Bandwidth is GB/s with GB = 2^30 bytes; times are ns.
 """
@@ -26,10 +31,14 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
-from etstore.errors import TopologyError
-from etstore.topology import GIB, Topology, dims_of, link_dimensions
+from etstore.errors import ConfigError, TopologyError
+from etstore.sim._switches import HopGraph, hop_graph
+from etstore.topology import GIB, Dim, Topology, dims_of, link_dimensions
 
-__all__ = ["Network"]
+__all__ = ["HOP_MODES", "Network"]
+
+HOP_MODES = ("store-and-forward", "cut-through")
+"""How the congestion-aware model moves a message over a multi-hop route (the first is the default)."""
 
 log = logging.getLogger(__name__)
 
@@ -45,14 +54,28 @@ class Network:
         Dimensions for dimension-order routing by this model's own BFS; by default
         :func:`~etstore.topology.dims_of`, with the topology's own routes
         (:meth:`~etstore.topology.Topology.next_link`).
+    hops
+        How the congestion-aware model forwards a message at an intermediate node
+        (a switch, or an NPU on a multi-hop route): one of :data:`HOP_MODES`;
+        ``None`` is ``"store-and-forward"``, ASTRA-sim's congestion-aware semantics.
+        The congestion-unaware model is ASTRA-sim's closed form whatever this is.
+
+    Raises
+    ------
+    ConfigError
+        ``hops`` is not one of :data:`HOP_MODES`.
 
     Notes
     -----
     Next-hop tables are built lazily per destination, each by a BFS of O(D · E)
-    numpy work (D = diameter, E = links); memory O(N²) int32 for the table.
+    numpy work (D = diameter, E = links); memory O(N²) int32 for the table
+    (O((N + S)²) for the congestion-aware graph with S switch nodes).
     """
 
-    def __init__(self, topo: Topology, dims: Sequence[int] | None = None) -> None:
+    def __init__(self, topo: Topology, dims: Sequence[int] | None = None, hops: str | None = None) -> None:
+        if hops is not None and hops not in HOP_MODES:
+            raise ConfigError(f"hop model must be one of {', '.join(HOP_MODES)}, not {hops!r}")
+        self.hops = hops or HOP_MODES[0]
         self.topo = topo
         self.num_nodes = topo.num_npus
         self.dims = tuple(dims) if dims is not None else dims_of(topo)
@@ -61,7 +84,9 @@ class Network:
         self.latency_ns = np.asarray(topo.latency_ns, dtype=np.float64)
         self.bytes_per_ns = np.asarray(topo.bandwidth_gb_per_s, dtype=np.float64) * GIB / 1e9
         self.label = link_dimensions(topo, self.dims)
+        self._axes = self._full_axes()
         self._switch_ports()
+        self._graph: HopGraph | None = None
         n = self.num_nodes
         self._nh = np.full((n, n), -2, dtype=np.int32)  # [dst, src] -> link; -2 unknown, -1 none
         self._done = np.zeros(n, dtype=bool)
@@ -69,20 +94,28 @@ class Network:
             self._nh = self._shared_routes(topo)
             self._done[:] = True
 
+    def _full_axes(self) -> tuple[Dim, ...]:
+        """The topology's axes when its links are still exactly theirs, else ``()``.
+
+        Only full, unfailed built-in shapes whose axes are the routing dimensions carry
+        them; on any other topology a switch is its pairwise links.
+        """
+        axes = self.topo.dims
+        if not axes or self.topo.labels is not None:
+            return ()
+        if tuple(int(d.size) for d in axes) != self.dims:
+            return ()
+        return tuple(axes)
+
     def _switch_ports(self) -> None:
         """Give switch links their port bandwidth back.
 
         The topology unwinds a switch of ``n`` NPUs into pairwise links of ``bw / (n-1)``
         (a port shared fairly, what synthesis plans with); a message through the switch
         moves at the full port bandwidth over two hops, as ASTRA-sim's analytical
-        network times it. Only full, unfailed built-in shapes carry their axes.
+        network times it.
         """
-        axes = self.topo.dims
-        if not axes or self.topo.labels is not None:
-            return
-        if tuple(int(d.size) for d in axes) != self.dims:
-            return
-        for k, d in enumerate(axes):
+        for k, d in enumerate(self._axes):
             if d.kind == "switch" and d.size > 2:
                 self.bytes_per_ns[self.label == k] *= d.size - 1
 
@@ -264,10 +297,71 @@ class Network:
             np.maximum.at(hi, links, t1[pos])
         return lo, hi
 
-    def hop_table(self, destinations: np.ndarray) -> list[list[int] | None]:
-        """Per destination NPU, the next-hop link of every NPU as a Python list (None if unused)."""
+    # ------------------------------------------------------------ congestion-aware graph
+
+    def hop_graph(self) -> HopGraph:
+        """The nodes and links the congestion-aware loop walks (built once).
+
+        Without a switch axis, the topology's links and this model's next-link array
+        (rows filled by :meth:`prepare`); with one, a switch node per switch instance
+        and an uplink and a downlink per NPU and switch axis, routes as the topology's
+        with each pairwise switch hop taken through the switch (every row built).
+        """
+        if self._graph is None:
+            n = self.num_nodes
+            has_switch = any(d.kind == "switch" and d.size > 1 for d in self._axes)
+            if has_switch:
+                self.prepare(np.arange(n))
+            self._graph = hop_graph(
+                n,
+                self._axes if has_switch else (),
+                self.label,
+                self._nh,
+                self.dst,
+                self.latency_ns,
+                self.bytes_per_ns,
+            )
+        return self._graph
+
+    def prepare_hops(self, destinations: np.ndarray) -> HopGraph:
+        """:meth:`hop_graph` with the rows of these destinations built."""
         self.prepare(destinations)
-        out: list[list[int] | None] = [None] * self.num_nodes
+        return self.hop_graph()
+
+    def hop_table(self, destinations: np.ndarray) -> list[list[int] | None]:
+        """Per destination NPU, the next link from every node of :meth:`hop_graph` (None if unused)."""
+        graph = self.prepare_hops(destinations)
+        out: list[list[int] | None] = [None] * graph.num_nodes
         for d in np.unique(np.asarray(destinations, dtype=np.int64)):
-            out[int(d)] = self._nh[int(d)].tolist()
+            out[int(d)] = graph.next_link[int(d)].tolist()
         return out
+
+    def link_counters(
+        self,
+        busy: np.ndarray,
+        nbytes: np.ndarray,
+        msgs: np.ndarray,
+        msg_src: np.ndarray,
+        msg_dst: np.ndarray,
+        size_bytes: np.ndarray,
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The congestion-aware loop's per-link counters, per topology link: (busy ns, bytes, messages).
+
+        Links of the :meth:`hop_graph` that are the topology's keep their counters. A
+        pairwise switch link, which the loop does not use, is given the messages whose
+        route crosses it, their bytes and busy ``bytes / port bandwidth`` (what they
+        occupy a port for); the switch ports themselves are not topology links.
+
+        Notes
+        -----
+        O(L) without a switch; O(M · D) for M messages of route length D with one.
+        """
+        nl = self.topo.num_links
+        busy = np.asarray(busy, dtype=np.float64)[:nl].copy()
+        nbytes = np.asarray(nbytes, dtype=np.float64)[:nl].copy()
+        msgs = np.asarray(msgs, dtype=np.int64)[:nl].copy()
+        replaced = self.hop_graph().replaced
+        if replaced.any():
+            b, m, t = self.link_loads(msg_src, msg_dst, size_bytes)
+            nbytes[replaced], msgs[replaced], busy[replaced] = b[replaced], m[replaced], t[replaced]
+        return busy, nbytes, msgs

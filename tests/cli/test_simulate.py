@@ -195,3 +195,33 @@ def test_switch_dimension_is_timed_alike_from_spec_and_astra_file(
         totals.append(json.loads(out)["total_ns"])
     # two hops of 10 ns + 1 MiB at the full 100 GiB/s port (ASTRA-sim's analytical switch), not 100/3
     assert totals == [20 + 9765, 20 + 9765, 20 + 9765]
+
+
+def test_hops_option_chooses_store_and_forward_or_cut_through(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    # 0 -> 2 on a ring of 4 (50 GB/s, 500 ns): two hops. Store-and-forward pays
+    # 2 x floor(500 + 1 MiB / 50 GiB/s) = 2 x 20031; cut-through 2 x 500 + 19531 once.
+    s = tmp_path / "s"
+    ops = ops_table(
+        {
+            "rank": [0, 2],
+            "id": [1, 1],
+            "type": ["COMM_SEND_NODE", "COMM_RECV_NODE"],
+            "comm_dst": [2, None],
+            "comm_src": [None, 0],
+            "comm_tag": [7, 7],
+            "comm_size": [1 << 20, 1 << 20],
+        }
+    )
+    with open_store(s) as store:
+        store.ingest(Trace(ops, name="two-hops"))
+    totals = {}
+    for hops in ("store-and-forward", "cut-through"):
+        code, out, _ = run(
+            capsys, s, "sim", "two-hops", "--topo", "ring:4,bw=50,lat=500", "--congestion", "aware",
+            "--hops", hops, "--no-record", "--format", "json",
+        )  # fmt: skip
+        assert code == 0
+        totals[hops] = json.loads(out)["total_ns"]
+    assert totals == {"store-and-forward": 2 * 20031, "cut-through": 2 * 500 + 19531}

@@ -112,3 +112,43 @@ def test_astra_switch_file_times_at_full_port_bandwidth(astra_networks: Path) ->
     net = Network(sw.topology)
     t = net.message_times_ns(np.array([0]), np.array([5]), np.array([1 << 20]))
     assert t[0] == np.floor(2 * 936.25 + (1 << 20) / (400 * 2**30 / 1e9))
+
+
+def test_aware_graph_gives_a_switch_a_node_and_two_ports_per_npu() -> None:
+    topo = astra_topology(["Switch"], [4], [100], [10])
+    graph = Network(topo).hop_graph()
+    nl = topo.num_links  # 12 pairwise links, kept (unused by the routes) so link ids stay
+    assert graph.num_nodes == 5
+    assert graph.dst[nl:].tolist() == [4, 4, 4, 4, 0, 1, 2, 3]  # uplinks, then downlinks
+    assert graph.bytes_per_ns[nl:].tolist() == [100 * 2**30 / 1e9] * 8
+    assert graph.latency_ns[nl:].tolist() == [10.0] * 8
+    assert graph.replaced.tolist() == [True] * nl
+    # 2 -> 0: uplink of 2, then the switch's downlink to 0; the switch is no destination
+    assert graph.next_link[0, 2] == nl + 2 and graph.next_link[0, 4] == nl + 4 + 0
+    assert (graph.next_link[4] == -1).all()
+
+
+def test_aware_graph_without_a_switch_is_the_topology() -> None:
+    topo = Topology.mesh([4, 4])
+    net = Network(topo)
+    graph = net.hop_graph()
+    assert graph.num_nodes == 16 and not graph.replaced.any()
+    assert graph.dst is net.dst and graph.next_link is net._nh
+
+
+def test_two_switch_axes_get_their_own_switches() -> None:
+    # switch:2+switch:3: 6 NPUs; axis 0 has 3 switches of 2, axis 1 has 2 switches of 3
+    topo = Topology.from_spec("switch:2+switch:3,bw=100/200,lat=5/7")
+    net = Network(topo)
+    graph = net.hop_graph()
+    assert graph.num_nodes == 6 + 3 + 2
+    nl = topo.num_links
+    up0 = graph.dst[nl : nl + 6].tolist()  # NPU u -> switch of its axis-1 coordinate u // 2
+    up1 = graph.dst[nl + 12 : nl + 18].tolist()  # NPU u -> switch of its axis-0 coordinate u % 2
+    assert up0 == [6, 6, 7, 7, 8, 8] and up1 == [9, 10, 9, 10, 9, 10]
+    # 0 -> 5 = (1, 2): axis 0 first (0 -> switch 6 -> 1), then axis 1 (1 -> switch 10 -> 5)
+    node, path = 0, []
+    while node != 5:
+        node = int(graph.dst[graph.next_link[5, node]])
+        path.append(node)
+    assert path == [6, 1, 10, 5]
