@@ -30,6 +30,7 @@ DuckDB's errors into :class:`~etstore.errors.QueryError` (reads) and
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager, suppress
 from pathlib import Path
@@ -408,6 +409,8 @@ class Warehouse:
             ...) or the metrics tables are of a newer schema version.
         """
         duckdb = _duckdb()
+        if read_only and not Path(path).exists():
+            return cls._empty_read_only()
         if read_only:
             try:
                 con = duckdb.connect(str(path), read_only=True, config=dict(_READ_ONLY_CONFIG))
@@ -435,6 +438,21 @@ class Warehouse:
             warehouse.close()
             raise
         return warehouse
+
+    @classmethod
+    def _empty_read_only(cls) -> Warehouse:
+        """A read-only view of a store that has no warehouse file yet (nothing was ever
+        stored): the schema built in a scratch file opened read-only like a real one, so
+        queries see empty tables, writes are refused, and nothing lands in the store."""
+        duckdb = _duckdb()
+        with tempfile.TemporaryDirectory(prefix="etstore-empty-") as scratch:
+            path = Path(scratch) / "warehouse.duckdb"
+            cls.open(path).close()
+            try:  # the open file outlives its directory entry
+                con = duckdb.connect(str(path), read_only=True, config=dict(_READ_ONLY_CONFIG))
+            except duckdb.Error as exc:  # pragma: no cover - a file just written opens
+                raise StoreError(f"cannot open an empty DuckDB warehouse: {_first_line(exc)}") from exc
+        return cls(con, read_only=True)
 
     def close(self) -> None:
         """Close the connection (idempotent)."""
