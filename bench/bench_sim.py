@@ -4,6 +4,13 @@ Prints one JSON line per measurement: ``{"metric", "value", "unit", "n", "machin
 Budget (DESIGN.md): >= 1M simulated events/s. Anchor: ASTRA-sim (C++) replays a
 64-rank ring all-reduce of 20,160 send/recv/compute nodes in 0.2-0.4 s here.
 
+When ASTRA-sim's analytical binaries are present (``/work/astra-build/bin``, or the
+directory in ``$ASTRA_SIM_BIN``; bench/README.md says how they were built), the
+``etstore workload --tp 8 --layers 8`` transformer at 64 and 256 ranks (``--astra-ranks``)
+is exported once (``.et`` files + comm-group JSON) and run by both tools as separate
+processes on the same files (ring of 50 GB/s, 500 ns links; rt_template's system config
+with local-mem-bw 1600): makespans, their ratio, wall time and peak RSS of each.
+
 Events are the items the event loop processes: an op finishing, or a message
 arriving (plus one per link hop with the congestion-aware model). ``events_per_s``
 uses the CPU time of the loop alone (``time.process_time``, robust to other
@@ -15,6 +22,7 @@ Usage::
     python bench/bench_sim.py                # everything
     python bench/bench_sim.py --skip-sweep   # events/s only
     python bench/bench_sim.py --ops 200000   # a smaller synthetic workload
+    python bench/bench_sim.py --astra-only --astra-ranks 64,256,1024   # ASTRA-sim vs etstore only
 """
 
 from __future__ import annotations
@@ -24,7 +32,10 @@ import json
 import os
 import platform
 import statistics
+import subprocess
 import sys
+import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -41,6 +52,22 @@ from etstore.topology import Topology
 PY = f"{platform.python_implementation()} {platform.python_version()}"
 MACHINE = f"{platform.machine()} {os.cpu_count()} cpu, {PY}"
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "astra-sim"
+ASTRA_BIN = Path(os.environ.get("ASTRA_SIM_BIN", "/work/astra-build/bin"))
+ASTRA_BINARY = {
+    "unaware": "AstraSim_Analytical_Congestion_Unaware",
+    "aware": "AstraSim_Analytical_Congestion_Aware",
+}
+# etstore in its own process, as ASTRA-sim runs: read the exported files, simulate, print the makespan
+ETSTORE_RUN = """
+import dataclasses, sys
+from etstore.ingest.et import read_et
+from etstore.sim import read_comm_groups, read_network_config, read_system_config, simulate
+prefix, groups, system, network, congestion = sys.argv[1:6]
+net = read_network_config(network)
+cfg = dataclasses.replace(read_system_config(system), congestion=congestion)
+res = simulate(read_et(prefix), net.topology, config=cfg, groups=read_comm_groups(groups), dims=net.dims)
+print(int(res.total_ns), res.wall_s)
+"""
 
 
 def emit(metric: str, value: float, unit: str, n: int, **extra: object) -> None:
@@ -121,13 +148,116 @@ def measure(
     emit(f"sim.{name}.wall_s", round(wall, 4), "s", trace.num_ops, **common)
 
 
+def timed_process(cmd: list[str], cwd: Path, timeout_s: float) -> tuple[str, float, float]:
+    """Run ``cmd``; its output, wall seconds and peak RSS in MiB (``wait4``: this child alone).
+
+    Raises RuntimeError when it fails or runs longer than ``timeout_s`` (it is killed then).
+    """
+    log = cwd / "run.log"
+    t0 = time.perf_counter()
+    with log.open("w") as out:
+        proc = subprocess.Popen(cmd, cwd=cwd, stdout=out, stderr=subprocess.STDOUT)
+    timer = threading.Timer(timeout_s, proc.kill)
+    timer.start()
+    try:
+        _, status, usage = os.wait4(proc.pid, 0)
+    finally:
+        timer.cancel()
+    wall = time.perf_counter() - t0
+    proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here, so Popen must not wait again
+    text = log.read_text(errors="replace")
+    if proc.returncode:
+        why = "timed out" if wall >= timeout_s else f"exited {proc.returncode}"
+        raise RuntimeError(f"{Path(cmd[0]).name} {why}: {text.strip().splitlines()[-1:]}")
+    return text, wall, usage.ru_maxrss / 1024
+
+
+def astra_makespan_ns(out: str) -> float:
+    """The largest ``sys[r] finished, T cycles`` of ASTRA-sim's log (1 cycle = 1 ns)."""
+    import re  # only this comparison parses ASTRA-sim's log
+
+    ends = [int(m) for m in re.findall(r"finished, (\d+) cycles", out)]
+    if not ends:
+        raise RuntimeError(f"no 'finished' line in ASTRA-sim's output: {out.strip().splitlines()[-1:]}")
+    return float(max(ends))
+
+
+def astra_comparison(ranks_list: list[int], timeout_s: float) -> None:
+    """ASTRA-sim vs etstore on the same exported transformer workload, both as processes."""
+    from etstore.ingest.comm_groups import write_astra_et
+    from etstore.workloads import transformer
+
+    rt = SHARED / "tests" / "rt_template" / "inputs"
+    if not all((ASTRA_BIN / b).exists() for b in ASTRA_BINARY.values()) or not rt.exists():
+        emit("astra.skipped", 0, "", 0, reason=f"no ASTRA-sim binaries in {ASTRA_BIN} or no rt_template")
+        return
+    for n in ranks_list:
+        with tempfile.TemporaryDirectory() as tmp:
+            d = Path(tmp)
+            paths = write_astra_et(transformer(ranks=n, tp=8, layers=8), d / "w")
+            system = json.loads((rt / "system_cfg.json").read_text())
+            system["local-mem-bw"] = 1600
+            (d / "system.json").write_text(json.dumps(system))
+            (d / "network.yml").write_text(
+                f"topology: [ Ring ]\nnpus_count: [ {n} ]\nbandwidth: [ 50.0 ]\nlatency: [ 500.0 ]\n"
+            )
+            files = [str(d / "w"), str(paths[-1]), str(d / "system.json"), str(d / "network.yml")]
+            for cong, binary in ASTRA_BINARY.items():
+                row: dict[str, object] = {
+                    "congestion": cong,
+                    "workload": f"transformer tp8 x 8 layers, {n} ranks",
+                }
+                try:
+                    out, a_wall, a_rss = timed_process(
+                        [
+                            str(ASTRA_BIN / binary),
+                            f"--workload-configuration={files[0]}",
+                            f"--comm-group-configuration={files[1]}",
+                            f"--system-configuration={files[2]}",
+                            f"--network-configuration={files[3]}",
+                            f"--remote-memory-configuration={rt / 'remote_memory_cfg.json'}",
+                        ],
+                        d,
+                        timeout_s,
+                    )
+                    a_ns = astra_makespan_ns(out)
+                except RuntimeError as exc:
+                    emit(f"astra.{n}.{cong}.skipped", 0, "", n, reason=str(exc)[:200])
+                    continue
+                out, e_wall, e_rss = timed_process(
+                    [sys.executable, "-c", ETSTORE_RUN, *files, cong], d, timeout_s
+                )
+                e_ns, e_sim = (float(x) for x in out.strip().splitlines()[-1].split())
+                row.update(
+                    astra_total_ns=a_ns,
+                    etstore_total_ns=e_ns,
+                    astra_wall_s=round(a_wall, 3),
+                    etstore_wall_s=round(e_wall, 3),
+                    etstore_simulate_s=round(e_sim, 3),
+                    astra_peak_rss_mib=round(a_rss, 1),
+                    etstore_peak_rss_mib=round(e_rss, 1),
+                    wall_ratio=round(e_wall / a_wall, 2),
+                )
+                emit(f"astra.{n}.{cong}.total_ns_ratio", round(e_ns / a_ns, 6), "etstore/ASTRA-sim", n, **row)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ops", type=int, default=1_000_000, help="ops of the synthetic workload (default 1M)")
     ap.add_argument("--skip-sweep", action="store_true")
     ap.add_argument("--sizes", default="1M,16M,256M", help="sweep sizes (K/M/G suffixes, powers of 2)")
     ap.add_argument("--repeat", type=int, default=3, help="runs per measurement; the median is reported")
+    ap.add_argument(
+        "--astra-ranks", default="64,256", help="ranks of the ASTRA-sim comparison (comma list; '' skips it)"
+    )
+    ap.add_argument("--astra-timeout", type=float, default=600, help="seconds per ASTRA-sim/etstore run")
+    ap.add_argument("--astra-only", action="store_true", help="only the ASTRA-sim comparison")
     args = ap.parse_args()
+
+    if args.astra_ranks:
+        astra_comparison([int(r) for r in args.astra_ranks.split(",")], args.astra_timeout)
+    if args.astra_only:
+        return
 
     rt = SHARED / "tests" / "rt_template" / "inputs"
     if rt.exists():
