@@ -168,8 +168,10 @@ def _overloaded(
     """:data:`OVERLOAD_SCHEMA`: links whose bytes over their busy window exceed their bandwidth.
 
     The window of a link runs from the start of the first message routed over it to
-    the arrival of the last; one message alone never exceeds (its time includes
-    ``size / bandwidth``), so only messages the unaware model lets share the link do.
+    the arrival of the last. One message alone exceeds only when it is charged at a
+    faster dimension than a link its route crosses (the unaware model charges a
+    cross-dimension message to its first differing dimension, as ASTRA-sim); otherwise
+    its time includes ``size / bandwidth`` and only messages sharing the link exceed.
     """
     sends = np.flatnonzero(inp.kind == K_SEND)
     if not len(sends):

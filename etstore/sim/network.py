@@ -11,7 +11,16 @@ Two message models sit on the routes (FORMATS.md §3):
 
 * congestion-unaware: ``Σ latency + size / min(bandwidth)`` over the route, i.e.
   ``hops × latency + size / bandwidth`` on uniform links; vectorised here
-  (:meth:`Network.message_times_ns`).
+  (:meth:`Network.message_times_ns`). On a topology ASTRA-sim's analytical network
+  can describe (intact ``ring`` / ``fc`` / ``switch`` axes) the time is instead
+  ASTRA-sim's congestion-unaware closed form (its ``MultiDimTopology::send``): a
+  message is charged as a transfer inside the *first* axis, lowest first, on which
+  source and destination differ — that axis' hop count between their coordinates
+  there (a ring's shorter way, 1 fully connected, 2 through a switch) times its
+  latency, plus ``size / bandwidth`` of that axis; the other axes cost nothing. On one
+  axis this is the route's time; across axes it is less (:meth:`Network.unaware_metrics`).
+  The bytes still cross every link of the route (:meth:`Network.link_loads`), which is
+  what the overload check measures.
 * congestion-aware: each link a FIFO queue; the event loop in :mod:`etstore.sim._loop`
   walks messages hop by hop over :meth:`Network.hop_graph`, where a switch is a node
   of its own with an uplink and a downlink per NPU (ASTRA-sim's congestion-aware
@@ -20,6 +29,9 @@ Two message models sit on the routes (FORMATS.md §3):
   message is received before it is sent on, ``latency + size / bandwidth`` per hop)
   or ``"cut-through"`` (the head moves on after ``latency``; a link stays busy until
   the tail has passed, so an uncongested route takes ``Σ latency + size / bandwidth``).
+  It walks the full route on every topology, across axes too: ASTRA-sim's aware
+  backend runs one-dimensional networks only, so there is no first-axis rule to
+  follow there, and the bytes do queue on every link they cross.
 
 Bandwidth is GB/s with GB = 2^30 bytes; times are ns.
 """
@@ -35,10 +47,13 @@ from etstore.errors import ConfigError, TopologyError
 from etstore.sim._switches import HopGraph, hop_graph
 from etstore.topology import GIB, Dim, Topology, dims_of, link_dimensions
 
-__all__ = ["HOP_MODES", "Network"]
+__all__ = ["ASTRA_AXIS_KINDS", "HOP_MODES", "Network"]
 
 HOP_MODES = ("store-and-forward", "cut-through")
 """How the congestion-aware model moves a message over a multi-hop route (the first is the default)."""
+
+ASTRA_AXIS_KINDS = ("ring", "fc", "switch")
+"""Axis kinds ASTRA-sim's analytical network has (``Ring``, ``FullyConnected``, ``Switch``)."""
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +100,7 @@ class Network:
         self.bytes_per_ns = np.asarray(topo.bandwidth_gb_per_s, dtype=np.float64) * GIB / 1e9
         self.label = link_dimensions(topo, self.dims)
         self._axes = self._full_axes()
+        self._astra_axes = self._first_axis_rule()
         self._switch_ports()
         self._graph: HopGraph | None = None
         n = self.num_nodes
@@ -106,6 +122,21 @@ class Network:
         if tuple(int(d.size) for d in axes) != self.dims:
             return ()
         return tuple(axes)
+
+    def _first_axis_rule(self) -> tuple[Dim, ...]:
+        """The axes when the unaware model charges ASTRA-sim's first-differing-axis time, else ``()``.
+
+        Only an intact topology whose axes of two or more NPUs are all ASTRA-sim
+        building blocks (:data:`ASTRA_AXIS_KINDS`) is one ASTRA-sim's network file can
+        describe; a mesh line, a unidirectional ring, a hypercube or a topology with
+        failures keeps the time of its full route (there is no reference to agree with).
+        """
+        axes = self._axes
+        if not axes or not self.topo.is_regular():
+            return ()
+        if any(d.kind not in ASTRA_AXIS_KINDS for d in axes if d.size > 1):
+            return ()
+        return axes
 
     def _switch_ports(self) -> None:
         """Give switch links their port bandwidth back.
@@ -158,13 +189,9 @@ class Network:
 
     def prepare(self, destinations: np.ndarray) -> None:
         """Build next-hop rows for these destinations (no-op for ones already built)."""
-        for d in np.unique(np.asarray(destinations, dtype=np.int64)):
-            d = int(d)
-            if not 0 <= d < self.num_nodes:
-                raise TopologyError(
-                    f"topology {self.topo.name}: NPU {d} is outside 0..{self.num_nodes - 1}; "
-                    "the trace has more ranks than the topology has NPUs"
-                )
+        uniq = np.unique(np.asarray(destinations, dtype=np.int64))
+        self._check_npus(uniq)
+        for d in uniq.tolist():
             if not self._done[d]:
                 self._bfs_to(d)
 
@@ -192,6 +219,7 @@ class Network:
         """Yield (message positions, link indices) hop by hop for many messages at once."""
         self.prepare(dst)
         cur = np.asarray(src, dtype=np.int64).copy()
+        self._check_npus(cur)  # a negative id would index the table from its end
         dst = np.asarray(dst, dtype=np.int64)
         active = np.flatnonzero(cur != dst)
         for _ in range(self.num_nodes + 1):
@@ -226,6 +254,77 @@ class Network:
             bw[pos] = np.minimum(bw[pos], self.bytes_per_ns[links])
         return hops, lat, bw
 
+    def _check_npus(self, npus: np.ndarray) -> None:
+        """Raise :class:`TopologyError` naming the first NPU id outside the topology."""
+        bad = (npus < 0) | (npus >= self.num_nodes)
+        if bad.any():
+            d = int(npus[np.argmax(bad)])
+            raise TopologyError(
+                f"topology {self.topo.name}: NPU {d} is outside 0..{self.num_nodes - 1}; "
+                "the trace has more ranks than the topology has NPUs"
+            )
+
+    def unaware_metrics(self, src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per (src, dst): hops, latency (ns) and bandwidth (bytes/ns) the congestion-unaware model charges.
+
+        On a topology ASTRA-sim's analytical network can describe (intact axes, all
+        ``ring``, ``fc`` or ``switch``), ASTRA-sim's congestion-unaware rule: the first
+        axis ``k`` (axis 0 first) on which the two NPUs' coordinates differ carries the
+        whole message, over ``h`` hops between those two coordinates — a ring's shorter
+        way round, 1 on a fully connected axis, 2 through a switch — so the latency is
+        ``h × latency_k`` and the bandwidth ``bandwidth_k`` (a switch's full port);
+        the differences on later axes add nothing. Otherwise :meth:`route_metrics`.
+
+        Parameters
+        ----------
+        src, dst
+            NPU ids, one pair per entry.
+
+        Returns
+        -------
+        tuple of numpy.ndarray
+            ``(hops, latency_ns, bytes_per_ns)``; a pair with ``src == dst`` has 0 hops,
+            0 ns and infinite bandwidth.
+
+        Raises
+        ------
+        TopologyError
+            An NPU id outside the topology, or (full routes) an unreachable destination.
+
+        Notes
+        -----
+        O(P · axes) numpy work for P pairs under the first-axis rule; see
+        :meth:`route_metrics` otherwise.
+        """
+        if not self._astra_axes:
+            return self.route_metrics(src, dst)
+        src = np.asarray(src, dtype=np.int64)
+        dst = np.asarray(dst, dtype=np.int64)
+        self._check_npus(np.concatenate([src, dst]))
+        hops = np.zeros(len(src), dtype=np.int64)
+        lat = np.zeros(len(src), dtype=np.float64)
+        bw = np.full(len(src), np.inf)
+        open_ = src != dst
+        stride = 1
+        for d in self._astra_axes:
+            size = int(d.size)
+            a = (src // stride) % size
+            b = (dst // stride) % size
+            here = open_ & (a != b)
+            stride *= size
+            if not here.any():
+                continue
+            if d.kind == "ring":
+                ahead = (b[here] - a[here]) % size
+                h = np.minimum(ahead, size - ahead)
+            else:  # fc: one hop; switch: NPU -> switch -> NPU
+                h = np.full(int(here.sum()), 1 if d.kind == "fc" else 2, dtype=np.int64)
+            hops[here] = h
+            lat[here] = h * float(d.latency_ns)
+            bw[here] = float(d.bandwidth_gb_per_s) * GIB / 1e9
+            open_ &= ~here
+        return hops, lat, bw
+
     # ------------------------------------------------------------ models
 
     def message_times_ns(
@@ -237,24 +336,27 @@ class Network:
         integer_ns: bool = True,
         overhead_ns: float = 0.0,
     ) -> np.ndarray:
-        """Congestion-unaware delivery time of each message: ``Σ latency + size / min bandwidth``.
+        """Congestion-unaware delivery time of each message: ``latency + size / bandwidth``.
 
-        A message to itself takes ``overhead_ns``. With ``integer_ns`` the time is
-        truncated to whole ns (ASTRA-sim's clock).
+        Latency and bandwidth are :meth:`unaware_metrics`': ASTRA-sim's first
+        differing axis on the topologies it can describe, else the route's summed
+        latency and bottleneck bandwidth. A message to itself takes ``overhead_ns``.
+        With ``integer_ns`` the time is truncated to whole ns (ASTRA-sim's clock).
 
         Notes
         -----
-        O(M + P · D): routes are computed once per distinct (src, dst) pair.
+        O(M + P · D): metrics are computed once per distinct (src, dst) pair.
         """
         src = np.asarray(src, dtype=np.int64)
         dst = np.asarray(dst, dtype=np.int64)
         size = np.asarray(size_bytes, dtype=np.float64)
         if len(src) == 0:
             return np.zeros(0)
+        self._check_npus(np.concatenate([src, dst]))  # before pairs are packed into one key
         n = max(self.num_nodes, 1)
         key = src * n + dst
         uniq, inv = np.unique(key, return_inverse=True)
-        hops, lat, bw = self.route_metrics(uniq // n, uniq % n)
+        hops, lat, bw = self.unaware_metrics(uniq // n, uniq % n)
         lat_m, bw_m, hops_m = lat[inv], bw[inv], hops[inv]
         t = np.where(hops_m > 0, lat_m + size / np.where(np.isinf(bw_m), 1.0, bw_m), 0.0)
         if integer_ns:
@@ -264,7 +366,10 @@ class Network:
     def link_loads(self, src: np.ndarray, dst: np.ndarray, size_bytes: np.ndarray) -> tuple[np.ndarray, ...]:
         """Per link: bytes carried, messages carried and busy time (ns, ``bytes / bandwidth``).
 
-        What the congestion-unaware model puts on each link (no queueing).
+        What the congestion-unaware model puts on each link (no queueing). The bytes
+        follow the full route even where :meth:`unaware_metrics` charges only the first
+        differing axis: they still have to cross the other axes' links, so a slower
+        link there can be offered more than its bandwidth by one message alone.
         """
         nl = self.topo.num_links
         nbytes = np.zeros(nl)
