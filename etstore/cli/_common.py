@@ -16,12 +16,21 @@ import signal
 import sys
 import threading
 import weakref
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 
 from etstore.cli._render import FORMATS, json_text
 from etstore.errors import OptionError
@@ -29,7 +38,17 @@ from etstore.ingest import read_trace
 from etstore.model import Trace
 from etstore.store import EmbeddedStore, Store, open_store
 
-__all__ = ["add_format", "open_from_args", "params", "print_json", "progress", "say", "trace_from"]
+__all__ = [
+    "add_format",
+    "open_from_args",
+    "params",
+    "phase_step",
+    "print_json",
+    "progress",
+    "progress_to",
+    "say",
+    "trace_from",
+]
 
 
 def add_format(sp: argparse.ArgumentParser) -> None:
@@ -143,12 +162,50 @@ def _stop_writing() -> None:
 
 
 def progress(console: Console) -> Any:
-    """A rich progress bar on a terminal, nothing when piped."""
+    """A rich progress bar on a terminal (``label (phase)``, bar, done/total, elapsed, ETA), nothing
+    when piped or under CI: the one renderer every command's long steps draw with."""
     if not console.is_terminal or os.environ.get("CI"):
         return None
     return Progress(
-        TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(), console=console, transient=True
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("eta"),
+        TimeRemainingColumn(),
+        console=console,
+        transient=True,
     )
+
+
+def phase_step(bar: Any, label: str) -> Callable[[str, int, int], None]:
+    """A library progress callback ``(phase, done, total)`` drawing one task of ``bar``.
+
+    Each new phase restarts the task, so the ETA is the current phase's (phases have
+    their own units: ops, events, trials, rows).
+    """
+    task = bar.add_task(label, total=None)
+    current = [""]
+
+    def step(phase: str, done: int, total: int) -> None:
+        if phase != current[0]:
+            current[0] = phase
+            bar.reset(task, total=total or None, description=f"{label} ({phase})")
+        bar.update(task, completed=done, total=total or None)
+
+    return step
+
+
+@contextmanager
+def progress_to(console: Console, label: str) -> Iterator[Callable[[str, int, int], None] | None]:
+    """``with progress_to(console, "simulate x") as step:`` a :func:`phase_step` callback
+    drawing on a live bar, or None when :func:`progress` draws nothing."""
+    bar = progress(console)
+    if bar is None:
+        yield None
+        return
+    with bar:
+        yield phase_step(bar, label)
 
 
 def trace_from(store: Store, spec: str) -> Trace:

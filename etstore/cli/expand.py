@@ -8,7 +8,7 @@ from typing import Any
 import pyarrow as pa
 from rich.console import Console
 
-from etstore.cli._common import add_format, open_from_args
+from etstore.cli._common import add_format, open_from_args, progress_to
 from etstore.cli._render import render
 from etstore.collectives.specs import algorithms_by_type, parse_by_type
 from etstore.collectives.stored import expand_stored, resolve_algorithm
@@ -27,14 +27,16 @@ def _expand(args: argparse.Namespace, console: Console) -> int:
             if args.algo is not None:  # --algo covers the types --by-type does not name
                 base = resolve_algorithm(store, args.algo)
                 algorithms = {**algorithms_by_type(base), **algorithms}
-        done = expand_stored(
-            store,
-            args.trace,
-            algorithms,
-            where=args.where,
-            reduce_duration_micros=args.reduce_duration_micros,
-            name=args.name,
-        )
+        with progress_to(console, f"expand {args.trace}") as step:
+            done = expand_stored(
+                store,
+                args.trace,
+                algorithms,
+                where=args.where,
+                reduce_duration_micros=args.reduce_duration_micros,
+                name=args.name,
+                progress=step,
+            )
     result, report, names = done.expansion, done.report, done.algorithm_names
     info = report.trace
     coll = result.collectives

@@ -8,7 +8,7 @@ from typing import Any
 
 from rich.console import Console
 
-from etstore.cli._common import add_format, open_from_args, print_json, progress, trace_from
+from etstore.cli._common import add_format, open_from_args, print_json, progress, progress_to, trace_from
 from etstore.cli._render import render
 from etstore.cli.topology import add_topology_options, topology_from
 from etstore.collective import COLLECTIVE_NAMES
@@ -89,15 +89,22 @@ def _sim(args: argparse.Namespace, console: Console) -> int:
     with open_from_args(args, read_only=args.no_record) as store:
         trace = trace_from(store, args.trace)
         algorithms = _algorithms(store, args.algo)
-        result = simulate(trace, topo, config=config, algorithms=algorithms, groups=groups, dims=dims)
         run_id = None
-        if not args.no_record:
-            run_id = record_run(
-                store.warehouse,
-                result,
-                trace_name=trace.name,
-                params={"algo": args.algo or [], "argv": "sim"},
+        with progress_to(console, f"sim {trace.name}") as step:
+            result = simulate(
+                trace, topo, config=config, algorithms=algorithms, groups=groups, dims=dims, progress=step
             )
+            if not args.no_record:
+                if step:
+                    step("record", 0, result.sim_ops)
+                run_id = record_run(
+                    store.warehouse,
+                    result,
+                    trace_name=trace.name,
+                    params={"algo": args.algo or [], "argv": "sim"},
+                )
+                if step:
+                    step("record", result.sim_ops, result.sim_ops)
     summary = {"run_id": run_id, **result.summary()}
     if config.ignored:  # system-file keys not modelled; read_system_config also warns on stderr
         summary["ignored_system_keys"] = list(config.ignored)

@@ -9,7 +9,7 @@ from typing import Any
 import pyarrow as pa
 from rich.console import Console
 
-from etstore.cli._common import add_format, open_from_args, print_json
+from etstore.cli._common import add_format, open_from_args, print_json, progress_to
 from etstore.cli._render import render
 from etstore.collectives.synth import SynthResult, synthesize
 from etstore.topology import DEFAULT_BANDWIDTH_GB_PER_S, DEFAULT_LATENCY_NS, parse_topology
@@ -74,20 +74,29 @@ def default_name(res: SynthResult, size: str, trials: int) -> str:
 
 def _synth(args: argparse.Namespace, console: Console) -> int:
     topo = topology_from(args)
-    res = synthesize(
-        topo,
-        coll=args.coll,
-        chunks_per_npu=args.chunks,
-        trials=args.trials,
-        seed=args.seed,
-        buffer_bytes=parse_size(args.size),
-        root=args.root,
-    )
+    with progress_to(console, f"synth {args.coll} on {topo.name}") as step:
+        res = synthesize(
+            topo,
+            coll=args.coll,
+            chunks_per_npu=args.chunks,
+            trials=args.trials,
+            seed=args.seed,
+            buffer_bytes=parse_size(args.size),
+            root=args.root,
+            progress=step,
+        )
+        if step:  # the trace is built on first access: here, under the bar
+            transfers = len(res.schedule)
+            step("trace", 0, transfers)
+            _built = res.trace  # a cached property
+            step("trace", transfers, transfers)
+        if not args.no_store:
+            name = args.name or default_name(res, args.size, args.trials)
+            with open_from_args(args) as store:
+                stored = (lambda ph, done, total: step(f"store {ph}", done, total)) if step else None
+                report = store.ingest(res.trace, name=name, progress=stored)
     doc = res.to_dict()
     if not args.no_store:
-        name = args.name or default_name(res, args.size, args.trials)
-        with open_from_args(args) as store:
-            report = store.ingest(res.trace, name=name)
         doc = {"trace": report.trace.name, "status": "new" if report.created else "already stored", **doc}
     if args.format == "json":
         print_json(doc)

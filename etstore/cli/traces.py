@@ -10,13 +10,13 @@ from typing import Any
 import pyarrow as pa
 from rich.console import Console
 
-from etstore.cli._common import add_format, open_from_args, progress
+from etstore.cli._common import add_format, open_from_args, phase_step, progress
 from etstore.cli._render import recognised_line, render
 from etstore.errors import OptionError
 from etstore.ingest.comm_groups import write_astra_et
 from etstore.ingest.export import EXPORT_FORMATS, export_trace
 from etstore.query.summary import summarize
-from etstore.store.base import IngestReport, ProgressFn
+from etstore.store.base import IngestReport
 from etstore.store.batch import BatchProgressFn, OnError, ingest_paths
 from etstore.store.embedded import EmbeddedStore
 from etstore.workloads import transformer
@@ -55,13 +55,13 @@ def _ingest(args: argparse.Namespace, console: Console) -> int:
 
 
 def _bar_step(bar: Any) -> BatchProgressFn:
-    """A batch progress callback drawing one bar per input."""
-    tasks: dict[str, Any] = {}
+    """A batch progress callback drawing one bar per input (:func:`phase_step`'s)."""
+    steps: dict[str, Any] = {}
 
     def step(path: str, stage: str, done: int, total: int) -> None:
-        if path not in tasks:
-            tasks[path] = bar.add_task(f"ingest {path}", total=total)
-        bar.update(tasks[path], description=f"ingest {path} ({stage})", completed=done, total=total)
+        if path not in steps:
+            steps[path] = phase_step(bar, f"ingest {path}")
+        steps[path](stage, done, total)
 
     return step
 
@@ -142,21 +142,11 @@ def _rm(args: argparse.Namespace, console: Console) -> int:
             bar = progress(console) if isinstance(store, EmbeddedStore) else None
             if bar is not None and isinstance(store, EmbeddedStore):
                 with bar:
-                    store.remove(name, progress=_rm_step(bar, name))
+                    store.remove(name, progress=phase_step(bar, f"rm {name}"))
             else:
                 store.remove(name)
             console.print(f"removed {name}")
     return 0
-
-
-def _rm_step(bar: Any, name: str) -> ProgressFn:
-    """A removal's progress callback drawing one bar."""
-    task = bar.add_task(f"rm {name}", total=None)
-
-    def step(stage: str, done: int, total: int) -> None:
-        bar.update(task, description=f"rm {name} ({stage})", completed=done, total=total)
-
-    return step
 
 
 def _export(args: argparse.Namespace, console: Console) -> int:

@@ -21,7 +21,7 @@ per-instance summary (here). Storing an expansion is :mod:`etstore.collectives.s
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -51,6 +51,8 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+ProgressFn = Callable[[str, int, int], None]  # (phase, done, total), as etstore.store.base.ProgressFn
 
 LINEAGE_SCHEMA = pa.schema([("rank", pa.int32()), ("id", pa.uint64()), ("parent_id", pa.uint64())])
 EXPANDED_SCHEMA = pa.schema(
@@ -114,6 +116,7 @@ def expand(
     groups: Mapping[str, Sequence[int]] | None = None,
     reduce_duration_micros: int | None = None,
     name: str | None = None,
+    progress: ProgressFn | None = None,
 ) -> Expansion:
     """Replace collective nodes of ``workload`` by their algorithm's per-rank subgraphs.
 
@@ -143,6 +146,10 @@ def expand(
         algorithm's own (0 for generated algorithms).
     name
         Name of the expanded trace (default ``<workload>-expanded``).
+    progress
+        Called as ``progress(phase, done, total)``: ``collectives`` (workload ops, 0
+        then all), then ``algorithms``, ``place`` and ``rewire`` (collective instances
+        to expand; ``algorithms`` about every 1,024 instances).
 
     Returns
     -------
@@ -196,14 +203,22 @@ def expand(
     if groups is None:
         cg = workload.params.get("comm_groups")
         groups = cg if isinstance(cg, Mapping) else None
+    step = progress or _no_progress
+    step("collectives", 0, workload.num_ops)
     colls = find_collectives(workload, groups)
     chosen = select(colls, workload.ops, where, list(specs))
     check_chosen(colls, chosen)
-    parts, used, labels_by_type, inst_alg = _instantiate(colls, chosen, specs)
+    step("collectives", workload.num_ops, workload.num_ops)
+    nchosen = int(chosen.sum())
+    parts, used, labels_by_type, inst_alg = _instantiate(colls, chosen, specs, step)
     inst_buf = _buffer_bytes(colls, chosen, parts, inst_alg)
     tag_base, inst_tag0 = _assign_tags(workload, chosen, parts.tag_span)
+    step("place", 0, nchosen)
     placed = place_ops(workload, colls, chosen, parts, inst_alg, inst_buf, inst_tag0, reduce_duration_micros)
+    step("place", nchosen, nchosen)
+    step("rewire", 0, nchosen)
     deps, missing = rewire(workload, placed, parts)
+    step("rewire", nchosen, nchosen)
     lineage = pa.Table.from_arrays(
         [
             pa.array(placed.new_rank.astype(np.int32)),
@@ -242,8 +257,15 @@ def expand(
     return Expansion(trace=trace, lineage=lineage, collectives=summary, algorithms=used, skipped=skipped)
 
 
+def _no_progress(phase: str, done: int, total: int) -> None:
+    """The progress callback when none is given."""
+
+
 def _instantiate(
-    colls: Collectives, chosen: np.ndarray, specs: Mapping[str, AlgorithmSpec]
+    colls: Collectives,
+    chosen: np.ndarray,
+    specs: Mapping[str, AlgorithmSpec],
+    step: ProgressFn = _no_progress,
 ) -> tuple[Parts, dict[str, Trace], dict[str, str], np.ndarray]:
     """Prepare one algorithm per (type, group size) of the chosen instances.
 
@@ -258,7 +280,11 @@ def _instantiate(
     cache: dict[tuple[int, str, int], int] = {}  # (id(spec) / spec hash, short, n) -> algorithm index
     inst_alg = np.full(colls.ninst, -1, dtype=np.int64)
     inst_type, inst_n = colls.inst_type, colls.gsize[colls.inst_pg]
-    for i in np.flatnonzero(chosen).tolist():
+    todo = np.flatnonzero(chosen).tolist()
+    step("algorithms", 0, len(todo))
+    for done, i in enumerate(todo):
+        if done & 1023 == 0 and done:
+            step("algorithms", done, len(todo))
         t, n = str(inst_type[i]), int(inst_n[i])
         k = (t, n)
         if k not in alg_of:
@@ -271,6 +297,7 @@ def _instantiate(
                 used[alg.name] = alg
             alg_of[k] = cache[ck]
         inst_alg[i] = alg_of[k]
+    step("algorithms", len(todo), len(todo))
     parts = concat(prepared)
     labels = {t: parts.labels[a] for (t, _), a in sorted(alg_of.items())}
     return parts, used, labels, inst_alg

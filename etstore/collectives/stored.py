@@ -16,6 +16,7 @@ from etstore.collectives.specs import parse_generator
 from etstore.errors import OptionError
 from etstore.model import Trace
 from etstore.store import IngestReport, Store
+from etstore.store.base import ProgressFn
 
 __all__ = ["StoredExpansion", "expand_stored", "resolve_algorithm"]
 
@@ -71,6 +72,7 @@ def expand_stored(
     where: str | None = None,
     reduce_duration_micros: int | None = None,
     name: str | None = None,
+    progress: ProgressFn | None = None,
 ) -> StoredExpansion:
     """Expand stored trace ``workload`` and store the result with its lineage.
 
@@ -83,6 +85,9 @@ def expand_stored(
     when that name holds other content) with ``workload`` as its parent, even when the
     same content is already stored under another name: the new name then shares that
     content (``report.same_as``) and keeps its own parent and parameters.
+
+    ``progress(phase, done, total)`` sees :func:`~etstore.collectives.expand.expand`'s
+    phases, then the store's ingest phases of the expanded trace, each prefixed ``store``.
 
     Raises
     ------
@@ -97,7 +102,10 @@ def expand_stored(
         specs: Any = {k: resolve_algorithm(store, v, loaded) for k, v in algorithms.items()}
     else:
         specs = resolve_algorithm(store, algorithms, loaded)
-    result = expand(trace, specs, where=where, reduce_duration_micros=reduce_duration_micros, name=name)
+    result = expand(
+        trace, specs, where=where, reduce_duration_micros=reduce_duration_micros, name=name, progress=progress
+    )
+    stored = None if progress is None else _prefixed(progress, "store")
     names: dict[str, str] = {}
     created: list[str] = []
     try:
@@ -112,10 +120,23 @@ def expand_stored(
         params = dict(result.trace.params)
         params["algorithms"] = {t: names.get(a, a) for t, a in params["algorithms"].items()}
         report = store.ingest(
-            result.trace.replace(params=params), name=name, parent=workload, lineage=result.lineage
+            result.trace.replace(params=params),
+            name=name,
+            parent=workload,
+            lineage=result.lineage,
+            progress=stored,
         )
     except BaseException:
         for stored_name in created:
             store.remove(stored_name)
         raise
     return StoredExpansion(result, report, names)
+
+
+def _prefixed(progress: ProgressFn, prefix: str) -> ProgressFn:
+    """``progress`` with every phase name prefixed (one bar shows expansion, then storing)."""
+
+    def step(phase: str, done: int, total: int) -> None:
+        progress(f"{prefix} {phase}", done, total)
+
+    return step

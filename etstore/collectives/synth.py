@@ -39,6 +39,7 @@ from __future__ import annotations
 import logging
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
@@ -57,6 +58,8 @@ from etstore.topology import Topology, parse_topology
 __all__ = ["COLLECTIVES", "Schedule", "SynthResult", "synthesize"]
 
 log = logging.getLogger(__name__)
+
+ProgressFn = Callable[[str, int, int], None]  # (phase, done, total), as etstore.store.base.ProgressFn
 
 COLLECTIVES = ALGORITHM_COLLECTIVES  # synthesis covers every collective an algorithm can implement
 
@@ -151,6 +154,7 @@ def synthesize(
     seed: int = 0,
     buffer_bytes: int = 1 << 30,
     root: int = 0,
+    progress: ProgressFn | None = None,
 ) -> SynthResult:
     """Synthesize a collective algorithm for a topology (TACOS-style greedy, extended).
 
@@ -175,6 +179,11 @@ def synthesize(
         The collective size S in bytes (All-Gather: the whole gathered buffer).
     root
         Root NPU of broadcast and reduce.
+    progress
+        Called as ``progress(phase, done, total)``: ``trials`` (greedy runs done of
+        ``trials``; a second ``trials`` pass for an All-Reduce on a directed topology;
+        the count jumps to the total when a run meets the bound), then ``schedule``
+        (0 then 1 of 1). The trace is built later, on first access to ``result.trace``.
 
     Returns
     -------
@@ -234,9 +243,13 @@ def synthesize(
             f"synth: buffer_bytes={buffer_bytes} is smaller than one byte per chunk ({total_chunks} chunks)"
         )
     chunk_bytes = buffer_bytes / total_chunks
-    phases, lb, used, best = _run_phases(topo, coll_name, k, root, chunk_bytes, trials, seed)
+    phases, lb, used, best = _run_phases(topo, coll_name, k, root, chunk_bytes, trials, seed, progress)
+    if progress is not None:
+        progress("schedule", 0, 1)
     schedule = assemble(topo, topo.link_time_ns(chunk_bytes), phases)
     del phases
+    if progress is not None:
+        progress("schedule", 1, 1)
     elapsed = time.perf_counter() - began
     log.debug(
         "synth %s on %s: %.1f ns (bound %.1f) in %.3f s", coll_name, topo.name, schedule.time_ns, lb, elapsed
@@ -274,8 +287,40 @@ def _check_request(topo: Topology, coll: str, k: int, trials: int, root: int) ->
         raise UnsatisfiableError(f"synth: root {root} is not an NPU of {topo.name} (0..{n - 1})")
 
 
+def _counted(
+    run: Callable[[random.Random, str], Raw], trials: int, progress: ProgressFn | None
+) -> Callable[[random.Random, str], Raw]:
+    """``run``, reporting ``("trials", done, trials)`` after each call (a trial is long enough
+    for one callback each to cost nothing)."""
+    if progress is None:
+        return run
+    progress("trials", 0, trials)
+    done = [0]
+
+    def counted(rng: random.Random, policy: str) -> Raw:
+        raw = run(rng, policy)
+        done[0] += 1
+        progress("trials", done[0], trials)
+        return raw
+
+    return counted
+
+
+def _trials_done(trials: int, progress: ProgressFn | None) -> None:
+    """The trials' count at its total: a run that met the bound ended the search early."""
+    if progress is not None:
+        progress("trials", trials, trials)
+
+
 def _run_phases(
-    topo: Topology, coll: str, k: int, root: int, chunk_bytes: float, trials: int, seed: int
+    topo: Topology,
+    coll: str,
+    k: int,
+    root: int,
+    chunk_bytes: float,
+    trials: int,
+    seed: int,
+    progress: ProgressFn | None = None,
 ) -> tuple[list[tuple[Flow, int, float]], float, int, int]:
     """Run the engine for each phase of ``coll``: (phases, lower bound in ns, trials run, best trial).
 
@@ -288,7 +333,9 @@ def _run_phases(
         dist = topo.distances_ns(chunk_bytes)
         engine = Engine(topo, times, dist)
         lb = alltoall_bound(topo, times, dist, k)
-        raw, used, best = engine.best_of(trials, seed, lb, lambda rng, pol: engine.alltoall(k, rng, pol))
+        a2a = _counted(lambda rng, pol: engine.alltoall(k, rng, pol), trials, progress)
+        raw, used, best = engine.best_of(trials, seed, lb, a2a)
+        _trials_done(trials, progress)
         return [(flow(raw), 2, 0.0)], lb, used, best
     base = "allgather" if coll in ("allgather", "reducescatter", "allreduce") else "broadcast"
     holders = flood_holders(topo.num_npus, base, k, root)
@@ -299,24 +346,28 @@ def _run_phases(
         return engine.flood(holders, rng, policy)
 
     if coll in ("allgather", "broadcast"):
-        raw, used, best = engine.best_of(trials, seed, lb_ag, gather)
+        raw, used, best = engine.best_of(trials, seed, lb_ag, _counted(gather, trials, progress))
+        _trials_done(trials, progress)
         return [(flow(raw), 1, 0.0)], lb_ag, used, best
     # reducescatter, reduce, allreduce: reverse a flood on the transposed topology
     lb_rs = flood_bound(topo, times, base, k, root, transpose=True)
     rev = reverse_links(topo)
     ag: Flow | None = None
     if rev is not None:  # symmetric: a flood on the transpose is this flood on reversed links
-        raw, used, best = engine.best_of(trials, seed, lb_ag, gather)
+        raw, used, best = engine.best_of(trials, seed, lb_ag, _counted(gather, trials, progress))
+        _trials_done(trials, progress)
         ag = flow(raw)
         rs = reverse(ag, rev, times)
     else:
         tengine = Engine(topo.transpose(), times)
         raw, used, best = tengine.best_of(
-            trials, seed, lb_rs, lambda rng, pol: tengine.flood(holders, rng, pol)
+            trials, seed, lb_rs, _counted(lambda rng, pol: tengine.flood(holders, rng, pol), trials, progress)
         )
+        _trials_done(trials, progress)
         rs = reverse(flow(raw), np.arange(topo.num_links, dtype=np.int32), times)
         if coll == "allreduce":
-            raw, used2, _ = engine.best_of(trials, seed, lb_ag, gather)
+            raw, used2, _ = engine.best_of(trials, seed, lb_ag, _counted(gather, trials, progress))
+            _trials_done(trials, progress)
             ag = flow(raw)
             used += used2
     if coll == "allreduce":

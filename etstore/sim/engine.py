@@ -39,7 +39,7 @@ from __future__ import annotations
 import gc
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from etstore.errors import TemplateError
 from etstore.model import Trace
@@ -57,6 +57,8 @@ __all__ = ["simulate"]
 
 log = logging.getLogger(__name__)
 
+ProgressFn = Callable[[str, int, int], None]  # (phase, done, total), as etstore.store.base.ProgressFn
+
 
 def simulate(
     trace: Trace,
@@ -66,6 +68,7 @@ def simulate(
     algorithms: Mapping[str, AlgorithmSpec] | None = None,
     groups: Mapping[str, Sequence[int]] | None = None,
     dims: Sequence[int] | None = None,
+    progress: ProgressFn | None = None,
 ) -> SimResult:
     """Replay ``trace`` on ``topo`` and measure it.
 
@@ -93,6 +96,10 @@ def simulate(
     dims
         Network dimensions for dimension-order routing and native collectives;
         default from the topology.
+    progress
+        Called as ``progress(phase, done, total)`` on the caller's thread: ``build``
+        (trace ops, 0 then all), ``loop`` (ops finished of the ops replayed, about every
+        0.1 s with the native loop), ``tables`` (0 then 1 of 1).
 
     Returns
     -------
@@ -132,7 +139,7 @@ def simulate(
     gc_was_on = gc.isenabled()
     gc.disable()
     try:
-        return _simulate(trace, topo, config or SimConfig(), algorithms, groups, dims)
+        return _simulate(trace, topo, config or SimConfig(), algorithms, groups, dims, progress)
     finally:
         if gc_was_on:
             gc.enable()
@@ -145,9 +152,12 @@ def _simulate(
     algorithms: Mapping[str, AlgorithmSpec] | None,
     groups: Mapping[str, Sequence[int]] | None,
     dims: Sequence[int] | None,
+    progress: ProgressFn | None = None,
 ) -> SimResult:
     """:func:`simulate` with the garbage collector paused: build, loop, tables."""
     t0 = time.perf_counter()
+    if progress is not None:
+        progress("build", 0, trace.num_ops)
     try:
         net = Network(topo, dims, hops=config.hops)
         algos = Algorithms(config, algorithms, net.dims, topo.num_npus)
@@ -155,10 +165,21 @@ def _simulate(
     except TemplateError as exc:
         raise not_stuck(str(exc)) from exc
     inputs = loop_inputs(built, config)
-    out = run_loop(inputs, net, config, built.n0)
+    n = len(inputs.kind)
+    looped = None
+    if progress is not None:
+        progress("build", trace.num_ops, trace.num_ops)
+        progress("loop", 0, n)
+        looped = lambda done, total: progress("loop", done, total)  # noqa: E731
+    out = run_loop(inputs, net, config, built.n0, looped)
     if (out.end < 0).any():
         raise stuck_error(trace, built, inputs, out)
+    if progress is not None:
+        progress("loop", n, n)
+        progress("tables", 0, 1)
     tables = result_tables(trace, built, inputs, out, net, aware=config.congestion == "aware")
+    if progress is not None:
+        progress("tables", 1, 1)
     wall = time.perf_counter() - t0
     log.debug(
         "simulated %s: %d ops, %d events in %.3f s", trace.name, len(inputs.kind), out.events, out.loop_s

@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Iterable, Mapping
+from typing import Any, Protocol
 
 from etstore.errors import StoreError
 from etstore.model import Trace, TraceKind, content_hash
 
-__all__ = ["HEADER_PARAMS", "choose_name", "identity", "upgraded_identity"]
+__all__ = ["HEADER_PARAMS", "Counted", "choose_name", "identity", "may_be_stored", "upgraded_identity"]
 
 
 HEADER_PARAMS = (
@@ -85,6 +85,41 @@ def upgraded_identity(digest: str, kind: str, params: Mapping[str, Any]) -> str:
 def identity(trace: Trace) -> str:
     """The store's identity of ``trace`` (see the module docstring); O(bytes) over its tables."""
     return upgraded_identity(content_hash(trace), str(trace.kind), trace.params)
+
+
+class Counted(Protocol):
+    """What :func:`may_be_stored` reads of a stored content (a catalog record has it)."""
+
+    kind: str
+    ops: int
+    deps: int
+
+
+def may_be_stored(trace: Trace, contents: Iterable[Counted]) -> bool:
+    """Whether one of the stored ``contents`` could be ``trace``'s content.
+
+    The identity covers the kind and every row, so content with another kind or other
+    numbers of ops or deps never has ``trace``'s identity: an ingest then need not know it
+    before writing, and computes it beside the load.
+
+    Parameters
+    ----------
+    trace
+        The trace about to be stored.
+    contents
+        The stored (ready) contents (catalog records).
+
+    Returns
+    -------
+    bool
+        True when some content has the trace's kind and numbers of ops and deps.
+
+    Notes
+    -----
+    O(contents).
+    """
+    kind = str(trace.kind)
+    return any(c.kind == kind and c.ops == trace.num_ops and c.deps == trace.num_deps for c in contents)
 
 
 def choose_name(

@@ -16,18 +16,24 @@ at, are swept (with their data) on the next writable open.
 ``etstore_format`` holds the store format version (:data:`FORMAT_VERSION`). A store
 written before names existed (format 1: one ``traces`` table, no version record) is
 upgraded in place by :meth:`Catalog.upgrade`, in one transaction.
+
+The catalog is read by every command, so it is plain :mod:`sqlite3` (no ORM to import):
+the tables are two small ones. The DDL below is the schema stores have always had
+(earlier versions wrote it through SQLModel), and times are stored as SQLite text
+``YYYY-MM-DD HH:MM:SS.ffffff`` in UTC, as before, so existing stores open unchanged.
 """
 
 from __future__ import annotations
 
 import json
+import sqlite3
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field, fields
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
-
-from sqlalchemy import event, inspect, or_, text
-from sqlalchemy.exc import IntegrityError
-from sqlmodel import Field, Session, SQLModel, col, create_engine, select
 
 from etstore.errors import StoreError
 from etstore.store._identity import upgraded_identity
@@ -38,18 +44,61 @@ __all__ = ["FORMAT_VERSION", "Catalog", "ContentRecord", "LegacyTrace", "NameRec
 FORMAT_VERSION = 2
 """Version of the store layout this etstore writes (1: before names; 2: names and contents)."""
 
+# The schema of format 2, statement for statement as stores hold it (sqlite_master drops IF NOT EXISTS).
+# AUTOINCREMENT: a seq is never reused, because graph uids derive from it.
+_DDL = (
+    "CREATE TABLE IF NOT EXISTS contents (\n"
+    "\tseq INTEGER NOT NULL PRIMARY KEY AUTOINCREMENT, \n"
+    "\tcontent_hash VARCHAR NOT NULL, \n"
+    "\tkind VARCHAR NOT NULL, \n"
+    "\tranks INTEGER NOT NULL, \n"
+    "\tops INTEGER NOT NULL, \n"
+    "\tdeps INTEGER NOT NULL, \n"
+    "\tmissing INTEGER NOT NULL, \n"
+    "\tmessages INTEGER NOT NULL, \n"
+    "\tgraph_name VARCHAR NOT NULL, \n"
+    "\tstatus VARCHAR NOT NULL, \n"
+    "\tcreated DATETIME NOT NULL\n"
+    ")",
+    "CREATE INDEX IF NOT EXISTS ix_contents_content_hash ON contents (content_hash)",
+    "CREATE TABLE IF NOT EXISTS names (\n"
+    "\tid INTEGER NOT NULL PRIMARY KEY AUTOINCREMENT, \n"
+    "\tname VARCHAR NOT NULL, \n"
+    "\ttrace_id INTEGER NOT NULL, \n"
+    "\tsource VARCHAR NOT NULL, \n"
+    "\tparent VARCHAR, \n"
+    "\tparent_trace_id INTEGER, \n"
+    "\tparams VARCHAR NOT NULL, \n"
+    "\tcreated DATETIME NOT NULL\n"
+    ")",
+    "CREATE INDEX IF NOT EXISTS ix_names_trace_id ON names (trace_id)",
+    "CREATE UNIQUE INDEX IF NOT EXISTS ix_names_name ON names (name)",
+)
+_FORMAT_DDL = "CREATE TABLE IF NOT EXISTS etstore_format (version INTEGER NOT NULL)"
+
 
 def _now() -> datetime:
     return datetime.now(timezone.utc)
 
 
-class ContentRecord(SQLModel, table=True):
+def _stored_time(t: datetime) -> str:
+    """A time as the catalog stores it: UTC wall clock, microseconds, no offset."""
+    if t.tzinfo is not None:
+        t = t.astimezone(timezone.utc)
+    return t.strftime("%Y-%m-%d %H:%M:%S.%f")
+
+
+def _read_time(text: str) -> datetime:
+    """A stored time, as an aware UTC datetime."""
+    t = datetime.fromisoformat(text)
+    return t.replace(tzinfo=timezone.utc) if t.tzinfo is None else t.astimezone(timezone.utc)
+
+
+@dataclass
+class ContentRecord:
     """One stored content: what the engines hold under trace id ``seq``."""
 
-    __tablename__ = "contents"
-    __table_args__ = {"sqlite_autoincrement": True}  # never reuse a seq: uids derive from it
-    seq: int | None = Field(default=None, primary_key=True)
-    content_hash: str = Field(index=True)
+    content_hash: str
     kind: str
     ranks: int = 0
     ops: int = 0
@@ -58,22 +107,22 @@ class ContentRecord(SQLModel, table=True):
     messages: int = 0
     graph_name: str = ""  # the name the graph's Op nodes carry in ``trace`` (one of its names)
     status: str = "loading"
-    created: datetime = Field(default_factory=_now)
+    created: datetime = field(default_factory=_now)
+    seq: int | None = None
 
 
-class NameRecord(SQLModel, table=True):
+@dataclass
+class NameRecord:
     """One name: a handle on a content, with its own parent, source and parameters."""
 
-    __tablename__ = "names"
-    __table_args__ = {"sqlite_autoincrement": True}
-    id: int | None = Field(default=None, primary_key=True)  # creation order
-    name: str = Field(index=True, unique=True)
-    trace_id: int = Field(index=True)  # ContentRecord.seq
+    name: str
+    trace_id: int  # ContentRecord.seq
     source: str = ""
     parent: str | None = None
     parent_trace_id: int | None = None  # the parent's content when this name was made
     params: str = "{}"
-    created: datetime = Field(default_factory=_now)
+    created: datetime = field(default_factory=_now)
+    id: int | None = None  # creation order
 
     def info(self, content: ContentRecord) -> TraceInfo:
         """The name as the store interface shows it."""
@@ -94,7 +143,8 @@ class NameRecord(SQLModel, table=True):
         )
 
 
-class LegacyTrace(SQLModel):
+@dataclass(frozen=True)
+class LegacyTrace:
     """A row of a format-1 catalog's ``traces`` table (read by :meth:`Catalog.legacy_traces`)."""
 
     seq: int
@@ -106,7 +156,27 @@ class LegacyTrace(SQLModel):
     params: str = "{}"
 
 
-_TABLES = ("contents", "names", "etstore_format")
+_CONTENT_COLS = tuple(f.name for f in fields(ContentRecord))
+_NAME_COLS = tuple(f.name for f in fields(NameRecord))
+_C = ", ".join(f"c.{c}" for c in _CONTENT_COLS)
+_N = ", ".join(f"n.{c}" for c in _NAME_COLS)
+
+
+def _content(row: tuple[Any, ...]) -> ContentRecord:
+    rec = ContentRecord(*row)
+    rec.created = _read_time(row[_CONTENT_COLS.index("created")])
+    return rec
+
+
+def _name(row: tuple[Any, ...]) -> NameRecord:
+    rec = NameRecord(*row)
+    rec.created = _read_time(row[_NAME_COLS.index("created")])
+    return rec
+
+
+def _pair(row: tuple[Any, ...]) -> tuple[NameRecord, ContentRecord]:
+    k = len(_NAME_COLS)
+    return _name(row[:k]), _content(row[k:])
 
 
 class Catalog:
@@ -119,49 +189,103 @@ class Catalog:
     create
         Create the tables and the version record of a new catalog. Without it (a
         read-only open) nothing is written.
+
+    Notes
+    -----
+    One connection, opened on first use and shared by the threads of a store under a lock;
+    every write is one ``BEGIN IMMEDIATE`` transaction, so two processes never interleave a
+    read-modify-write. :meth:`close` releases it; the catalog stays usable.
     """
 
     def __init__(self, path: Path, *, create: bool = True) -> None:
         self.path = path
-        self.engine = create_engine(f"sqlite:///{path}")
-
-        @event.listens_for(self.engine, "connect")
-        def _pragmas(dbapi_con: Any, _record: Any) -> None:
-            dbapi_con.execute("PRAGMA journal_mode=WAL")
-            dbapi_con.execute("PRAGMA synchronous=NORMAL")
-
-        tables = set(inspect(self.engine).get_table_names())
-        if create and "traces" not in tables:  # a format-1 catalog stays as it is until upgrade()
+        self._lock = threading.RLock()
+        self._con: sqlite3.Connection | None = None
+        if create and "traces" not in self._tables():  # a format-1 catalog stays as it is until upgrade()
             self._create()
 
+    def close(self) -> None:
+        """Close the connection (idempotent; a later call opens a new one)."""
+        with self._lock:
+            if self._con is not None:
+                self._con.close()
+                self._con = None
+
+    @property
+    def _db(self) -> sqlite3.Connection:
+        """The connection, opened on first use (autocommit: transactions are explicit)."""
+        if self._con is None:
+            con = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+            try:
+                con.execute("PRAGMA journal_mode=WAL")
+                con.execute("PRAGMA synchronous=NORMAL")
+            except BaseException:
+                con.close()
+                raise
+            self._con = con
+        return self._con
+
+    def _refused(self, exc: sqlite3.Error) -> StoreError:
+        """SQLite's refusal (not a database, locked past the timeout, disk full) as one line."""
+        return StoreError(f"{self.path}: SQLite refused the catalog: {exc}")
+
+    def _rows(self, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+        with self._lock:
+            try:
+                return self._db.execute(sql, params).fetchall()
+            except sqlite3.Error as exc:
+                raise self._refused(exc) from exc
+
+    @contextmanager
+    def _write(self, name: str | None = None) -> Iterator[sqlite3.Connection]:
+        """One write transaction; a unique-name clash on ``name`` becomes a StoreError."""
+        with self._lock:
+            try:
+                db = self._db
+                db.execute("BEGIN IMMEDIATE")
+            except sqlite3.Error as exc:
+                raise self._refused(exc) from exc
+            try:
+                yield db
+                db.execute("COMMIT")
+            except BaseException as exc:
+                if db.in_transaction:
+                    db.execute("ROLLBACK")
+                if name is not None and isinstance(exc, sqlite3.IntegrityError):
+                    raise StoreError(
+                        f"{name!r} was taken by another ingest meanwhile; nothing was stored"
+                    ) from exc
+                if isinstance(exc, sqlite3.Error):
+                    raise self._refused(exc) from exc
+                raise
+
+    def _tables(self) -> set[str]:
+        return {r[0] for r in self._rows("SELECT name FROM sqlite_master WHERE type = 'table'")}
+
     def _create(self) -> None:
-        SQLModel.metadata.create_all(
-            self.engine, tables=[SQLModel.metadata.tables[t] for t in ("contents", "names")]
-        )
-        with self.engine.begin() as con:
-            con.execute(text("CREATE TABLE IF NOT EXISTS etstore_format (version INTEGER NOT NULL)"))
-            if con.execute(text("SELECT count(*) FROM etstore_format")).scalar() == 0:
-                con.execute(text("INSERT INTO etstore_format VALUES (:v)"), {"v": FORMAT_VERSION})
+        with self._write() as db:
+            for statement in (*_DDL, _FORMAT_DDL):
+                db.execute(statement)
+            if db.execute("SELECT count(*) FROM etstore_format").fetchone()[0] == 0:
+                db.execute("INSERT INTO etstore_format VALUES (?)", (FORMAT_VERSION,))
 
     # ------------------------------------------------------------ format
 
     def format_version(self) -> int | None:
         """The format this catalog is in: its version record, 1 for a catalog from before
         version records, None for an empty (new) catalog."""
-        tables = set(inspect(self.engine).get_table_names())
+        tables = self._tables()
         if "etstore_format" in tables:
-            with self.engine.connect() as con:
-                v = con.execute(text("SELECT max(version) FROM etstore_format")).scalar()
+            v = self._rows("SELECT max(version) FROM etstore_format")[0][0]
             return int(v) if v is not None else None
         return 1 if "traces" in tables else None
 
     def legacy_traces(self) -> list[LegacyTrace]:
         """Every row of a format-1 ``traces`` table, in sequence order."""
-        with self.engine.connect() as con:
-            rows = con.execute(
-                text("SELECT seq, name, kind, content_hash, status, parent, params FROM traces ORDER BY seq")
-            ).mappings()
-            return [LegacyTrace(**dict(r)) for r in rows]
+        rows = self._rows(
+            "SELECT seq, name, kind, content_hash, status, parent, params FROM traces ORDER BY seq"
+        )
+        return [LegacyTrace(*r) for r in rows]
 
     def upgrade(self) -> None:
         """Turn a format-1 catalog into this format, in one SQLite transaction.
@@ -178,69 +302,68 @@ class Catalog:
         """
         if self.format_version() != 1:
             raise StoreError(f"{self.path}: not a format-1 catalog; nothing to upgrade")
-        legacy = self.legacy_traces()
-        seq_of = {r.name: r.seq for r in legacy if r.status == "ready"}
-        SQLModel.metadata.create_all(
-            self.engine, tables=[SQLModel.metadata.tables[t] for t in ("contents", "names")]
+        seq_of = {r.name: r.seq for r in self.legacy_traces() if r.status == "ready"}
+        with self._write() as db:
+            for statement in _DDL:
+                db.execute(statement)
+            cur = db.execute("SELECT * FROM traces ORDER BY seq")
+            cols = [d[0] for d in cur.description]
+            for r in (dict(zip(cols, row, strict=True)) for row in cur.fetchall()):
+                self._upgrade_row(db, r, seq_of)
+            db.execute("DROP TABLE traces")
+            db.execute(_FORMAT_DDL)
+            db.execute("INSERT INTO etstore_format VALUES (?)", (FORMAT_VERSION,))
+
+    @staticmethod
+    def _upgrade_row(db: sqlite3.Connection, r: dict[str, Any], seq_of: dict[str, int]) -> None:
+        """One format-1 ``traces`` row as a content (and a name, if it was ready)."""
+        ready = r["status"] == "ready"
+        digest = upgraded_identity(r["content_hash"], r["kind"], json.loads(r["params"] or "{}"))
+        db.execute(
+            "INSERT INTO contents (seq, content_hash, kind, ranks, ops, deps, missing, messages, "
+            "graph_name, status, created) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                r["seq"],
+                digest,
+                *(r[k] for k in ("kind", "ranks", "ops", "deps", "missing", "messages", "name")),
+                "ready" if ready else "deleting",
+                r["created"],
+            ),
         )
-        with self.engine.begin() as con:
-            old = con.execute(text("SELECT * FROM traces ORDER BY seq")).mappings().all()
-            for r in old:
-                ready = r["status"] == "ready"
-                con.execute(
-                    text(
-                        "INSERT INTO contents (seq, content_hash, kind, ranks, ops, deps, missing, "
-                        "messages, graph_name, status, created) VALUES (:seq, :h, :kind, :ranks, :ops, "
-                        ":deps, :missing, :messages, :name, :status, :created)"
-                    ),
-                    {
-                        **{k: r[k] for k in ("seq", "kind", "ranks", "ops", "deps", "missing", "messages")},
-                        "h": upgraded_identity(r["content_hash"], r["kind"], json.loads(r["params"] or "{}")),
-                        "name": r["name"],
-                        "status": "ready" if ready else "deleting",
-                        "created": r["created"],
-                    },
-                )
-                if ready:
-                    con.execute(
-                        text(
-                            "INSERT INTO names (id, name, trace_id, source, parent, parent_trace_id, params, "
-                            "created) VALUES (:seq, :name, :seq, :source, :parent, :pseq, :params, :created)"
-                        ),
-                        {
-                            **{k: r[k] for k in ("seq", "name", "source", "parent", "params", "created")},
-                            "pseq": seq_of.get(r["parent"]) if r["parent"] else None,
-                        },
-                    )
-            con.execute(text("DROP TABLE traces"))
-            con.execute(text("CREATE TABLE etstore_format (version INTEGER NOT NULL)"))
-            con.execute(text("INSERT INTO etstore_format VALUES (:v)"), {"v": FORMAT_VERSION})
+        if ready:
+            db.execute(
+                "INSERT INTO names (id, name, trace_id, source, parent, parent_trace_id, params, created) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    r["seq"],
+                    r["name"],
+                    r["seq"],
+                    r["source"],
+                    r["parent"],
+                    seq_of.get(r["parent"]) if r["parent"] else None,
+                    r["params"],
+                    r["created"],
+                ),
+            )
 
     # ------------------------------------------------------------ reads
 
-    def session(self) -> Session:
-        return Session(self.engine, expire_on_commit=False)
-
     def name(self, name: str) -> tuple[NameRecord, ContentRecord] | None:
         """A name and its (ready) content, or None."""
-        with self.session() as s:
-            q = (
-                select(NameRecord, ContentRecord)
-                .where(NameRecord.name == name, ContentRecord.seq == NameRecord.trace_id)
-                .where(ContentRecord.status == "ready")
-            )
-            row = s.exec(q).first()
-            return (row[0], row[1]) if row is not None else None
+        rows = self._rows(
+            f"SELECT {_N}, {_C} FROM names n JOIN contents c ON c.seq = n.trace_id "
+            "WHERE n.name = ? AND c.status = 'ready'",
+            (name,),
+        )
+        return _pair(rows[0]) if rows else None
 
     def names(self) -> list[tuple[NameRecord, ContentRecord]]:
         """Every name of a ready content, oldest first."""
-        with self.session() as s:
-            q = (
-                select(NameRecord, ContentRecord)
-                .where(ContentRecord.seq == NameRecord.trace_id, ContentRecord.status == "ready")
-                .order_by(col(NameRecord.id))
-            )
-            return [(n, c) for n, c in s.exec(q).all()]
+        rows = self._rows(
+            f"SELECT {_N}, {_C} FROM names n JOIN contents c ON c.seq = n.trace_id "
+            "WHERE c.status = 'ready' ORDER BY n.id"
+        )
+        return [_pair(r) for r in rows]
 
     def all_names(self) -> set[str]:
         """Every name, whatever state its content is in."""
@@ -248,61 +371,62 @@ class Catalog:
 
     def name_ids(self) -> dict[str, int]:
         """Every name → its content's trace id, whatever state the content is in."""
-        with self.session() as s:
-            return {n: t for n, t in s.exec(select(NameRecord.name, NameRecord.trace_id)).all()}
+        return {n: t for n, t in self._rows("SELECT name, trace_id FROM names")}
 
     def content_count(self) -> int:
         """How many contents the catalog holds, in any state."""
-        with self.session() as s:
-            return len(s.exec(select(ContentRecord.seq)).all())
+        return int(self._rows("SELECT count(*) FROM contents")[0][0])
 
     def names_of(self, trace_id: int) -> list[NameRecord]:
         """The names of one content, oldest first."""
-        with self.session() as s:
-            q = select(NameRecord).where(NameRecord.trace_id == trace_id).order_by(col(NameRecord.id))
-            return list(s.exec(q).all())
+        rows = self._rows(f"SELECT {_N} FROM names n WHERE n.trace_id = ? ORDER BY n.id", (trace_id,))
+        return [_name(r) for r in rows]
 
     def content(self, trace_id: int) -> ContentRecord | None:
-        with self.session() as s:
-            return s.get(ContentRecord, trace_id)
+        """Content ``trace_id`` in any state, or None."""
+        rows = self._rows(f"SELECT {_C} FROM contents c WHERE c.seq = ?", (trace_id,))
+        return _content(rows[0]) if rows else None
 
     def by_identity(self, digest: str, kind: str) -> ContentRecord | None:
         """The ready content with this digest and kind, if stored."""
-        with self.session() as s:
-            q = select(ContentRecord).where(
-                ContentRecord.content_hash == digest,
-                ContentRecord.kind == kind,
-                ContentRecord.status == "ready",
-            )
-            return s.exec(q).first()
+        rows = self._rows(
+            f"SELECT {_C} FROM contents c WHERE c.content_hash = ? AND c.kind = ? AND c.status = 'ready' "
+            "ORDER BY c.seq LIMIT 1",
+            (digest, kind),
+        )
+        return _content(rows[0]) if rows else None
 
     def stale(self) -> list[ContentRecord]:
         """Contents to sweep: not ready, or ready with no name pointing at them."""
-        with self.session() as s:
-            named = select(NameRecord.trace_id)
-            q = select(ContentRecord).where(
-                or_(col(ContentRecord.status) != "ready", ~col(ContentRecord.seq).in_(named))
-            )
-            return list(s.exec(q).all())
+        rows = self._rows(
+            f"SELECT {_C} FROM contents c WHERE c.status != 'ready' "
+            "OR c.seq NOT IN (SELECT trace_id FROM names) ORDER BY c.seq"
+        )
+        return [_content(r) for r in rows]
 
     def misnamed_graphs(self) -> list[ContentRecord]:
         """Ready contents whose graph nodes carry a name that no longer points at them."""
-        with self.session() as s:
-            mine = select(NameRecord.name).where(NameRecord.trace_id == ContentRecord.seq)
-            q = select(ContentRecord).where(
-                ContentRecord.status == "ready", ~col(ContentRecord.graph_name).in_(mine)
-            )
-            return list(s.exec(q).all())
+        rows = self._rows(
+            f"SELECT {_C} FROM contents c WHERE c.status = 'ready' "
+            "AND c.graph_name NOT IN (SELECT n.name FROM names n WHERE n.trace_id = c.seq) ORDER BY c.seq"
+        )
+        return [_content(r) for r in rows]
+
+    def lineage_users(self, trace_id: int, parent_trace_id: int) -> int:
+        """How many names of content ``trace_id`` derive from content ``parent_trace_id``."""
+        rows = self._rows(
+            "SELECT count(*) FROM names WHERE trace_id = ? AND parent_trace_id = ?",
+            (trace_id, parent_trace_id),
+        )
+        return int(rows[0][0])
 
     # ------------------------------------------------------------ writes
 
     def add_content(self, record: ContentRecord) -> ContentRecord:
         """Claim a new content (``loading``); returns it with its sequence number."""
-        with self.session() as s:
-            s.add(record)
-            s.commit()
-            s.refresh(record)
-            return record
+        with self._write() as db:
+            record.seq = _insert(db, "contents", _content_row(record))
+        return record
 
     def commit_content(self, seq: int, first: NameRecord, **counts: Any) -> ContentRecord:
         """The commit point of an ingest: the content is ready and has its first name, at once.
@@ -312,18 +436,19 @@ class Catalog:
         StoreError
             The name was taken meanwhile (another process), or the content row vanished.
         """
-        with self.session() as s:
-            rec = s.get(ContentRecord, seq)
-            if rec is None:
+        unknown = set(counts) - set(_CONTENT_COLS)
+        if unknown:
+            raise StoreError(f"catalog contents have no column {sorted(unknown)[0]!r}")
+        with self._write(first.name) as db:
+            sets = "".join(f", {k} = ?" for k in counts)
+            cur = db.execute(
+                f"UPDATE contents SET status = 'ready'{sets} WHERE seq = ?", (*counts.values(), seq)
+            )
+            if cur.rowcount == 0:
                 raise StoreError(f"trace id {seq} vanished from the catalog while it was written")
-            for k, v in counts.items():
-                setattr(rec, k, v)
-            rec.status = "ready"
-            s.add(rec)
-            s.add(first)
-            _commit(s, first.name)
-            s.refresh(rec)
-            return rec
+            first.id = _insert(db, "names", _name_row(first))
+            row = db.execute(f"SELECT {_C} FROM contents c WHERE c.seq = ?", (seq,)).fetchone()
+        return _content(row)
 
     def add_name(self, record: NameRecord) -> NameRecord:
         """Point one more name at a stored content (one transaction).
@@ -333,74 +458,62 @@ class Catalog:
         StoreError
             The name was taken meanwhile (another process).
         """
-        with self.session() as s:
-            s.add(record)
-            _commit(s, record.name)
-            s.refresh(record)
-            return record
+        with self._write(record.name) as db:
+            record.id = _insert(db, "names", _name_row(record))
+        return record
 
     def drop_name(self, name: str) -> tuple[NameRecord, list[NameRecord]] | None:
         """Remove a name; returns it and the names its content still has (the commit point of
         a removal). A content left without names is marked ``deleting`` in the same transaction."""
-        with self.session() as s:
-            rec = s.exec(select(NameRecord).where(NameRecord.name == name)).first()
-            if rec is None:
+        with self._write() as db:
+            row = db.execute(f"SELECT {_N} FROM names n WHERE n.name = ?", (name,)).fetchone()
+            if row is None:
                 return None
-            s.delete(rec)
-            rest = list(
-                s.exec(
-                    select(NameRecord)
-                    .where(NameRecord.trace_id == rec.trace_id, NameRecord.name != name)
-                    .order_by(col(NameRecord.id))
-                ).all()
-            )
+            rec = _name(row)
+            db.execute("DELETE FROM names WHERE id = ?", (rec.id,))
+            rest = [
+                _name(r)
+                for r in db.execute(
+                    f"SELECT {_N} FROM names n WHERE n.trace_id = ? ORDER BY n.id", (rec.trace_id,)
+                ).fetchall()
+            ]
             if not rest:
-                content = s.get(ContentRecord, rec.trace_id)
-                if content is not None:
-                    content.status = "deleting"
-                    s.add(content)
-            s.commit()
-            return rec, rest
+                db.execute("UPDATE contents SET status = 'deleting' WHERE seq = ?", (rec.trace_id,))
+        return rec, rest
 
     def set_graph_name(self, seq: int, name: str) -> None:
-        with self.session() as s:
-            rec = s.get(ContentRecord, seq)
-            if rec is not None:
-                rec.graph_name = name
-                s.add(rec)
-                s.commit()
+        """Record the name content ``seq``'s graph nodes now carry."""
+        with self._write() as db:
+            db.execute("UPDATE contents SET graph_name = ? WHERE seq = ?", (name, seq))
 
     def mark_deleting(self, seq: int) -> None:
-        with self.session() as s:
-            rec = s.get(ContentRecord, seq)
-            if rec is not None:
-                rec.status = "deleting"
-                s.add(rec)
-                s.commit()
+        """Mark content ``seq`` as being removed (the sweep finishes what a crash leaves)."""
+        with self._write() as db:
+            db.execute("UPDATE contents SET status = 'deleting' WHERE seq = ?", (seq,))
 
     def delete_content(self, seq: int) -> None:
         """Forget a content and any name still pointing at it."""
-        with self.session() as s:
-            for n in s.exec(select(NameRecord).where(NameRecord.trace_id == seq)).all():
-                s.delete(n)
-            rec = s.get(ContentRecord, seq)
-            if rec is not None:
-                s.delete(rec)
-            s.commit()
-
-    def lineage_users(self, trace_id: int, parent_trace_id: int) -> int:
-        """How many names of content ``trace_id`` derive from content ``parent_trace_id``."""
-        with self.session() as s:
-            q = select(NameRecord.id).where(
-                NameRecord.trace_id == trace_id, NameRecord.parent_trace_id == parent_trace_id
-            )
-            return len(s.exec(q).all())
+        with self._write() as db:
+            db.execute("DELETE FROM names WHERE trace_id = ?", (seq,))
+            db.execute("DELETE FROM contents WHERE seq = ?", (seq,))
 
 
-def _commit(session: Session, name: str) -> None:
-    """Commit, turning a taken name into a StoreError."""
-    try:
-        session.commit()
-    except IntegrityError as exc:
-        session.rollback()
-        raise StoreError(f"{name!r} was taken by another ingest meanwhile; nothing was stored") from exc
+def _content_row(rec: ContentRecord) -> dict[str, Any]:
+    row = {c: getattr(rec, c) for c in _CONTENT_COLS if c != "seq" or rec.seq is not None}
+    row["created"] = _stored_time(rec.created)
+    return row
+
+
+def _name_row(rec: NameRecord) -> dict[str, Any]:
+    row = {c: getattr(rec, c) for c in _NAME_COLS if c != "id" or rec.id is not None}
+    row["created"] = _stored_time(rec.created)
+    return row
+
+
+def _insert(db: sqlite3.Connection, table: str, row: dict[str, Any]) -> int:
+    """Insert one row; returns its (auto-assigned) key."""
+    cols = ", ".join(row)
+    marks = ", ".join("?" for _ in row)
+    cur = db.execute(f"INSERT INTO {table} ({cols}) VALUES ({marks})", tuple(row.values()))
+    assert cur.lastrowid is not None  # an INSERT into a rowid table always sets it
+    return int(cur.lastrowid)

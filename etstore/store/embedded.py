@@ -3,7 +3,7 @@
 Layout of the directory::
 
     catalog.sqlite     contents, the names pointing at them, the format version
-                       (SQLModel, :mod:`etstore.store.catalog`); the commit point of
+                       (SQLite, :mod:`etstore.store.catalog`); the commit point of
                        every ingest and removal
     warehouse.duckdb   trace_ops, trace_deps, ... (each content once, by trace id),
                        traces (one row per name), the views ops, deps, ... by name
@@ -16,9 +16,11 @@ lossless source (export reads it); Ladybug holds the graph projection for Cypher
 each content once, its ops carrying one of its names in ``trace`` (other names are
 resolved to it in queries, :mod:`etstore.store._cypher`). An ingest of new content
 writes catalog(loading) → DuckDB (one transaction) beside Ladybug (bulk COPY) →
-catalog(ready + name); any failure or interrupt undoes what landed, and content left
-``loading`` or without a name is swept at the next writable open. Known content
-under a new name writes only the name (and lineage from a new parent, if any).
+catalog(ready + name), its identity computed beside the load when no stored content has
+its kind and counts (``docs/store.md``, "Ingest speed"); any failure or interrupt undoes
+what landed, and content left ``loading`` or without a name is swept at the next
+writable open. Known content under a new name writes only the name (and lineage from a
+new parent, if any).
 
 A store written before names existed (format 1) is upgraded in place by the first
 writable open; a read-only open of one says how to upgrade it.
@@ -31,7 +33,7 @@ import logging
 import os
 import time
 from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +47,7 @@ from etstore.store._cypher import check_parameters, resolve_names
 from etstore.store._format import check_format, upgrade_format1
 from etstore.store._graph_purge import Step, discard_rebuild, remove_range, warehouse_rows
 from etstore.store._graph_reader import SandboxedGraph
-from etstore.store._identity import choose_name, identity
+from etstore.store._identity import choose_name, identity, may_be_stored
 from etstore.store._journal import JournalEntry
 from etstore.store._lock import WaitFn
 from etstore.store._session import Session
@@ -55,41 +57,18 @@ from etstore.store.graph import (
     GRAPH_OP_COLUMNS,
     UID_SHIFT,
     dep_edges,
+    graph_ddl,
     lineage_edges,
     message_edges,
     op_nodes,
     uid_base,
 )
 from etstore.store.result import Result
-from etstore.store.tuner import TUNER_STEP_NODE_DDL
 from etstore.store.warehouse import DEPS_COLUMNS, OPS_COLUMNS, Warehouse
 
 __all__ = ["EmbeddedStore"]
 
 log = logging.getLogger(__name__)
-
-_GRAPH_TYPES = {
-    pa.int32(): "INT32",
-    pa.int64(): "INT64",
-    pa.uint64(): "UINT64",
-    pa.string(): "STRING",
-    pa.bool_(): "BOOLEAN",
-}
-
-
-def _graph_ddl() -> list[str]:
-    op_schema = pa.schema(
-        [("uid", pa.int64()), ("trace", pa.string())]
-        + [(f.name, f.type) for f in OPS_SCHEMA if f.name in GRAPH_OP_COLUMNS]
-    )
-    columns = ", ".join(f"{f.name} {_GRAPH_TYPES[f.type]}" for f in op_schema)
-    return [
-        f"CREATE NODE TABLE IF NOT EXISTS Op({columns}, PRIMARY KEY(uid))",
-        "CREATE REL TABLE IF NOT EXISTS DEP(FROM Op TO Op, kind STRING)",
-        "CREATE REL TABLE IF NOT EXISTS MSG(FROM Op TO Op, tag INT32, comm_size INT64)",
-        "CREATE REL TABLE IF NOT EXISTS BECOMES(FROM Op TO Op)",
-        TUNER_STEP_NODE_DDL,  # tuner runs' steps (etstore.store.tuner writes them)
-    ]
 
 
 def _buffer_pool_bytes(graph: Path, incoming: int) -> int:
@@ -195,7 +174,10 @@ class EmbeddedStore:
         """The DuckDB warehouse (opened on first use; a writable store creates its schema)."""
         if self._warehouse is None:
             path = self.path / "warehouse.duckdb"
-            self._warehouse = Warehouse.open(path, read_only=self._read_only_engines)
+            if self._read_only_engines and not path.exists():
+                self._warehouse = Warehouse.empty_read_only()  # nothing stored yet
+            else:
+                self._warehouse = Warehouse.open(path, read_only=self._read_only_engines)
         return self._warehouse
 
     @property
@@ -241,7 +223,7 @@ class EmbeddedStore:
         except RuntimeError as exc:
             raise StoreError(f"{self.path}: cannot open the Ladybug graph: {_first_line(exc)}") from exc
         if not read_only:
-            for ddl in _graph_ddl():
+            for ddl in graph_ddl():
                 conn.execute(ddl)
             # a store made by an older etstore may carry more op properties: load what it has
             info = conn.execute("CALL table_info('Op') RETURN name").get_as_arrow(0)
@@ -272,7 +254,7 @@ class EmbeddedStore:
         self._release_graph()
         catalog: Catalog | None = getattr(self, "catalog", None)  # absent if the open failed early
         if catalog is not None:
-            catalog.engine.dispose()
+            catalog.close()
 
     # ------------------------------------------------------------ journal and recovery
 
@@ -349,8 +331,10 @@ class EmbeddedStore:
             raise StoreError(f"trace {name or trace.name!r}: lineage given without a parent trace")
         parent_id = self._lookup(parent)[1].seq if parent is not None else None
         started = time.perf_counter()
-        digest = identity(trace)
-        existing = self.catalog.by_identity(digest, kind.value)
+        # Content with other counts cannot be the same content (identity covers every row):
+        # then the identity is computed beside the graph load instead of before it.
+        digest = identity(trace) if may_be_stored(trace, (c for _, c in self.catalog.names())) else ""
+        existing = self.catalog.by_identity(digest, kind.value) if digest else None
         final, same = self._choose_name(
             name or trace.name, name is not None, existing.seq if existing else None
         )
@@ -423,18 +407,25 @@ class EmbeddedStore:
         caller purges on failure.
 
         Returns the ready content, the dependency cycles and the unmatched sends and receives.
+        A content claimed without its identity (``rec.content_hash`` empty) gets it here.
         """
         seq = rec.seq
         assert seq is not None
         base = uid_base(seq)
-        # One helper thread, fed in order: it computes the edge rows while Ladybug loads
-        # the nodes, then writes DuckDB while Ladybug loads the edges (both engines
-        # release the GIL in their bulk paths).
+        # Two lanes, one per core: this thread feeds Ladybug (nodes, edges, one checkpoint),
+        # the longer of the two; one helper thread, fed in order, computes the edge rows and
+        # the identity while Ladybug loads the nodes, then writes DuckDB while Ladybug loads
+        # the edges (hashlib and both engines release the GIL in their bulk paths).
         with ThreadPoolExecutor(max_workers=1) as pool:
             g = self._open_graph(incoming=trace.ops.nbytes + trace.deps.nbytes)
             edge_rows = pool.submit(lambda: (dep_edges(trace, base), message_edges(trace, base)))
+            hashed = pool.submit(identity, trace) if not rec.content_hash else None
+            if progress:
+                progress("graph nodes", 0, trace.num_ops)
             nodes = op_nodes(trace, name.name, base, self._graph_columns)  # the graph's own columns
             g.execute("COPY Op FROM nodes")
+            if progress:
+                progress("graph nodes", trace.num_ops, trace.num_ops)
             deps, (msgs, unmatched_sends, unmatched_recvs) = edge_rows.result()
             counts = {
                 "ops": trace.num_ops,
@@ -450,19 +441,25 @@ class EmbeddedStore:
                 links, lineage_rows = self._lineage_rows(lineage, nodes, name.name, name.parent_trace_id)
             row = self._warehouse_row(rec, name, trace.params)
             warehouse = pool.submit(
-                self._write_warehouse, trace, seq, base, deps, msgs, name, row, lineage_rows
+                self._write_warehouse, trace, seq, base, deps, msgs, name, row, lineage_rows, hashed
             )
+            edges = deps.num_rows + msgs.num_rows
             try:
+                if progress:
+                    progress("graph edges", 0, edges)
                 self._write_edges(deps, msgs, links)
+                if progress:  # the warehouse has been written alongside: its ops are what is left
+                    progress("graph edges", edges, edges)
+                    progress("warehouse", 0, trace.num_ops)
             finally:
                 warehouse.result()  # wait even when the graph failed, then raise either error
         if progress:
-            progress("warehouse", 1, 2)
-            progress("graph", 2, 2)
+            progress("warehouse", trace.num_ops, trace.num_ops)
         # the edges as op rows, from the uids already computed
         op_pairs = (deps["from"].to_numpy() - base, deps["to"].to_numpy() - base)
         cycles = len(cycle_members(trace, op_pairs))
-        ready = self.catalog.commit_content(seq, name, **counts)
+        digest = hashed.result() if hashed is not None else rec.content_hash
+        ready = self.catalog.commit_content(seq, name, content_hash=digest, **counts)
         self._aliases = None
         return ready, cycles, unmatched_sends, unmatched_recvs
 
@@ -476,7 +473,12 @@ class EmbeddedStore:
         name: NameRecord,
         row: Mapping[str, Any],
         lineage: pa.Table | None,
+        hashed: Future[str] | None,
     ) -> None:
+        """Insert the content's rows and its first name in one DuckDB transaction (the
+        helper thread of :meth:`_write`; ``hashed`` is the identity computed before on it)."""
+        if hashed is not None:
+            row = {**row, "content_hash": hashed.result()}
         wh = self.warehouse
         # one core for the warehouse while the graph's bulk load (the longer of the two) runs beside it
         wh.execute("SET threads TO 1")
@@ -613,7 +615,7 @@ class EmbeddedStore:
             step("graph")
             for table in ("BECOMES", "MSG", "DEP", "Op"):
                 g.execute(f"DROP TABLE IF EXISTS {table}")
-            for ddl in _graph_ddl():
+            for ddl in graph_ddl():
                 g.execute(ddl)
             g.execute("CHECKPOINT")
             self._graph_columns = GRAPH_OP_COLUMNS

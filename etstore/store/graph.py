@@ -1,4 +1,4 @@
-"""The graph shape of a trace, as Arrow tables any backend can bulk-load.
+"""The graph shape of a trace, as Arrow tables any backend can bulk-load, and its Ladybug DDL.
 
 Nodes are ops keyed by a store-wide ``uid`` (``trace_seq << 40 | row``). Edges:
 ``DEP`` (``src → dst`` within a rank, kind ``data``/``ctrl``), ``MSG``
@@ -17,13 +17,15 @@ import pyarrow as pa
 
 from etstore.dag import match_messages
 from etstore.errors import StoreError
-from etstore.model import CORE_OP_COLUMNS, Trace, op_rows
+from etstore.model import CORE_OP_COLUMNS, OPS_SCHEMA, Trace, op_rows
+from etstore.store.tuner import TUNER_STEP_NODE_DDL
 
 __all__ = [
     "GRAPH_OP_COLUMNS",
     "LINEAGE_SCHEMA",
     "UID_SHIFT",
     "dep_edges",
+    "graph_ddl",
     "lineage_edges",
     "message_edges",
     "op_nodes",
@@ -37,6 +39,38 @@ LINEAGE_SCHEMA = pa.schema([("rank", pa.int32()), ("id", pa.uint64()), ("parent_
 # raw attributes stay in the DuckDB ``ops`` table: fewer graph columns is the
 # largest single saving in the graph bulk load.
 GRAPH_OP_COLUMNS: tuple[str, ...] = ("uid", "trace", *CORE_OP_COLUMNS)
+
+
+_GRAPH_TYPES = {
+    pa.int32(): "INT32",
+    pa.int64(): "INT64",
+    pa.uint64(): "UINT64",
+    pa.string(): "STRING",
+    pa.bool_(): "BOOLEAN",
+}
+
+
+def graph_ddl() -> list[str]:
+    """Ladybug DDL of the graph (idempotent): ``Op`` with :data:`GRAPH_OP_COLUMNS`, ``DEP``
+    with its ``kind`` string, ``MSG``, ``BECOMES`` and the tuner's step nodes.
+
+    Notes
+    -----
+    ``DEP.kind`` stays the string ``'data'``/``'ctrl'`` that Cypher queries compare with;
+    what each property costs the bulk load is in ``docs/store.md`` ("Ingest speed").
+    """
+    op_schema = pa.schema(
+        [("uid", pa.int64()), ("trace", pa.string())]
+        + [(f.name, f.type) for f in OPS_SCHEMA if f.name in GRAPH_OP_COLUMNS]
+    )
+    columns = ", ".join(f"{f.name} {_GRAPH_TYPES[f.type]}" for f in op_schema)
+    return [
+        f"CREATE NODE TABLE IF NOT EXISTS Op({columns}, PRIMARY KEY(uid))",
+        "CREATE REL TABLE IF NOT EXISTS DEP(FROM Op TO Op, kind STRING)",
+        "CREATE REL TABLE IF NOT EXISTS MSG(FROM Op TO Op, tag INT32, comm_size INT64)",
+        "CREATE REL TABLE IF NOT EXISTS BECOMES(FROM Op TO Op)",
+        TUNER_STEP_NODE_DDL,  # tuner runs' steps (etstore.store.tuner writes them)
+    ]
 
 
 def uid_base(seq: int) -> int:

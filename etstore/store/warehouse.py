@@ -409,8 +409,6 @@ class Warehouse:
             ...) or the metrics tables are of a newer schema version.
         """
         duckdb = _duckdb()
-        if read_only and not Path(path).exists():
-            return cls._empty_read_only()
         if read_only:
             try:
                 con = duckdb.connect(str(path), read_only=True, config=dict(_READ_ONLY_CONFIG))
@@ -440,10 +438,11 @@ class Warehouse:
         return warehouse
 
     @classmethod
-    def _empty_read_only(cls) -> Warehouse:
-        """A read-only view of a store that has no warehouse file yet (nothing was ever
-        stored): the schema built in a scratch file opened read-only like a real one, so
-        queries see empty tables, writes are refused, and nothing lands in the store."""
+    def empty_read_only(cls) -> Warehouse:
+        """A read-only warehouse with the full schema and no rows: what a store that has no
+        warehouse file yet (nothing was ever stored) shows its readers. The schema is built
+        in a scratch file opened read-only like a real one, so queries see empty tables,
+        writes are refused, and nothing lands in the store."""
         duckdb = _duckdb()
         with tempfile.TemporaryDirectory(prefix="etstore-empty-") as scratch:
             path = Path(scratch) / "warehouse.duckdb"

@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import importlib
+import json
 import pkgutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 import etstore.cli
 from etstore import __version__, store
 from etstore.cli import COMMANDS, _parser, main
+from etstore.workloads import transformer
 
 HEAVY = ("duckdb", "pyarrow", "sqlalchemy", "sqlmodel", "ladybug", "neo4j", "plotly")
 
@@ -94,3 +97,13 @@ def test_every_command_prints_its_own_help(capsys: pytest.CaptureFixture[str]) -
 
 def test_store_defaults_named_in_the_help_are_the_stores() -> None:
     assert (etstore.cli._STORE_ENV_VAR, etstore.cli._DEFAULT_STORE) == (store.ENV_VAR, store.DEFAULT_STORE)
+
+
+def test_ls_reads_the_catalog_without_the_engines_or_an_orm(tmp_path: Path) -> None:
+    with store.EmbeddedStore(tmp_path / "s") as s:
+        s.ingest(transformer(ranks=2, layers=1, tp=1), name="small")
+    out, loaded = _run("--store", str(tmp_path / "s"), "ls", "--format", "json")
+    assert [r["name"] for r in json.loads(out)] == ["small"]
+    # the listing is the catalog's (SQLite); Arrow renders it, no engine or ORM is opened for it
+    assert set(loaded) & set(HEAVY) <= {"pyarrow"}, loaded
+    assert "etstore.cli.traces" in loaded
