@@ -53,8 +53,6 @@ LAZY_ALLOWED = (
     "pyarrow",
     "ladybug",
     "plotly",
-    "sqlmodel",
-    "sqlalchemy",
     "neo4j",
     "yaml",
     "networkx",

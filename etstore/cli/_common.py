@@ -18,7 +18,6 @@ import threading
 import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from types import FrameType
 from typing import Any
 
@@ -34,8 +33,6 @@ from rich.progress import (
 
 from etstore.cli._render import FORMATS, json_text
 from etstore.errors import OptionError
-from etstore.ingest import read_trace
-from etstore.model import Trace
 from etstore.store import EmbeddedStore, Store, open_store
 
 __all__ = [
@@ -47,7 +44,6 @@ __all__ = [
     "progress",
     "progress_to",
     "say",
-    "trace_from",
 ]
 
 
@@ -206,15 +202,6 @@ def progress_to(console: Console, label: str) -> Iterator[Callable[[str, int, in
         return
     with bar:
         yield phase_step(bar, label)
-
-
-def trace_from(store: Store, spec: str) -> Trace:
-    """A stored trace by name, or, when ``spec`` names an existing file or directory, read it."""
-    if spec in {t.name for t in store.traces()}:
-        return store.load(spec)
-    if Path(spec).exists() or "/" in spec or any(ch in spec for ch in "*?["):
-        return read_trace(spec)
-    return store.load(spec)  # raises UnknownTraceError naming what is stored
 
 
 def print_json(doc: Any) -> None:

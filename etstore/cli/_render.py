@@ -1,4 +1,8 @@
-"""Rendering for the CLI: Arrow tables as rich tables, CSV or JSON."""
+"""Rendering for the CLI: Arrow tables, or plain rows, as rich tables, CSV or JSON.
+
+Plain rows (:class:`Rows`) render without importing pyarrow, so a command that lists
+what it read from SQLite (``etstore ls``) pays for no Arrow conversion.
+"""
 
 from __future__ import annotations
 
@@ -8,16 +12,30 @@ import io
 import json
 import math
 import sys
-from collections.abc import Mapping
-from typing import Any, TextIO
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple, TextIO
 
-import pyarrow as pa
 from rich.console import Console
 from rich.table import Table
 
-__all__ = ["FORMATS", "json_text", "recognised_line", "render", "to_json_value"]
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+__all__ = ["FORMATS", "Rows", "json_text", "recognised_line", "render", "to_json_value"]
 
 FORMATS = ("table", "csv", "json")
+
+
+class Rows(NamedTuple):
+    """A listing without Arrow: its column names in order, and one mapping per row.
+
+    A column is numeric (right-aligned, never folded) when it holds at least one value
+    and every value that is not None is an int or a float (bools are not numbers here,
+    as Arrow's bool type is not).
+    """
+
+    columns: Sequence[str]
+    rows: Sequence[Mapping[str, Any]]
 
 
 def to_json_value(value: Any) -> Any:
@@ -60,8 +78,30 @@ def _cell(value: Any) -> str:
     return str(value)
 
 
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _columns_and_rows(table: pa.Table | Rows) -> tuple[list[str], list[list[Any]], list[bool]]:
+    """Column names, rows as value lists in column order, and whether each column is numeric."""
+    if isinstance(table, Rows):
+        names = list(table.columns)
+        values = [[r.get(c) for c in names] for r in table.rows]
+        numeric = []
+        for i in range(len(names)):
+            present = [row[i] for row in values if row[i] is not None]
+            numeric.append(bool(present) and all(_is_number(v) for v in present))
+        return names, values, numeric
+    import pyarrow as pa  # only an Arrow table needs it; plain rows render without loading it
+
+    names = list(table.column_names)
+    types = [table.schema.field(n).type for n in names]
+    numeric = [pa.types.is_integer(t) or pa.types.is_floating(t) for t in types]
+    return names, [list(r.values()) for r in table.to_pylist()], numeric
+
+
 def render(
-    table: pa.Table,
+    table: pa.Table | Rows,
     fmt: str = "table",
     *,
     title: str | None = None,
@@ -73,7 +113,8 @@ def render(
     Parameters
     ----------
     table
-        What to print, one line or row object per row.
+        What to print, one line or row object per row: an Arrow table, or :class:`Rows`
+        (which renders without importing pyarrow).
     fmt
         ``table``, ``csv`` or ``json`` (see :data:`FORMATS`).
     title
@@ -90,27 +131,23 @@ def render(
     columns never wrap; JSON writes NaN and ±inf as ``null``.
     """
     out = out or sys.stdout
-    rows = table.to_pylist()
+    names, rows, numeric = _columns_and_rows(table)
     if fmt == "json":
-        out.write(json_text(rows) + "\n")
+        out.write(json_text([dict(zip(names, r, strict=True)) for r in rows]) + "\n")
     elif fmt == "csv":
         buf = io.StringIO()
         writer = csv.writer(buf, lineterminator="\n")
-        writer.writerow(table.column_names)
+        writer.writerow(names)
         for r in rows:
             writer.writerow(
-                [
-                    _cell(v) if isinstance(v, (bytes, dict, list)) else ("" if v is None else v)
-                    for v in r.values()
-                ]
+                [_cell(v) if isinstance(v, (bytes, dict, list)) else ("" if v is None else v) for v in r]
             )
         out.write(buf.getvalue())
     else:
-        cells = [[_cell(v) for v in r.values()] for r in rows]
+        cells = [[_cell(v) for v in r] for r in rows]
         t = Table(title=title, show_lines=False, header_style="bold")
-        for i, name in enumerate(table.column_names):
-            typ = table.schema.field(name).type
-            if pa.types.is_integer(typ) or pa.types.is_floating(typ):
+        for i, name in enumerate(names):
+            if numeric[i]:
                 # a number split over two lines reads as two numbers: never fold one; text
                 # columns fold instead, and a table wider than the terminal overflows it
                 widest = max((len(row[i]) for row in cells), default=0)

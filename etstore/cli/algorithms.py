@@ -8,7 +8,8 @@ from typing import Any
 import pyarrow as pa
 from rich.console import Console
 
-from etstore.cli._common import add_format, open_from_args, print_json, trace_from
+from etstore.cli._common import add_format, open_from_args, print_json
+from etstore.cli._inputs import trace_from
 from etstore.cli._render import render
 from etstore.collectives.check import check_algorithm
 from etstore.collectives.generators import GENERATORS, generate

@@ -8,7 +8,8 @@ from typing import Any
 
 from rich.console import Console
 
-from etstore.cli._common import add_format, open_from_args, print_json, progress, progress_to, trace_from
+from etstore.cli._common import add_format, open_from_args, print_json, progress, progress_to
+from etstore.cli._inputs import trace_from
 from etstore.cli._render import render
 from etstore.cli.topology import add_topology_options, topology_from
 from etstore.collective import COLLECTIVE_NAMES

@@ -11,7 +11,7 @@ import pyarrow as pa
 from rich.console import Console
 
 from etstore.cli._common import add_format, open_from_args, phase_step, progress
-from etstore.cli._render import recognised_line, render
+from etstore.cli._render import Rows, recognised_line, render
 from etstore.errors import OptionError
 from etstore.ingest.comm_groups import write_astra_et
 from etstore.ingest.export import EXPORT_FORMATS, export_trace
@@ -84,19 +84,19 @@ def _report_row(report: IngestReport) -> dict[str, Any]:
     }
 
 
+_LS_COLUMNS = ("name", "kind", "ranks", "ops", "deps", "missing", "messages", "parent", "created")
+"""What the ls table and CSV show of each trace (JSON shows every field of its row)."""
+
+
 def _ls(args: argparse.Namespace, console: Console) -> int:
     with open_from_args(args, read_only=True) as store:
         rows = [t.as_row() for t in store.traces()]
-    cols = ["name", "kind", "ranks", "ops", "deps", "missing", "messages", "parent", "created"]
+    # plain rows, not Arrow: the listing comes from SQLite, and converting it would load pyarrow's pandas
     if args.format == "json":
-        render(pa.Table.from_pylist(rows), "json", console=console)
+        columns = list(rows[0]) if rows else []
+        render(Rows(columns, rows), "json", console=console)
     else:
-        table = (
-            pa.Table.from_pylist([{c: r[c] for c in cols} for r in rows])
-            if rows
-            else pa.table({c: pa.array([], pa.string()) for c in cols})
-        )
-        render(table, args.format, console=console)
+        render(Rows(_LS_COLUMNS, rows), args.format, console=console)
     return 0
 
 

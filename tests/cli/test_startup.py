@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import io
 import json
 import pkgutil
 import subprocess
@@ -10,10 +11,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 
 import etstore.cli
 from etstore import __version__, store
 from etstore.cli import COMMANDS, _parser, main
+from etstore.cli._render import Rows, render
 from etstore.workloads import transformer
 
 HEAVY = ("duckdb", "pyarrow", "sqlalchemy", "sqlmodel", "ladybug", "neo4j", "plotly")
@@ -32,10 +35,10 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
-def _run(*argv: str) -> tuple[str, list[str]]:
-    """stdout of ``etstore ARGV`` (which must succeed) and the modules it loaded."""
+def _run(*argv: str, watch: tuple[str, ...] = HEAVY) -> tuple[str, list[str]]:
+    """stdout of ``etstore ARGV`` (which must succeed) and the modules of ``watch`` and the CLI it loaded."""
     done = subprocess.run(
-        [sys.executable, "-c", _PROBE.format(heavy=HEAVY), *argv],
+        [sys.executable, "-c", _PROBE.format(heavy=watch), *argv],
         capture_output=True,
         text=True,
         timeout=120,
@@ -99,11 +102,68 @@ def test_store_defaults_named_in_the_help_are_the_stores() -> None:
     assert (etstore.cli._STORE_ENV_VAR, etstore.cli._DEFAULT_STORE) == (store.ENV_VAR, store.DEFAULT_STORE)
 
 
-def test_ls_reads_the_catalog_without_the_engines_or_an_orm(tmp_path: Path) -> None:
-    with store.EmbeddedStore(tmp_path / "s") as s:
+def _small_store(path: Path) -> None:
+    with store.EmbeddedStore(path) as s:
         s.ingest(transformer(ranks=2, layers=1, tp=1), name="small")
-    out, loaded = _run("--store", str(tmp_path / "s"), "ls", "--format", "json")
+
+
+def test_ls_reads_the_catalog_without_the_engines_an_orm_or_pandas(tmp_path: Path) -> None:
+    _small_store(tmp_path / "s")
+    watch = (*HEAVY, "pandas", "numpy")
+    out, loaded = _run("--store", str(tmp_path / "s"), "ls", "--format", "json", watch=watch)
     assert [r["name"] for r in json.loads(out)] == ["small"]
-    # the listing is the catalog's (SQLite); Arrow renders it, no engine or ORM is opened for it
-    assert set(loaded) & set(HEAVY) <= {"pyarrow"}, loaded
-    assert "etstore.cli.traces" in loaded
+    # the listing is the catalog's (SQLite), rendered from plain rows: no engine, no ORM, and no
+    # Arrow conversion (pyarrow's first one imports pandas). pyarrow and numpy themselves still
+    # come with the store package (etstore.model's schemas, etstore.store.base).
+    assert set(loaded) & set(watch) <= {"pyarrow", "numpy"}, loaded
+    assert "etstore.cli.traces" in loaded and "etstore.cli._inputs" not in loaded
+    out, loaded = _run("--store", str(tmp_path / "s"), "ls", watch=watch)
+    assert "small" in out and "workload" in out
+    assert set(loaded) & set(watch) <= {"pyarrow", "numpy"}, loaded
+
+
+def test_ls_prints_what_the_arrow_rendering_printed(tmp_path: Path) -> None:
+    # the plain-rows listing is, byte for byte, what rendering the same rows through Arrow printed
+    pa = pytest.importorskip("pyarrow")
+    _small_store(tmp_path / "s")
+    with store.EmbeddedStore(tmp_path / "s") as s:
+        s.ingest(transformer(ranks=4, layers=1, tp=2), name="second")
+    with store.EmbeddedStore(tmp_path / "s", read_only=True) as s:
+        rows = [t.as_row() for t in s.traces()]
+    assert sorted(r["name"] for r in rows) == ["second", "small"]
+    cols = ["name", "kind", "ranks", "ops", "deps", "missing", "messages", "parent", "created"]
+    for fmt in ("table", "csv", "json"):
+        chosen = rows if fmt == "json" else [{c: r[c] for c in cols} for r in rows]
+        arrow, plain = io.StringIO(), io.StringIO()
+        render(pa.Table.from_pylist(chosen), fmt, out=arrow, console=Console(width=200, file=arrow))
+        render(Rows(list(chosen[0]), chosen), fmt, out=plain, console=Console(width=200, file=plain))
+        assert plain.getvalue() == arrow.getvalue(), fmt
+        out, _ = _run("--store", str(tmp_path / "s"), "ls", "--format", fmt)
+        if fmt != "table":  # the table's width is the probe's terminal's
+            assert out == plain.getvalue(), fmt
+    # an empty store: the header alone, as the empty Arrow table of strings printed it
+    arrow, plain = io.StringIO(), io.StringIO()
+    render(pa.table({c: pa.array([], pa.string()) for c in cols}), "csv", out=arrow)
+    render(Rows(cols, []), "csv", out=plain)
+    assert plain.getvalue() == arrow.getvalue() == ",".join(cols) + "\n"
+
+
+def test_plain_rows_align_numbers_right_and_text_left() -> None:
+    buf = io.StringIO()
+    rows = [
+        {"n": 7, "x": 1.5, "flag": True, "s": "a", "none": None},
+        {"n": 12345, "x": None, "flag": False, "s": "bb", "none": None},
+    ]
+    render(Rows(["n", "x", "flag", "s", "none"], rows), "table", console=Console(width=80, file=buf))
+    lines = buf.getvalue().splitlines()
+    first = next(line for line in lines if " a " in line)
+    raw = first.split("│")[1:-1]
+    assert [c.strip() for c in raw] == ["7", "1.5", "True", "a", ""]
+    # n and x right-aligned (numbers), flag and s left-aligned (bools and text are not numbers)
+    assert raw[0] == "     7 " and raw[1] == " 1.5 " and raw[2] == " True  " and raw[3] == " a  "
+    # as Arrow's types (int64, double, bool, string, null) laid the same rows out
+    arrow = io.StringIO()
+    render(
+        pytest.importorskip("pyarrow").Table.from_pylist(rows), "table", console=Console(width=80, file=arrow)
+    )
+    assert buf.getvalue() == arrow.getvalue()

@@ -1,0 +1,48 @@
+"""A command's trace argument: a stored trace's name, or a file or directory to read.
+
+Apart from :mod:`etstore.cli._common` so that commands which read no files (``ls``,
+``rm``, ``topo``...) do not import every reader of :mod:`etstore.ingest`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from etstore.ingest import read_trace
+from etstore.model import Trace
+from etstore.store import Store
+
+__all__ = ["trace_from"]
+
+
+def trace_from(store: Store, spec: str) -> Trace:
+    """A stored trace by name, or, when ``spec`` names an existing file or directory, read it.
+
+    Parameters
+    ----------
+    store
+        The open store whose names are looked up first.
+    spec
+        A stored trace's name, or a path, glob or ``<dir>/<prefix>`` of trace files.
+
+    Returns
+    -------
+    Trace
+        The stored trace, or the one read from the files.
+
+    Raises
+    ------
+    UnknownTraceError
+        ``spec`` is neither stored nor a path (the message names what is stored).
+    TraceFormatError
+        The files cannot be read as a trace.
+
+    Notes
+    -----
+    One catalog listing, then one load or one read.
+    """
+    if spec in {t.name for t in store.traces()}:
+        return store.load(spec)
+    if Path(spec).exists() or "/" in spec or any(ch in spec for ch in "*?["):
+        return read_trace(spec)
+    return store.load(spec)  # raises UnknownTraceError naming what is stored
