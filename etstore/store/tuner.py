@@ -17,17 +17,19 @@ from __future__ import annotations
 import logging
 from contextlib import suppress
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from etstore.collective import short_name
 from etstore.errors import EtstoreError, QueryError, StoreError, UnknownTraceError
-from etstore.ingest.tuner import TunerLog
 from etstore.store._identity import choose_name
 from etstore.store.base import Store
 from etstore.store.warehouse import Warehouse
+
+if TYPE_CHECKING:  # the parsed log's type only: listing a store need not load the readers
+    from etstore.ingest.tuner import TunerLog
 
 __all__ = [
     "TUNER_STEP_NODE_DDL",
