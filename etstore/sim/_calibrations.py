@@ -18,7 +18,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import pyarrow as pa
 
-from etstore.errors import OptionError, StoreError, UnknownTraceError
+from etstore.errors import OptionError, UnknownTraceError
 from etstore.sim.config import SimConfig, collective_name
 from etstore.sim.result import busbw_factor
 from etstore.store.warehouse import Warehouse
@@ -271,7 +271,9 @@ def record_calibration(warehouse: Warehouse, cal: Calibration, *, name: str | No
     O(sizes): one row and one columnar insert, in one transaction.
     """
     with warehouse.transaction():
-        chosen = _free_name(warehouse, name or f"{cal.run}-{cal.algorithm}", explicit=name is not None)
+        wanted = name or f"{cal.run}-{cal.algorithm}"
+        clash = f"calibration {wanted!r} already exists; choose another name"
+        chosen = warehouse.unused_name("calibrations", wanted, explicit=name is not None, clash=clash)
         cid = warehouse.next_id("calibrations", "calibration_id")
         summary = cal.summary()
         row = {
@@ -301,25 +303,6 @@ def record_calibration(warehouse: Warehouse, cal: Calibration, *, name: str | No
         warehouse.append("calibration_points", pts)
     log.debug("stored calibration %s (%d sizes): %s", chosen, len(cal.size_bytes), cal.spec)
     return replace(cal, name=chosen, calibration_id=cid)
-
-
-def _free_name(warehouse: Warehouse, wanted: str, *, explicit: bool) -> str:
-    """``wanted`` if free, else (default names only) the first free ``wanted-k``."""
-    taken = set(
-        warehouse.query(
-            "SELECT name FROM calibrations WHERE name = $n OR name LIKE $p", {"n": wanted, "p": f"{wanted}-%"}
-        )
-        .to_arrow()["name"]
-        .to_pylist()
-    )
-    if wanted not in taken:
-        return wanted
-    if explicit:
-        raise StoreError(f"calibration {wanted!r} already exists; choose another name")
-    k = 2
-    while f"{wanted}-{k}" in taken:
-        k += 1
-    return f"{wanted}-{k}"
 
 
 def load_calibration(warehouse: Warehouse, name: str) -> StoredCalibration:

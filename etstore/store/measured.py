@@ -15,7 +15,6 @@ from typing import Any
 
 import pyarrow as pa
 
-from etstore.errors import StoreError
 from etstore.ingest.nccl_tests import NcclTestsLog
 from etstore.store.warehouse import Warehouse
 
@@ -90,33 +89,15 @@ def store_measured_run(
         ).to_arrow()
         if found.num_rows:
             return _report(parsed, int(found["run_id"][0].as_py()), str(found["name"][0].as_py()), False)
-        chosen = _free_name(warehouse, name or parsed.name, explicit=name is not None)
+        wanted = name or parsed.name
+        clash = f"measured run {wanted!r} already holds another log; choose another name"
+        chosen = warehouse.unused_name("measured_runs", wanted, explicit=name is not None, clash=clash)
         run_id = warehouse.next_id("measured_runs", "run_id")
         row = {**parsed.run_row(), "name": chosen, "run_id": run_id}
         warehouse.append("measured_runs", pa.Table.from_pylist([row]))
         warehouse.append("measurements", _measurement_rows(parsed, run_id))
     log.debug("stored measured run %s (%d rows) from %s", chosen, parsed.measurements.num_rows, parsed.source)
     return _report(parsed, run_id, chosen, True)
-
-
-def _free_name(warehouse: Warehouse, wanted: str, *, explicit: bool) -> str:
-    """``wanted`` if no measured run holds it, else (default names only) the first free ``wanted-k``."""
-    taken = set(
-        warehouse.query(
-            "SELECT name FROM measured_runs WHERE name = $n OR name LIKE $p",
-            {"n": wanted, "p": f"{wanted}-%"},
-        )
-        .to_arrow()["name"]
-        .to_pylist()
-    )
-    if wanted not in taken:
-        return wanted
-    if explicit:
-        raise StoreError(f"measured run {wanted!r} already holds another log; choose another name")
-    k = 2
-    while f"{wanted}-{k}" in taken:
-        k += 1
-    return f"{wanted}-{k}"
 
 
 def _measurement_rows(parsed: NcclTestsLog, run_id: int) -> pa.Table:

@@ -24,7 +24,6 @@ import pyarrow.compute as pc
 
 from etstore.collective import short_name
 from etstore.errors import EtstoreError, QueryError, StoreError, UnknownTraceError
-from etstore.store._identity import choose_name
 from etstore.store.base import Store
 from etstore.store.warehouse import Warehouse
 
@@ -152,7 +151,9 @@ def store_tuner_run(store: Store, parsed: TunerLog, *, name: str | None = None) 
                     int(row["linked"]),
                     parsed.source,
                 )
-            chosen = _free_name(warehouse, name or parsed.name, explicit=name is not None)
+            wanted = name or parsed.name
+            clash = f"tuner run {wanted!r} already holds another file; choose another name"
+            chosen = warehouse.unused_name("tuner_runs", wanted, explicit=name is not None, clash=clash)
             run_id = warehouse.next_id("tuner_runs", "run_id")
             steps = link_steps(warehouse, parsed.steps)
             linked = steps.num_rows - steps["trace"].null_count
@@ -277,21 +278,6 @@ SELECT coalesce(n.trace, m.trace) AS trace,
 FROM _etstore_tuner_probe p LEFT JOIN by_name n USING (step) LEFT JOIN by_match m USING (step)
 ORDER BY p.step
 """
-
-
-def _free_name(warehouse: Warehouse, wanted: str, *, explicit: bool) -> str:
-    """``wanted``, or (default names only) the first free ``wanted-k``, among tuner runs."""
-    taken = warehouse.query(
-        "SELECT name, run_id FROM tuner_runs WHERE name = $n OR name LIKE $p",
-        {"n": wanted, "p": f"{wanted}-%"},
-    ).to_pylist()
-    try:
-        chosen, _ = choose_name(
-            {str(r["name"]): int(r["run_id"]) for r in taken}, wanted, explicit=explicit, seq=None
-        )
-    except StoreError as exc:
-        raise StoreError(f"tuner run {wanted!r} already holds another file; choose another name") from exc
-    return chosen
 
 
 def _with_run(steps: pa.Table, run_id: int) -> pa.Table:

@@ -40,6 +40,7 @@ import pyarrow as pa
 
 from etstore.errors import QueryError, StoreError
 from etstore.model import DEPS_SCHEMA, OPS_SCHEMA
+from etstore.store._identity import choose_name
 from etstore.store.result import Result
 
 if TYPE_CHECKING:
@@ -535,6 +536,26 @@ class Warehouse:
             The table or column does not exist.
         """
         return int(self.query(f"SELECT coalesce(max({_ident(column)}), 0) + 1 FROM {_ident(table)}").scalar())
+
+    def unused_name(self, table: str, wanted: str, *, explicit: bool, clash: str) -> str:
+        """A name for a new row of ``table`` (a ``name`` column): ``wanted`` when no row holds
+        it, else, for a default name, the first free ``wanted-2``, ``wanted-3``, ... as for
+        traces (:func:`etstore.store._identity.choose_name`).
+
+        Raises
+        ------
+        StoreError
+            ``clash``, when ``explicit`` and a row already holds ``wanted``.
+        """
+        taken = self.query(
+            f"SELECT name FROM {_ident(table)} WHERE name = $n OR name LIKE $p",
+            {"n": wanted, "p": f"{wanted}-%"},
+        ).to_arrow()["name"]
+        held = {str(n): 0 for n in taken.to_pylist()}
+        try:
+            return choose_name(held, wanted, explicit=explicit, seq=None)[0]
+        except StoreError as exc:
+            raise StoreError(clash) from exc
 
     @contextmanager
     def transaction(self) -> Iterator[None]:
