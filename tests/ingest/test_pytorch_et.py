@@ -89,12 +89,6 @@ _CACHE: dict[str, Trace] = {}
 
 
 @pytest.fixture
-def pt(shared_fixture: Any) -> Path:
-    """The PyTorch traces under ../shared/fixtures (skips when absent)."""
-    return shared_fixture("pytorch")
-
-
-@pytest.fixture
 def dlrm(pt: Path) -> Trace:
     """The 8-rank DLRM ET, read once per session (reading is the slow part)."""
     if "dlrm" not in _CACHE:

@@ -32,12 +32,6 @@ def _load(path: Path) -> dict[str, Any]:
 
 
 @pytest.fixture
-def pt(shared_fixture: Any) -> Path:
-    """The PyTorch traces under ../shared/fixtures (skips when absent)."""
-    return shared_fixture("pytorch")
-
-
-@pytest.fixture
 def dlrm(pt: Path) -> Trace:
     """The 8-rank DLRM ET linked with its Kineto traces, read once."""
     if "dlrm" not in _CACHE:
