@@ -30,6 +30,7 @@ FLOORS: tuple[tuple[float, str], ...] = (
     (1, "etstore.errors"),
     (1, "etstore.units"),
     (1, "etstore.collective"),
+    (1, "etstore.progress"),
     (2, "etstore.model"),
     (2, "etstore.topology"),
     (2, "etstore.ir"),

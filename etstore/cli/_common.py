@@ -16,7 +16,7 @@ import signal
 import sys
 import threading
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from types import FrameType
 from typing import Any
@@ -33,6 +33,7 @@ from rich.progress import (
 
 from etstore.cli._render import FORMATS, json_text
 from etstore.errors import OptionError
+from etstore.progress import ProgressFn
 from etstore.store import EmbeddedStore, Store, open_store
 
 __all__ = [
@@ -174,7 +175,7 @@ def progress(console: Console) -> Any:
     )
 
 
-def phase_step(bar: Any, label: str) -> Callable[[str, int, int], None]:
+def phase_step(bar: Any, label: str) -> ProgressFn:
     """A library progress callback ``(phase, done, total)`` drawing one task of ``bar``.
 
     Each new phase restarts the task, so the ETA is the current phase's (phases have
@@ -193,7 +194,7 @@ def phase_step(bar: Any, label: str) -> Callable[[str, int, int], None]:
 
 
 @contextmanager
-def progress_to(console: Console, label: str) -> Iterator[Callable[[str, int, int], None] | None]:
+def progress_to(console: Console, label: str) -> Iterator[ProgressFn | None]:
     """``with progress_to(console, "simulate x") as step:`` a :func:`phase_step` callback
     drawing on a live bar, or None when :func:`progress` draws nothing."""
     bar = progress(console)

@@ -21,7 +21,7 @@ per-instance summary (here). Storing an expansion is :mod:`etstore.collectives.s
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,6 +38,7 @@ from etstore.collectives.generators import generate
 from etstore.collectives.specs import AlgorithmSpec, algorithms_by_type, parse_by_type, parse_generator
 from etstore.errors import EtstoreError, ExpansionError, OptionError
 from etstore.model import Trace, content_hash
+from etstore.progress import ProgressFn
 
 __all__ = [
     "EXPANDED_SCHEMA",
@@ -52,7 +53,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-ProgressFn = Callable[[str, int, int], None]  # (phase, done, total), as etstore.store.base.ProgressFn
 
 LINEAGE_SCHEMA = pa.schema([("rank", pa.int32()), ("id", pa.uint64()), ("parent_id", pa.uint64())])
 EXPANDED_SCHEMA = pa.schema(

@@ -15,8 +15,8 @@ from etstore.collectives.expand import Expansion, expand
 from etstore.collectives.specs import parse_generator
 from etstore.errors import OptionError
 from etstore.model import Trace
+from etstore.progress import ProgressFn
 from etstore.store import IngestReport, Store
-from etstore.store.base import ProgressFn
 
 __all__ = ["StoredExpansion", "expand_stored", "resolve_algorithm"]
 

@@ -53,13 +53,13 @@ from etstore.collectives._synth_schedule import Flow, Schedule, assemble, flow, 
 from etstore.collectives._synth_trace import build_trace
 from etstore.errors import UnsatisfiableError
 from etstore.model import Trace
+from etstore.progress import ProgressFn
 from etstore.topology import Topology, parse_topology
 
 __all__ = ["COLLECTIVES", "Schedule", "SynthResult", "synthesize"]
 
 log = logging.getLogger(__name__)
 
-ProgressFn = Callable[[str, int, int], None]  # (phase, done, total), as etstore.store.base.ProgressFn
 
 COLLECTIVES = ALGORITHM_COLLECTIVES  # synthesis covers every collective an algorithm can implement
 

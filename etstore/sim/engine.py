@@ -39,10 +39,11 @@ from __future__ import annotations
 import gc
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 from etstore.errors import TemplateError
 from etstore.model import Trace
+from etstore.progress import ProgressFn
 from etstore.sim._algorithms import Algorithms, AlgorithmSpec
 from etstore.sim._build import build, loop_inputs
 from etstore.sim._loop import run_loop
@@ -56,8 +57,6 @@ from etstore.topology import Topology
 __all__ = ["simulate"]
 
 log = logging.getLogger(__name__)
-
-ProgressFn = Callable[[str, int, int], None]  # (phase, done, total), as etstore.store.base.ProgressFn
 
 
 def simulate(

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol, runtime_checkable
@@ -13,6 +13,7 @@ import pyarrow.compute as pc
 
 from etstore.errors import StoreError
 from etstore.model import DepKind, Trace, TraceKind
+from etstore.progress import ProgressFn
 from etstore.store.result import Result
 from etstore.store.warehouse import Warehouse
 
@@ -70,9 +71,6 @@ class IngestReport:
     unmatched_sends: int = 0
     unmatched_recvs: int = 0
     seconds: float = 0.0
-
-
-ProgressFn = Callable[[str, int, int], None]  # (stage, done, total)
 
 
 def checked_kind(trace: Trace) -> TraceKind:
