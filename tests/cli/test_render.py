@@ -165,7 +165,8 @@ def test_ctrl_c_in_main_is_one_line(tmp_path: Path) -> None:
     code = (
         "import os, signal, sys, threading; from etstore.cli import main; "
         "threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGINT)).start(); "
-        f"sys.exit(main(['--store', {str(tmp_path / 's')!r}, 'topo', 'show', 'torus3d:48x48x48']))"
+        f"sys.exit(main(['--store', {str(tmp_path / 's')!r}, 'sweep', '--coll', 'allreduce', "
+        "'--sizes', '1KiB..1GiB:2', '--algo', 'ring,direct', '--topo', 'mesh2d:8x8', '--no-record']))"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert (done.returncode, done.stdout, done.stderr) == (130, "", "etstore: interrupted\n")
@@ -175,7 +176,10 @@ def test_ctrl_c_in_main_is_one_line(tmp_path: Path) -> None:
 @pytest.mark.skipif(not _SCRIPT.exists(), reason="the etstore console script is not beside this Python")
 @pytest.mark.parametrize("delay_s", [0.0, 0.05, 0.2, 0.5])
 def test_ctrl_c_in_the_first_half_second(tmp_path: Path, delay_s: float) -> None:
-    # the real console script, interrupted while importing (0, 0.05 s) or working
-    argv = [sys.executable, str(_SCRIPT), "--store", str(tmp_path / "s"), "topo", "show", "torus3d:48x48x48"]
+    # the real console script, interrupted while importing (0, 0.05 s) or working: a sweep
+    # that takes seconds, so the signal never lands after the work is done (a quiet machine
+    # describes torus3d:48x48x48 within half a second of loading numpy)
+    argv = [sys.executable, str(_SCRIPT), "--store", str(tmp_path / "s"), "sweep", "--coll", "allreduce"]
+    argv += ["--sizes", "1KiB..1GiB:2", "--algo", "ring,direct", "--topo", "mesh2d:8x8", "--no-record"]
     done = _interrupt(argv, delay_s)
     assert (done.returncode, done.stderr) == (130, "etstore: interrupted\n")
