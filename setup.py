@@ -24,7 +24,8 @@ setup(
         ),
         Extension(
             "etstore.sim._simloop",
-            sources=["etstore/sim/_simloop.c"],
+            sources=["etstore/sim/_simloop.c", "etstore/sim/_simdefer.c"],
+            depends=["etstore/sim/_simloop.h"],
             optional=True,
         ),
     ]

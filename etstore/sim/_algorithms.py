@@ -94,12 +94,16 @@ class Algorithms:
         label = self.label(spec)
         self.labels[str(coll)] = label
         n = len(group)
+        # a native collective of every NPU in order runs on the network's dimensions; any
+        # other group runs one ring of its members, the same template whoever they are
+        whole = n == self.num_npus and group == tuple(range(n))
         key = (
             coll,
             label,
             id(spec) if not isinstance(spec, str) else 0,
             size,
-            group if spec == "native" else n,
+            n,
+            whole if spec == "native" else False,
         )
         if key in self.cache:
             return self.cache[key], label
@@ -112,7 +116,6 @@ class Algorithms:
         elif isinstance(spec, str) and spec == "native":
             # a group of every NPU runs on the network's dimensions; a smaller one is a
             # single "local" ring of its members, as ASTRA-sim's communicator groups are
-            whole = n == self.num_npus and group == tuple(range(n))
             dims = self.topo_dims if whole else (n,)
             t = native_template(  # ConfigError names the implementation ASTRA-sim cannot run
                 coll,

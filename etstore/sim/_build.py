@@ -24,6 +24,7 @@ from etstore.dag import generations
 from etstore.model import Trace
 from etstore.sim import _templates as tpl
 from etstore.sim._algorithms import Algorithms, CollectiveInstance, check_complete, collective_instances
+from etstore.sim._defer import Deferred
 from etstore.sim._holds import collective_holds, recorded_blocks, rewire_holds
 from etstore.sim._kinds import (
     K_COLL,
@@ -88,6 +89,8 @@ class Built:
     hold_acq: np.ndarray  # rows that take the comm slot for an expanded collective's block (_holds)
     hold_rel: np.ndarray  # rows that give it back, same order
     hold_key: np.ndarray  # per block: (rank << 40) | id of the collective node it replaced, uint64
+    deferred: Deferred | None  # instances the loop expands as they start (their joins are rows here)
+    join_indeg: np.ndarray  # per row: in-edges from deferred sub-ops (a join waits for its rank's sinks)
 
 
 @dataclass(frozen=True, eq=False)
@@ -332,6 +335,33 @@ def _expand_node(
     return join
 
 
+def _defer_node(
+    plan: _Plan, deferred: Deferred, t: tpl.Template, grp: np.ndarray, rows: list[int], rank: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Joins for one instance the loop expands as it starts; returns (rows, their joins).
+
+    A rank whose part is empty gets an edge from its collective op to its join, as the
+    full expansion gives it; every other join waits for its part's sinks (counted in
+    ``join_indeg`` by the caller).
+    """
+    pos_of = {int(r): p for p, r in enumerate(grp)}
+    by_p = np.empty(len(grp), dtype=np.int64)
+    for row in rows:
+        by_p[pos_of[int(rank[row])]] = row
+    first = plan.add(
+        kind=np.full(len(grp), K_JOIN),
+        dur=np.zeros(len(grp)),
+        rank=rank[by_p],
+        owner=by_p,
+        local=np.full(len(grp), -1),
+    )
+    joins = first + np.arange(len(grp), dtype=np.int64)
+    empty = np.diff(t.starts) == 0
+    plan.edges(by_p[empty], joins[empty])
+    deferred.add(t, grp, by_p, joins)
+    return by_p, joins
+
+
 def _expand_collectives(
     trace: Trace,
     plan: _Plan,
@@ -339,9 +369,12 @@ def _expand_collectives(
     instances: list[CollectiveInstance],
     algos: Algorithms,
     config: SimConfig,
-) -> np.ndarray:
-    """Expand every instance into its ranks' sub-ops (or mark it replayed); returns ``join_of``."""
+    deferred: Deferred | None,
+) -> tuple[np.ndarray, list[tuple[np.ndarray, np.ndarray]]]:
+    """Expand every instance into its ranks' sub-ops, or leave it to the loop (``deferred``), or
+    mark it replayed; returns ``join_of`` and, for deferred instances, (joins, sinks per join)."""
     join_of = np.full(len(ops.rank), -1, dtype=np.int64)
+    waits: list[tuple[np.ndarray, np.ndarray]] = []
     kind, dur, rank = ops.kind, ops.dur, ops.rank
     unit = config.duration_unit_ns
     for idx, inst in enumerate(instances):
@@ -354,6 +387,14 @@ def _expand_collectives(
                 dur[row] = np.floor(ops.durm[row] * unit) if config.integer_ns else ops.durm[row] * unit
             continue
         grp = np.asarray(inst.group, dtype=np.int64)
+        if deferred is not None and t.starts[-1] > 0:
+            rows, joins = _defer_node(plan, deferred, t, grp, inst.rows, rank)
+            join_of[rows] = joins
+            kind[rows] = K_COLL
+            dur[rows] = 0.0
+            part = np.repeat(np.arange(t.n), np.diff(t.starts))
+            waits.append((joins, np.bincount(part[t.sink], minlength=t.n)))
+            continue
         pos_of = {int(r): p for p, r in enumerate(grp)}
         tag_base = SUB_TAG_BASE + idx * (t.num_tags + 1)
         for row in inst.rows:
@@ -361,7 +402,7 @@ def _expand_collectives(
             join_of[row] = _expand_node(plan, t, pos_of[r], row, r, grp, tag_base)
             kind[row] = K_COLL
             dur[row] = 0.0
-    return join_of
+    return join_of, waits
 
 
 def _hold_slots(
@@ -405,8 +446,13 @@ def build(
     config: SimConfig,
     algos: Algorithms,
     groups: Mapping[str, Sequence[int]] | None,
+    *,
+    defer: bool = False,
 ) -> Built:
     """Flatten trace + expanded collectives into the loop's arrays.
+
+    With ``defer`` (the native loop), collectives run by a template are left for the
+    loop to expand as they start (:mod:`._defer`): only their joins become rows here.
 
     Raises
     ------
@@ -435,7 +481,8 @@ def build(
         instances = collective_instances(
             trace, ops.is_coll, ops.rank, ops.ids, ops.csize, ops.all_ranks, groups
         )
-    join_of = _expand_collectives(trace, plan, ops, instances, algos, config)
+    deferred = Deferred() if defer else None
+    join_of, waits = _expand_collectives(trace, plan, ops, instances, algos, config, deferred)
     es, ed, hold_acq, hold_rel, hold_key = _hold_slots(trace, plan, ops, es, ed)
     # trace edges leave a collective from its join
     if len(es):
@@ -445,6 +492,9 @@ def build(
     arrays = plan.arrays()
     arrays["kind"][:n0] = ops.kind
     arrays["dur"][:n0] = ops.dur
+    join_indeg = np.zeros(plan.count, dtype=np.int64)
+    for joins, sinks in waits:
+        join_indeg[joins] = sinks
     return Built(
         arrays=arrays,
         esrc=np.concatenate(plan.esrc) if plan.esrc else np.zeros(0, np.int64),
@@ -460,6 +510,8 @@ def build(
         hold_acq=hold_acq,
         hold_rel=hold_rel,
         hold_key=hold_key,
+        deferred=deferred if deferred is not None and deferred.count else None,
+        join_indeg=join_indeg,
     )
 
 
@@ -556,6 +608,7 @@ def loop_inputs(built: Built, config: SimConfig) -> LoopInputs:
     tag = a["tag"].astype(np.int64)
     size = a["size"].astype(np.int64)
     succ, ptr, indeg = _successors(built.esrc, built.edst, n)
+    indeg = indeg + built.join_indeg
     acq, rel, free = _slots(built, kind, rank, config)
     msrc, mdst, mkey = _message_keys(kind, rank, peer, tag, size, config)
     # ASTRA-sim issues a rank's dependency-free nodes in ascending node id; ids are uint64,

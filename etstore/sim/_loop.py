@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from etstore.sim._build import LoopInputs
+from etstore.sim._defer import Deferred, PairTotals
 from etstore.sim._kinds import K_RECV, K_SEND
 from etstore.sim.config import SimConfig
 from etstore.sim.network import Network
@@ -29,7 +30,7 @@ try:  # the optional native loop (setup.py); _run below stays the reference and 
 except ImportError:  # pragma: no cover - depends on the build
     _simloop = None
 
-__all__ = ["LoopOutput", "LoopProgress", "locality_order", "run_loop"]
+__all__ = ["LoopOutput", "LoopProgress", "locality_order", "native_loop", "run_loop"]
 
 LoopProgress = Callable[[int, int], None]
 """``progress(done, total)``: ops finished of the ops the loop replays."""
@@ -51,6 +52,14 @@ class LoopOutput:
     lbytes: np.ndarray
     lmsgs: np.ndarray
     loop_s: float  # CPU seconds of the loop
+    pairs: PairTotals | None = None  # deferred collectives: their messages per NPU pair
+    sub_ops: int = 0  # deferred collectives: sub-ops made, and most alive at once
+    peak_sub_ops: int = 0
+
+
+def native_loop() -> bool:
+    """Whether the C loop is built (and so collectives can be expanded as they start)."""
+    return _simloop is not None
 
 
 def _run(
@@ -333,8 +342,11 @@ def _run_native(
     net: Network,
     config: SimConfig,
     progress: LoopProgress | None = None,
+    deferred: tuple[object, ...] | None = None,
 ) -> tuple[dict[str, Any], float]:
     """The C loop (``_simloop.run``) on the same renumbered inputs as :func:`_run_lists`, same output.
+
+    ``deferred`` (:meth:`Deferred.spec`) hands it the collectives to expand as they start.
 
     Successors stay CSR (each op's list in its original order, which fixes the order
     ready ops are scheduled in); the routing table is the network's ``[dst, src]`` array.
@@ -395,11 +407,10 @@ def _run_native(
         float(config.message_overhead_ns),
         i64("prio"),
         net.hops == "cut-through",
+        deferred,
     )
-    if progress is None:
-        events, t, send_q, recv_q, waitq = _simloop.run(*args)
-    else:
-        events, t, send_q, recv_q, waitq = _run_watched(args, end, progress)
+    ret = _simloop.run(*args) if progress is None else _run_watched(args, end, progress)
+    events, t, send_q, recv_q, waitq = ret[:5]
     loop_s = time.process_time() - t_loop
     out = {
         "start": start,
@@ -414,6 +425,8 @@ def _run_native(
         "lbytes": lbytes,
         "lmsgs": lmsgs,
     }
+    if deferred is not None:
+        out["sub_ops"], out["peak_sub_ops"], out["pairs"] = ret[5]
     return out, loop_s
 
 
@@ -468,7 +481,7 @@ def locality_order(rank: np.ndarray, owner: np.ndarray, n0: int) -> np.ndarray:
 
 
 def _message_model(
-    inp: LoopInputs, net: Network, config: SimConfig, aware: bool, native: bool
+    inp: LoopInputs, net: Network, config: SimConfig, aware: bool, native: bool, deferred: Deferred | None
 ) -> tuple[np.ndarray, list[list[int] | None]]:
     """(mt, hop): per-send network time (congestion-unaware), or the routes the aware loop walks.
 
@@ -478,6 +491,8 @@ def _message_model(
     sends = np.flatnonzero(inp.kind == K_SEND)
     mt = np.zeros(len(inp.kind))
     hop: list[list[int] | None] = []
+    if aware and deferred is not None:  # the routes the deferred sub-ops' messages take too
+        net.prepare_hops(deferred.destinations())
     if len(sends):
         mdst = inp.mdst[sends]
         if aware and native:
@@ -496,9 +511,17 @@ def _message_model(
 
 
 def run_loop(
-    inp: LoopInputs, net: Network, config: SimConfig, n0: int, progress: LoopProgress | None = None
+    inp: LoopInputs,
+    net: Network,
+    config: SimConfig,
+    n0: int,
+    progress: LoopProgress | None = None,
+    deferred: Deferred | None = None,
 ) -> LoopOutput:
     """Replay the ops of ``inp`` (the first ``n0`` are the trace's) and return when each ended.
+
+    ``deferred`` collectives (native loop only) are expanded by the loop as they start;
+    their messages come back summed per NPU pair (:attr:`LoopOutput.pairs`).
 
     ``progress(done, total)``, when given, is called on the caller's thread with the ops
     finished so far, about every 0.1 s (native loop; the Python loop reports its end only).
@@ -510,7 +533,9 @@ def run_loop(
     """
     aware = config.congestion == "aware"
     native = _simloop is not None
-    mt, hop = _message_model(inp, net, config, aware, native)
+    if deferred is not None and not native:
+        raise RuntimeError("collectives expanded as they start need the native loop")
+    mt, hop = _message_model(inp, net, config, aware, native, deferred)
     n = len(inp.kind)
     cur = np.where(inp.kind == K_SEND, inp.rank, 0)
     # Renumber ops so that ops likely to run at about the same time sit next to each other
@@ -532,8 +557,16 @@ def run_loop(
         "size": inp.size,
         "prio": inp.prio,
     }
-    run = _run_native if native else _run_lists
-    out, loop_s = run(perm, inv, inp.succ, inp.ptr, cols, list(inp.free), aware, hop, net, config, progress)
+    if deferred is not None:
+        spec = deferred.spec(n, perm, inv, net, config, aware)
+        out, loop_s = _run_native(
+            perm, inv, inp.succ, inp.ptr, cols, list(inp.free), aware, hop, net, config, progress, spec
+        )
+    else:
+        run = _run_native if native else _run_lists
+        args = (perm, inv, inp.succ, inp.ptr, cols, list(inp.free), aware, hop, net, config, progress)
+        out, loop_s = run(*args)
+    pairs = PairTotals.from_loop(out["pairs"], net.num_nodes) if deferred is not None else None
     for key in ("end", "start", "indeg"):
         out[key] = np.asarray(out[key])[inv]
     send_q: dict[int, list[int]] = {}
@@ -546,9 +579,12 @@ def run_loop(
     lbusy, lbytes, lmsgs = out["lbusy"], out["lbytes"], out["lmsgs"]
     if aware:  # per topology link (the aware graph may add switch ports)
         sends = np.flatnonzero(inp.kind == K_SEND)
-        lbusy, lbytes, lmsgs = net.link_counters(
-            lbusy, lbytes, lmsgs, inp.msrc[sends], inp.mdst[sends], inp.size[sends]
-        )
+        src, dst, nbytes = inp.msrc[sends], inp.mdst[sends], inp.size[sends]
+        count = np.ones(len(sends), np.int64)
+        if pairs is not None:
+            src, dst = np.concatenate([src, pairs.src]), np.concatenate([dst, pairs.dst])
+            nbytes, count = np.concatenate([nbytes, pairs.nbytes]), np.concatenate([count, pairs.count])
+        lbusy, lbytes, lmsgs = net.link_counters(lbusy, lbytes, lmsgs, src, dst, nbytes, count)
     return LoopOutput(
         start=out["start"],
         end=out["end"],
@@ -562,4 +598,7 @@ def run_loop(
         lbytes=np.asarray(lbytes, dtype=np.float64),
         lmsgs=np.asarray(lmsgs, dtype=np.int64),
         loop_s=loop_s,
+        pairs=pairs,
+        sub_ops=int(out.get("sub_ops", 0)),
+        peak_sub_ops=int(out.get("peak_sub_ops", 0)),
     )

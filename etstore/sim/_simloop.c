@@ -39,29 +39,13 @@
  * The loop runs without the GIL: it only touches the input buffers and malloc'd
  * memory. Input errors raise ValueError before the loop starts.
  */
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
+#include "_simloop.h"
 
 #include <math.h>
-#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
-/* op kinds, as K_* in etstore/sim/_kinds.py */
-enum { K_COMP, K_CPU, K_SEND, K_RECV, K_COLL, K_JOIN, K_DELAY, K_MEM };
-
 /* ------------------------------------------------------------------ heap */
-
-typedef struct {
-    double t;     /* when */
-    uint64_t seq; /* insertion order: ties at one time run first-scheduled first */
-    int64_t x;    /* >= 0: op x finishes; < 0: message of send ~x moves (hop or arrival) */
-} Item;
-
-typedef struct {
-    Item *a;
-    Py_ssize_t len, cap;
-} Heap;
 
 static inline int item_less(const Item *p, const Item *q)
 {
@@ -107,42 +91,6 @@ static Item heap_pop(Heap *h)
 }
 
 /* ------------------------------------------------------------------ state */
-
-typedef struct {
-    Py_ssize_t n, nres, nl, nn, nkeys;
-    /* inputs (read-only) */
-    const int64_t *kind, *sptr, *succ, *acq, *rel, *mkey, *dstn, *ldst;
-    const double *dur, *mt, *size, *llat, *lbw;
-    const int64_t *prio; /* issue order among ops waiting for one slot */
-    const int32_t *hop;  /* [dst * nn + src] -> next link, or NULL when congestion-unaware */
-    int aware, integer_ns;
-    int cut_through; /* congestion-aware hops: 0 store-and-forward, 1 cut-through */
-    double overhead;
-    /* inputs updated in place */
-    int64_t *indeg, *cur, *lmsgs;
-    double *free_, *start, *end, *lfree, *lbusy, *lbytes;
-    /* loop state */
-    int64_t *partner, *qnext;
-    int64_t *dkey, *keyval; /* dense message key per op (-1: none) and its mkey */
-    uint8_t *arrived;
-    double *tail; /* cut-through: when each message's last byte reaches its current node */
-    int64_t *whead, *wtail;                 /* slot ready queues, per resource, sorted by (prio, op) */
-    uint8_t *touched;                       /* per resource: in `dirty` */
-    int64_t *dirty, ndirty;                 /* resources to hand out after the running item */
-    int64_t *shead, *stail, *sorder;        /* sends waiting for a receive, per dense key */
-    int64_t *rhead, *rtail, *rorder;        /* receives waiting for a send, per dense key */
-    int64_t screated, rcreated;             /* creation counters: dict order of the reference */
-    int64_t *items, nitems, items_cap;      /* the running round */
-    Heap heap;
-    uint64_t seq;
-    double t;
-    int64_t events;
-    /* error raised after the loop, with the GIL */
-    int err;
-    int64_t err_u, err_d;
-} Loop;
-
-enum { ERR_NONE, ERR_MEMORY, ERR_ROUTE };
 
 /* FIFO list append / pop (matching queues and FIFO wait queues). */
 static inline void fifo_push(Loop *s, int64_t *head, int64_t *tail, int64_t key, int64_t j)
@@ -206,39 +154,42 @@ static inline int schedule(Loop *s, double t2, int64_t x)
     return 0;
 }
 
-/* Op j starts at time t: match its message, schedule its end (or its message's first move). */
+/* Op j starts at time t: match its message, schedule its end (or its message's first move).
+ * A deferred collective's send is matched here or by a later receive: its part may then go. */
 static int begin_op(Loop *s, int64_t j, double t)
 {
-    int64_t k = s->kind[j];
+    int64_t k = op_kind(s, j);
     double t2;
     int64_t x;
     if (k == K_SEND) {
-        int64_t mk = s->dkey[j];
+        int64_t mk = op_dkey(s, j);
         if (s->rhead[mk] >= 0) {
             s->partner[j] = fifo_pop(s, s->rhead, s->rtail, mk);
+            if (j >= s->n) defer_release(s, j); /* its op is still running: the part stays */
         } else {
-            if (s->sorder[mk] < 0) s->sorder[mk] = s->screated++;
+            if (mk < s->nkeys && s->sorder[mk] < 0) s->sorder[mk] = s->screated++;
             fifo_push(s, s->shead, s->stail, mk, j);
         }
-        t2 = t + (s->aware ? s->overhead : s->mt[j]);
+        t2 = t + (s->aware ? s->overhead : op_mt(s, j));
         x = ~j;
+        if (j >= s->n) s->d.t0[j] = t;
     } else if (k == K_RECV) {
-        int64_t mk = s->dkey[j];
+        int64_t mk = op_dkey(s, j);
         if (s->shead[mk] >= 0) {
             int64_t snd = fifo_pop(s, s->shead, s->stail, mk);
-            if (!s->arrived[snd]) { /* finishes when the message arrives */
-                s->partner[snd] = j;
-                return 0;
-            }
+            int landed = s->arrived[snd];
+            if (!landed) s->partner[snd] = j; /* finishes when the message arrives */
+            if (snd >= s->n) defer_release(s, snd); /* last use of a send that has landed */
+            if (!landed) return 0;
             t2 = t; /* the message is already here */
             x = j;
         } else {
-            if (s->rorder[mk] < 0) s->rorder[mk] = s->rcreated++;
+            if (mk < s->nkeys && s->rorder[mk] < 0) s->rorder[mk] = s->rcreated++;
             fifo_push(s, s->rhead, s->rtail, mk, j);
             return 0;
         }
     } else {
-        t2 = t + s->dur[j];
+        t2 = t + op_dur(s, j);
         x = j;
     }
     return schedule(s, t2, x);
@@ -247,7 +198,7 @@ static int begin_op(Loop *s, int64_t j, double t)
 /* Op j's dependencies are done: start it, or queue it for its slot (handed out by dispatch). */
 static inline int ready_op(Loop *s, int64_t j, double t)
 {
-    int64_t c = s->acq[j];
+    int64_t c = op_acq(s, j);
     if (c < 0) return begin_op(s, j, t);
     wait_push(s, c, j);
     touch(s, c);
@@ -287,6 +238,47 @@ static int items_append(Loop *s, int64_t x)
     return 0;
 }
 
+/* Collective op y has started its part (rank coll_p) of an instance: make the part's
+ * sub-ops and ready its roots in row order, as a loop given every sub-op up front would
+ * (the collective's root edges come first among its successors). */
+static int start_part(Loop *s, int64_t y, double t)
+{
+    Defer *d = &s->d;
+    int64_t i = d->coll_inst[y], p = d->coll_p[y];
+    if (defer_open(s, i, p) < 0) {
+        s->err = ERR_MEMORY;
+        return -1;
+    }
+    int64_t k = d->b_tid[d->i_bind[i]], shift = d->p_shift[d->i_joff[i] + p];
+    const int64_t *ps = d->pstart + d->t_poff[k];
+    for (int64_t g = d->t_op[k] + ps[p]; g < d->t_op[k] + ps[p + 1]; g++) {
+        if (d->tindeg[g]) continue; /* not a root */
+        int64_t j = g + shift;
+        if (--s->indeg[j]) continue;
+        if (ready_op(s, j, t) < 0) return -1;
+    }
+    return 0;
+}
+
+/* Sub-op y has ended: its template successors, then, for a sink, its rank's join. */
+static int sub_op_done(Loop *s, int64_t y, double t)
+{
+    Defer *d = &s->d;
+    int64_t part = d->opart[y], shift = d->p_shift[part];
+    int64_t g = y - shift;
+    for (int64_t e = d->tsptr[g]; e < d->tsptr[g + 1]; e++) {
+        int64_t j = d->tsucc[e] + shift;
+        if (--s->indeg[j]) continue;
+        if (ready_op(s, j, t) < 0) return -1;
+    }
+    if (d->tsink[g]) {
+        int64_t j = d->i_join[part];
+        if (--s->indeg[j] == 0 && ready_op(s, j, t) < 0) return -1;
+    }
+    defer_release(s, y);
+    return 0;
+}
+
 static int run_loop(Loop *s)
 {
     double t = 0.0;
@@ -305,7 +297,7 @@ static int run_loop(Loop *s)
             if (x < 0) {
                 int64_t snd = ~x;
                 if (s->aware) {
-                    int64_t u = s->cur[snd], d = s->dstn[snd];
+                    int64_t u = s->cur[snd], d = op_dstn(s, snd);
                     if (u != d) { /* one hop: queue behind earlier messages on the link */
                         int64_t link = s->hop[d * s->nn + u];
                         if (link < 0 || link >= s->nl) {
@@ -316,7 +308,7 @@ static int run_loop(Loop *s)
                         }
                         double st = s->lfree[link];
                         if (st < t) st = t;
-                        double sz = s->size[snd];
+                        double sz = op_size(s, snd);
                         double raw = sz / s->lbw[link];
                         double ser = s->integer_ns ? trunc(raw) : raw; /* Python's int(): toward zero */
                         double fin = st + ser, t2;
@@ -340,22 +332,31 @@ static int run_loop(Loop *s)
                     }
                 }
                 s->arrived[snd] = 1;
+                if (snd >= s->n && defer_pair(s, snd, t) < 0) {
+                    s->err = ERR_MEMORY;
+                    return -1;
+                }
                 int64_t r = s->partner[snd];
                 if (r >= 0 && items_append(s, r) < 0) return -1; /* its receive ends now too */
                 y = snd;
             } else {
                 y = x;
             }
-            s->end[y] = t;
-            int64_t c = s->rel[y];
+            int64_t c = op_rel(s, y);
             if (c >= 0) {
                 s->free_[c] += 1;
                 if (s->whead[c] >= 0) touch(s, c);
             }
-            for (int64_t e = s->sptr[y]; e < s->sptr[y + 1]; e++) {
-                int64_t j = s->succ[e];
-                if (--s->indeg[j]) continue;
-                if (ready_op(s, j, t) < 0) return -1;
+            if (y >= s->n) {
+                if (sub_op_done(s, y, t) < 0) return -1;
+            } else {
+                s->end[y] = t;
+                if (s->d.on && s->d.coll_inst[y] >= 0 && start_part(s, y, t) < 0) return -1;
+                for (int64_t e = s->sptr[y]; e < s->sptr[y + 1]; e++) {
+                    int64_t j = s->succ[e];
+                    if (--s->indeg[j]) continue;
+                    if (ready_op(s, j, t) < 0) return -1;
+                }
             }
             if (s->ndirty && dispatch(s, t) < 0) return -1;
         }
@@ -406,7 +407,7 @@ static int dense_keys(Loop *s)
 /* ------------------------------------------------------------------ glue */
 
 /* Typed view of a 1-d C-contiguous buffer: 'q' int64, 'i' int32, 'd' float64. */
-static int get_buf(PyObject *obj, Py_buffer *v, char type, int writable, Py_ssize_t len, const char *name)
+int simloop_buf(PyObject *obj, Py_buffer *v, char type, int writable, Py_ssize_t len, const char *name)
 {
     int flags = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0);
     if (PyObject_GetBuffer(obj, v, flags) < 0) return -1;
@@ -474,11 +475,12 @@ static PyObject *queues_dict(Loop *s, const int64_t *head, const int64_t *order,
         Py_DECREF(d);
         return PyErr_NoMemory();
     }
-    for (int64_t k = 0; k < s->nkeys; k++)
+    memset(by_order, 0xff, (size_t)(created ? created : 1) * sizeof(int64_t));
+    for (int64_t k = 0; k < s->nkeys; k++) /* the trace's own keys (sub-op keys are not reported) */
         if (order[k] >= 0) by_order[order[k]] = k;
     for (int64_t o = 0; o < created; o++) {
         int64_t k = by_order[o];
-        if (head[k] < 0) continue;
+        if (k < 0 || head[k] < 0) continue;
         PyObject *lst = PyList_New(0);
         PyObject *key = PyLong_FromLongLong(s->keyval[k]);
         int bad = !lst || !key;
@@ -526,22 +528,27 @@ static PyObject *wait_lists(Loop *s)
 
 PyDoc_STRVAR(run_doc,
              "run(kind, dur, sptr, succ, indeg, acq, rel, free, mkey, mt, cur, dstn, size, hop, ldst, llat,\n"
-             "    lbw, start, end, lfree, lbusy, lbytes, lmsgs, aware, integer_ns, overhead, prio, cut_through)\n"
+             "    lbw, start, end, lfree, lbusy, lbytes, lmsgs, aware, integer_ns, overhead, prio, cut_through,\n"
+             "    deferred)\n"
              "--\n\n"
              "The simulator's event loop over numpy arrays (see engine._run, the reference).\n"
              "indeg, free, cur, start, end, lfree, lbusy, lbytes and lmsgs are updated in place; start\n"
-             "and end must come filled with -1, lfree/lbusy/lbytes/lmsgs with 0. Returns (events, t, send_q, recv_q, waitq).");
+             "and end must come filled with -1, lfree/lbusy/lbytes/lmsgs with 0. Returns (events, t, send_q, recv_q, waitq),\n"
+             "plus (sub-ops made, most alive at once, NPU-pair message totals) when `deferred` (collectives expanded\n"
+             "as they start, see _simdefer.c) is given.");
 
 static PyObject *simloop_run(PyObject *self, PyObject *args)
 {
     (void)self;
-    PyObject *o[NBUF + 3];
+    PyObject *o[NBUF + 3], *deferred = Py_None;
+    Py_buffer db[DEFER_NBUF];
+    int dheld = 0;
     int aware, integer_ns, cut_through = 0;
     double overhead;
-    if (!PyArg_ParseTuple(args, "OOOOOOOOOOOOOOOOOOOOOOOpidO|p", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5],
+    if (!PyArg_ParseTuple(args, "OOOOOOOOOOOOOOOOOOOOOOOpidO|pO", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5],
                           &o[6], &o[7], &o[8], &o[9], &o[10], &o[11], &o[12], &o[13], &o[14], &o[15], &o[16],
                           &o[17], &o[18], &o[19], &o[20], &o[21], &o[22], &aware, &integer_ns, &overhead,
-                          &o[23], &cut_through))
+                          &o[23], &cut_through, &deferred))
         return NULL;
     enum { KIND, DUR, SPTR, SUCC, INDEG, ACQ, REL, FREE, MKEY, MT, CUR, DSTN, SIZE, HOP, LDST, LLAT, LBW,
            START, END, LFREE, LBUSY, LBYTES, LMSGS, PRIO, NB };
@@ -552,7 +559,7 @@ static PyObject *simloop_run(PyObject *self, PyObject *args)
     memset(&s, 0, sizeof s);
 
     /* op arrays first: their length is n */
-    if (get_buf(o[KIND], &b[KIND], 'q', 0, -1, "kind") < 0) return NULL;
+    if (simloop_buf(o[KIND], &b[KIND], 'q', 0, -1, "kind") < 0) return NULL;
     held = 1;
     Py_ssize_t n = b[KIND].len / 8;
     static const struct {
@@ -574,7 +581,7 @@ static PyObject *simloop_run(PyObject *self, PyObject *args)
     Py_ssize_t nl = -1;
     for (size_t q = 0; q < sizeof spec / sizeof spec[0]; q++) {
         Py_ssize_t len = spec[q].len == 0 ? n : spec[q].len == 1 ? n + 1 : spec[q].len == 3 ? nl : -1;
-        if (get_buf(o[spec[q].i], &b[spec[q].i], spec[q].type, spec[q].writable, len, spec[q].name) < 0)
+        if (simloop_buf(o[spec[q].i], &b[spec[q].i], spec[q].type, spec[q].writable, len, spec[q].name) < 0)
             goto done;
         held++;
         if (spec[q].i == LDST) nl = b[LDST].len / 8;
@@ -653,6 +660,7 @@ static PyObject *simloop_run(PyObject *self, PyObject *args)
     memset(s.rhead, 0xff, nk * sizeof(int64_t));
     memset(s.rtail, 0xff, nk * sizeof(int64_t));
     memset(s.rorder, 0xff, nk * sizeof(int64_t));
+    if (deferred != Py_None && defer_setup(&s, deferred, db, &dheld) < 0) goto done;
 
     int rc;
     Py_BEGIN_ALLOW_THREADS
@@ -669,14 +677,23 @@ static PyObject *simloop_run(PyObject *self, PyObject *args)
     PyObject *sq = queues_dict(&s, s.shead, s.sorder, s.screated);
     PyObject *rq = sq ? queues_dict(&s, s.rhead, s.rorder, s.rcreated) : NULL;
     PyObject *wq = rq ? wait_lists(&s) : NULL;
-    if (wq) result = Py_BuildValue("(LdNNN)", (long long)s.events, s.t, sq, rq, wq);
+    PyObject *ds = NULL;
+    if (wq && s.d.on) {
+        memcpy(b[INDEG].buf, s.indeg, (size_t)n * sizeof(int64_t)); /* the static ops' in-degrees left */
+        ds = defer_stats(&s);
+        if (ds) result = Py_BuildValue("(LdNNNN)", (long long)s.events, s.t, sq, rq, wq, ds);
+    } else if (wq) {
+        result = Py_BuildValue("(LdNNN)", (long long)s.events, s.t, sq, rq, wq);
+    }
     if (!result) {
+        Py_XDECREF(ds);
         Py_XDECREF(sq);
         Py_XDECREF(rq);
         Py_XDECREF(wq);
     }
 
 done:
+    defer_free(&s, db, dheld); /* before the caller's buffers below: it frees the copies it made */
     free(s.partner);
     free(s.qnext);
     free(s.dkey);

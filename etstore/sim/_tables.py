@@ -137,13 +137,40 @@ def _collectives(built: Built, start: np.ndarray, end: np.ndarray) -> pa.Table:
     return pa.Table.from_pydict(rows, schema=COLLECTIVES_SCHEMA)
 
 
-def _links(net: Network, inp: LoopInputs, out: LoopOutput, aware: bool, total: float) -> pa.Table:
+class _Messages(NamedTuple):
+    """Messages as rows: the trace's own sends one per row, a deferred collective's per NPU pair."""
+
+    src: np.ndarray
+    dst: np.ndarray
+    nbytes: np.ndarray
+    messages: np.ndarray  # how many messages the row stands for
+    first: np.ndarray  # start of the earliest message of the row, ns
+    last: np.ndarray  # arrival of the latest
+
+
+def _messages(inp: LoopInputs, out: LoopOutput, start: np.ndarray) -> _Messages:
+    sends = np.flatnonzero(inp.kind == K_SEND)
+    msgs = _Messages(
+        inp.msrc[sends],
+        inp.mdst[sends],
+        inp.size[sends].astype(np.float64),
+        np.ones(len(sends), dtype=np.int64),
+        start[sends],
+        out.end[sends],
+    )
+    p = out.pairs
+    if p is None:
+        return msgs
+    ours = (p.src, p.dst, p.nbytes, p.count, p.first, p.last)
+    return _Messages(*(np.concatenate([a, b]) for a, b in zip(msgs, ours, strict=True)))
+
+
+def _links(net: Network, msgs: _Messages, out: LoopOutput, aware: bool, total: float) -> pa.Table:
     """:data:`LINKS_SCHEMA`: the aware loop's link counters, else the load the sends offer."""
     if aware:
-        nbytes, msgs, busy = out.lbytes, out.lmsgs, out.lbusy
+        nbytes, count, busy = out.lbytes, out.lmsgs, out.lbusy
     else:
-        sends = np.flatnonzero(inp.kind == K_SEND)
-        nbytes, msgs, busy = net.link_loads(inp.msrc[sends], inp.mdst[sends], inp.size[sends])
+        nbytes, count, busy = net.link_loads(msgs.src, msgs.dst, msgs.nbytes, msgs.messages)
     nl = net.topo.num_links
     util = busy / total if total > 0 else np.zeros(nl)
     return pa.Table.from_arrays(
@@ -154,7 +181,7 @@ def _links(net: Network, inp: LoopInputs, out: LoopOutput, aware: bool, total: f
             pa.array(net.latency_ns),
             pa.array(np.asarray(net.topo.bandwidth_gb_per_s, dtype=np.float64)),
             pa.array(nbytes),
-            pa.array(msgs),
+            pa.array(count),
             pa.array(busy),
             pa.array(util),
         ],
@@ -162,9 +189,7 @@ def _links(net: Network, inp: LoopInputs, out: LoopOutput, aware: bool, total: f
     )
 
 
-def _overloaded(
-    net: Network, inp: LoopInputs, start: np.ndarray, end: np.ndarray, links: pa.Table
-) -> pa.Table:
+def _overloaded(net: Network, msgs: _Messages, links: pa.Table) -> pa.Table:
     """:data:`OVERLOAD_SCHEMA`: links whose bytes over their busy window exceed their bandwidth.
 
     The window of a link runs from the start of the first message routed over it to
@@ -173,10 +198,9 @@ def _overloaded(
     cross-dimension message to its first differing dimension, as ASTRA-sim); otherwise
     its time includes ``size / bandwidth`` and only messages sharing the link exceed.
     """
-    sends = np.flatnonzero(inp.kind == K_SEND)
-    if not len(sends):
+    if not len(msgs.src):
         return OVERLOAD_SCHEMA.empty_table()
-    lo, hi = net.link_windows(inp.msrc[sends], inp.mdst[sends], start[sends], end[sends])
+    lo, hi = net.link_windows(msgs.src, msgs.dst, msgs.first, msgs.last)
     nbytes = links["bytes"].to_numpy()
     bw = links["bandwidth_gb_per_s"].to_numpy()
     window = hi - lo
@@ -215,6 +239,8 @@ def result_tables(
     end = out.end
     ready, start = _ready_and_start(built, out)
     total = float(end.max()) if len(end) else 0.0
+    if out.pairs is not None and len(out.pairs.last):  # a send nothing waits for may land last
+        total = max(total, float(out.pairs.last.max()))
     # trace-level timings: a collective ends with its join
     end_top = end[:n0].copy()
     has_join = built.join_of >= 0
@@ -233,12 +259,13 @@ def result_tables(
         schema=OP_TIMINGS_SCHEMA,
     )
     kind, rank = inp.kind[:n0], inp.rank[:n0]
-    links = _links(net, inp, out, aware, total)
+    msgs = _messages(inp, out, start)
+    links = _links(net, msgs, out, aware, total)
     return Tables(
         ops=timings,
         ranks=_breakdown(built, kind, rank, start[:n0], end_top, built.is_coll),
         collectives=_collectives(built, start[:n0], end_top),
         links=links,
         total_ns=total,
-        overloaded=OVERLOAD_SCHEMA.empty_table() if aware else _overloaded(net, inp, start, end, links),
+        overloaded=OVERLOAD_SCHEMA.empty_table() if aware else _overloaded(net, msgs, links),
     )

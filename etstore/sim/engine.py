@@ -30,8 +30,10 @@ their own modules: :mod:`~etstore.sim._algorithms` (which algorithm each collect
 instance runs), :mod:`~etstore.sim._build` (the arrays), :mod:`~etstore.sim._holds`
 (an expanded collective's block holds the communication slot as its node did),
 :mod:`~etstore.sim._loop`
-(the loop, Python and native), :mod:`~etstore.sim._tables` (the result tables) and
-:mod:`~etstore.sim._stuck` (why a replay stopped).
+(the loop, Python and native), :mod:`~etstore.sim._defer` (with the native loop,
+collectives are expanded as they start, so memory follows what is in flight),
+:mod:`~etstore.sim._tables` (the result tables) and :mod:`~etstore.sim._stuck` (why a
+replay stopped).
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ from etstore.model import Trace
 from etstore.progress import ProgressFn
 from etstore.sim._algorithms import Algorithms, AlgorithmSpec
 from etstore.sim._build import build, loop_inputs
-from etstore.sim._loop import run_loop
+from etstore.sim._loop import native_loop, run_loop
 from etstore.sim._stuck import stuck_error
 from etstore.sim._tables import result_tables
 from etstore.sim.config import SimConfig
@@ -57,6 +59,10 @@ from etstore.topology import Topology
 __all__ = ["simulate"]
 
 log = logging.getLogger(__name__)
+
+DEFER_COLLECTIVES = True
+"""With the native loop, leave template-run collectives for the loop to expand as they
+start (:mod:`._defer`); False expands them all up front (the reference the tests compare)."""
 
 
 def simulate(
@@ -157,10 +163,11 @@ def _simulate(
     t0 = time.perf_counter()
     if progress is not None:
         progress("build", 0, trace.num_ops)
+    defer = DEFER_COLLECTIVES and native_loop()
     try:
         net = Network(topo, dims, hops=config.hops)
         algos = Algorithms(config, algorithms, net.dims, topo.num_npus)
-        built = build(trace, net, config, algos, groups)
+        built = build(trace, net, config, algos, groups, defer=defer)
     except TemplateError as exc:
         raise not_stuck(str(exc)) from exc
     inputs = loop_inputs(built, config)
@@ -170,8 +177,12 @@ def _simulate(
         progress("build", trace.num_ops, trace.num_ops)
         progress("loop", 0, n)
         looped = lambda done, total: progress("loop", done, total)  # noqa: E731
-    out = run_loop(inputs, net, config, built.n0, looped)
+    out = run_loop(inputs, net, config, built.n0, looped, built.deferred)
     if (out.end < 0).any():
+        if built.deferred is not None:  # diagnose on the full expansion: its queues name every sub-op
+            built = build(trace, net, config, algos, groups)
+            inputs = loop_inputs(built, config)
+            out = run_loop(inputs, net, config, built.n0)
         raise stuck_error(trace, built, inputs, out)
     if progress is not None:
         progress("loop", n, n)
@@ -181,7 +192,13 @@ def _simulate(
         progress("tables", 1, 1)
     wall = time.perf_counter() - t0
     log.debug(
-        "simulated %s: %d ops, %d events in %.3f s", trace.name, len(inputs.kind), out.events, out.loop_s
+        "simulated %s: %d ops (%d made as collectives started, at most %d at once), %d events in %.3f s",
+        trace.name,
+        len(inputs.kind) + out.sub_ops,
+        out.sub_ops,
+        out.peak_sub_ops,
+        out.events,
+        out.loop_s,
     )
     return SimResult(
         ops=tables.ops,
@@ -192,7 +209,7 @@ def _simulate(
         wall_s=wall,
         loop_s=out.loop_s,
         events=out.events,
-        sim_ops=len(inputs.kind),
+        sim_ops=len(inputs.kind) + out.sub_ops,
         trace_name=trace.name,
         topology=topo.name,
         num_npus=topo.num_npus,

@@ -106,9 +106,21 @@ class Network:
         n = self.num_nodes
         self._nh = np.full((n, n), -2, dtype=np.int32)  # [dst, src] -> link; -2 unknown, -1 none
         self._done = np.zeros(n, dtype=bool)
-        if dims is None:  # no explicit dimensions: route exactly as the topology does
+        if dims is None or self._labels_follow_link_ids():
+            # route exactly as the topology does: without explicit dimensions by definition;
+            # with dimensions whose order agrees with the link ids, because the per-destination
+            # BFS's tie-break (lowest dimension, then lowest link id) then picks the same link
             self._nh = self._shared_routes(topo)
             self._done[:] = True
+
+    def _labels_follow_link_ids(self) -> bool:
+        """Whether every NPU's links, in link-id order, have non-decreasing dimension labels."""
+        if not len(self.src):
+            return True
+        order = np.lexsort((np.arange(len(self.src)), self.src))
+        s, lab = self.src[order], self.label[order]
+        same = s[1:] == s[:-1]
+        return bool((lab[1:][same] >= lab[:-1][same]).all())
 
     def _full_axes(self) -> tuple[Dim, ...]:
         """The topology's axes when its links are still exactly theirs, else ``()``.
@@ -363,8 +375,13 @@ class Network:
             t = np.floor(t)
         return t + overhead_ns
 
-    def link_loads(self, src: np.ndarray, dst: np.ndarray, size_bytes: np.ndarray) -> tuple[np.ndarray, ...]:
+    def link_loads(
+        self, src: np.ndarray, dst: np.ndarray, size_bytes: np.ndarray, count: np.ndarray | None = None
+    ) -> tuple[np.ndarray, ...]:
         """Per link: bytes carried, messages carried and busy time (ns, ``bytes / bandwidth``).
+
+        ``count``, when given, says how many messages each row stands for (``size_bytes``
+        then being their total): the simulator sums messages per NPU pair.
 
         What the congestion-unaware model puts on each link (no queueing). The bytes
         follow the full route even where :meth:`unaware_metrics` charges only the first
@@ -375,9 +392,10 @@ class Network:
         nbytes = np.zeros(nl)
         msgs = np.zeros(nl, dtype=np.int64)
         size = np.asarray(size_bytes, dtype=np.float64)
+        cnt = np.ones(len(size), dtype=np.int64) if count is None else np.asarray(count, dtype=np.int64)
         for pos, links in self._walk(np.asarray(src), np.asarray(dst)):
             np.add.at(nbytes, links, size[pos])
-            np.add.at(msgs, links, 1)
+            np.add.at(msgs, links, cnt[pos])
         return nbytes, msgs, nbytes / self.bytes_per_ns if nl else nbytes
 
     def link_windows(
@@ -449,6 +467,7 @@ class Network:
         msg_src: np.ndarray,
         msg_dst: np.ndarray,
         size_bytes: np.ndarray,
+        count: np.ndarray | None = None,
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The congestion-aware loop's per-link counters, per topology link: (busy ns, bytes, messages).
 
@@ -467,6 +486,6 @@ class Network:
         msgs = np.asarray(msgs, dtype=np.int64)[:nl].copy()
         replaced = self.hop_graph().replaced
         if replaced.any():
-            b, m, t = self.link_loads(msg_src, msg_dst, size_bytes)
+            b, m, t = self.link_loads(msg_src, msg_dst, size_bytes, count)
             nbytes[replaced], msgs[replaced], busy[replaced] = b[replaced], m[replaced], t[replaced]
         return busy, nbytes, msgs

@@ -1,11 +1,13 @@
 """The native event loop (``_simloop``) against the Python reference ``_loop._run``.
 
-Every case replays one workload twice, once per loop, and demands identical raw loop
-outputs (end and start times, remaining in-degrees, event count, stop time, queues
-left, per-link loads: bit for bit) and identical result tables, or the same
-:class:`SimulationError` message and ``.stuck`` table. The workloads are the shapes
-of ``test_engine.py`` plus random ones; the whole file skips when the extension is
-not built.
+Every case replays one workload twice with every collective expanded up front, once
+per loop, and demands identical raw loop outputs (end and start times, remaining
+in-degrees, event count, stop time, queues left, per-link loads: bit for bit) and
+identical result tables, or the same :class:`SimulationError` message and ``.stuck``
+table; then a third time with the native loop expanding collectives as they start
+(``engine.DEFER_COLLECTIVES``, the default), which must give the same result tables.
+The workloads are the shapes of ``test_engine.py`` plus random ones; the whole file
+skips when the extension is not built.
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ def _replay(monkeypatch: pytest.MonkeyPatch, native: bool, run: Callable[[], Any
 
     with monkeypatch.context() as m:
         m.setattr(_loop, name, spy)
+        m.setattr(engine, "DEFER_COLLECTIVES", False)
         if not native:
             m.setattr(_loop, "_simloop", None)
         try:
@@ -84,6 +87,7 @@ def _normalise(out: dict[str, Any]) -> dict[str, Any]:
 def _assert_same(monkeypatch: pytest.MonkeyPatch, run: Callable[[], Any]) -> Any:
     """Run with both loops; every output identical. Returns the native result (or its SimulationError)."""
     got, raw_c = _replay(monkeypatch, True, run)
+    _assert_same_result(_deferred(run), got)
     want, raw_py = _replay(monkeypatch, False, run)
     assert raw_c.keys() == raw_py.keys()
     for key, ref in raw_py.items():
@@ -93,15 +97,28 @@ def _assert_same(monkeypatch: pytest.MonkeyPatch, run: Callable[[], Any]) -> Any
             assert val.tobytes() == ref.tobytes(), f"{key} differs at {np.flatnonzero(val != ref)[:5]}"
         else:
             assert val == ref, key
+    _assert_same_result(got, want)
+    return got
+
+
+def _deferred(run: Callable[[], Any]) -> Any:
+    """The result (or SimulationError) with collectives expanded as they start."""
+    assert engine.DEFER_COLLECTIVES and _loop.native_loop()
+    try:
+        return run()
+    except SimulationError as exc:
+        return exc
+
+
+def _assert_same_result(got: Any, want: Any) -> None:
     assert type(got) is type(want)
     if isinstance(want, SimulationError):
         assert str(got) == str(want)
         assert got.stuck.equals(want.stuck)
     else:
-        for table in ("ops", "ranks", "collectives", "links"):
+        for table in ("ops", "ranks", "collectives", "links", "overloaded"):
             assert getattr(got, table).equals(getattr(want, table)), table
         assert (got.total_ns, got.events, got.sim_ops) == (want.total_ns, want.events, want.sim_ops)
-    return got
 
 
 CONFIGS = [

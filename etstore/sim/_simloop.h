@@ -1,0 +1,141 @@
+/*
+ * Shared declarations of the native event loop (etstore.sim._simloop): the loop state,
+ * kept by _simloop.c, and the collectives the loop expands as they start, kept by
+ * _simdefer.c (see there for why).
+ */
+#ifndef ETSTORE_SIMLOOP_H
+#define ETSTORE_SIMLOOP_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <stdint.h>
+
+/* op kinds, as K_* in etstore/sim/_kinds.py */
+enum { K_COMP, K_CPU, K_SEND, K_RECV, K_COLL, K_JOIN, K_DELAY, K_MEM };
+
+typedef struct {
+    double t;     /* when */
+    uint64_t seq; /* insertion order: ties at one time run first-scheduled first */
+    int64_t x;    /* >= 0: op x finishes; < 0: message of send ~x moves (hop or arrival) */
+} Item;
+
+typedef struct {
+    Item *a;
+    Py_ssize_t len, cap;
+} Heap;
+
+/* Collectives expanded as they start (_simdefer.c). Ops n.. are their sub-ops: a rank's
+ * part of an instance is made from its template when that rank starts the collective,
+ * and its memory is reused once every op of the part has ended and every send of it has
+ * been matched. Everything here is empty when the caller expanded every collective itself. */
+typedef struct {
+    int on, ndup; /* expanding as they start; caller's arrays copied so far */
+    Py_ssize_t nnpu;
+    /* templates, packed: op q of template k is row t_op[k] + q; rank p's ops are rows
+     * t_op[k] + pstart[t_poff[k] + p] .. t_op[k] + pstart[t_poff[k] + p + 1] */
+    Py_ssize_t ntmpl, nbind, ninst, ntops, nparts;
+    const int64_t *t_op, *t_nkeys, *t_n, *t_poff, *pstart;
+    const int64_t *tkind, *tpeer, *tkey, *tindeg, *tpart, *tsink, *tsptr, *tsucc; /* tsucc: packed rows */
+    const double *tdur, *tsize;
+    /* bindings: a template on one group of NPUs (grp[b_goff[b] + p] is rank p's NPU) */
+    const int64_t *b_tid, *b_goff, *b_mtoff, *grp;
+    const double *bmt; /* congestion-unaware message times, per binding and template row */
+    /* instances: a binding; part p of instance i is part i_joff[i] + p, ending with join i_join[that] */
+    const int64_t *i_bind, *i_joff, *i_join;
+    /* per static op: the instance a collective op starts, and its rank in it */
+    const int64_t *coll_inst, *coll_p;
+    int64_t *i_kbase, *i_parts; /* per instance: first key (-1: none yet), parts not yet given back */
+    /* per part: instance, NPU, op = packed row + shift, refs left, first key, first NPU of its
+     * group in grp, message time of packed row g at bmt[g + p_mtshift] */
+    int64_t *p_inst, *p_npu, *p_shift, *p_left, *p_kb, *p_goff, *p_mtshift;
+    /* pools: op arrays hold cap ops, ops top.. never used; key arrays likewise */
+    Py_ssize_t cap, top, kcap, ktop;
+    int64_t *fb, nfb, fbcap; /* free op blocks: (base, size) pairs */
+    int64_t *fk, nfk, fkcap; /* free key blocks */
+    int64_t *opart;          /* per sub-op: its part */
+    double *t0;              /* per sub-op send: when it started */
+    int64_t made, live, peak; /* sub-ops made; in use now; most in use at once */
+    /* per (src, dst) NPU pair of sub-op messages: first start, last arrival, bytes, count */
+    int64_t *pk, *pcount;
+    double *pfirst, *plast, *pbytes;
+    Py_ssize_t pcap, plen;
+} Defer;
+
+typedef struct {
+    Py_ssize_t n, nres, nl, nn, nkeys;
+    /* per op, read through op_*() below: the caller's arrays hold the static ops', a
+     * deferred collective's sub-ops read their template */
+    const int64_t *kind, *acq, *rel, *dstn;
+    const double *dur, *mt, *size;
+    /* per op, updated: the caller's arrays, or (deferred collectives) copies that grow with the pool */
+    int64_t *indeg, *cur;
+    /* inputs (read-only) */
+    const int64_t *sptr, *succ, *mkey, *ldst;
+    const double *llat, *lbw;
+    const int64_t *prio; /* issue order among ops waiting for one slot */
+    const int32_t *hop;  /* [dst * nn + src] -> next link, or NULL when congestion-unaware */
+    int aware, integer_ns;
+    int cut_through; /* congestion-aware hops: 0 store-and-forward, 1 cut-through */
+    double overhead;
+    /* inputs updated in place (static ops only) */
+    int64_t *lmsgs;
+    double *free_, *start, *end, *lfree, *lbusy, *lbytes;
+    /* loop state */
+    int64_t *partner, *qnext;
+    int64_t *dkey, *keyval; /* dense message key per op (-1: none) and its mkey */
+    uint8_t *arrived;
+    double *tail; /* cut-through: when each message's last byte reaches its current node */
+    int64_t *whead, *wtail;                 /* slot ready queues, per resource, sorted by (prio, op) */
+    uint8_t *touched;                       /* per resource: in `dirty` */
+    int64_t *dirty, ndirty;                 /* resources to hand out after the running item */
+    int64_t *shead, *stail, *sorder;        /* sends waiting for a receive, per dense key */
+    int64_t *rhead, *rtail, *rorder;        /* receives waiting for a send, per dense key */
+    int64_t screated, rcreated;             /* creation counters: dict order of the reference */
+    int64_t *items, nitems, items_cap;      /* the running round */
+    Heap heap;
+    uint64_t seq;
+    double t;
+    int64_t events;
+    Defer d;
+    /* error raised after the loop, with the GIL */
+    int err;
+    int64_t err_u, err_d;
+} Loop;
+
+enum { ERR_NONE, ERR_MEMORY, ERR_ROUTE };
+
+/* What the loop reads of op j: its own entry for a static op, its template's for a sub-op. */
+#define SUB_ROW(s, j) ((j) - (s)->d.p_shift[(s)->d.opart[j]])
+static inline int64_t op_kind(const Loop *s, int64_t j)
+{
+    return j < s->n ? s->kind[j] : s->d.tkind[SUB_ROW(s, j)];
+}
+static inline double op_dur(const Loop *s, int64_t j) { return j < s->n ? s->dur[j] : s->d.tdur[SUB_ROW(s, j)]; }
+static inline int64_t op_acq(const Loop *s, int64_t j) { return j < s->n ? s->acq[j] : -1; }
+static inline int64_t op_rel(const Loop *s, int64_t j) { return j < s->n ? s->rel[j] : -1; }
+static inline double op_size(const Loop *s, int64_t j) { return j < s->n ? s->size[j] : s->d.tsize[SUB_ROW(s, j)]; }
+static inline int64_t op_dkey(const Loop *s, int64_t j)
+{
+    return j < s->n ? s->dkey[j] : s->d.p_kb[s->d.opart[j]] + s->d.tkey[SUB_ROW(s, j)];
+}
+static inline double op_mt(const Loop *s, int64_t j)
+{
+    return j < s->n ? s->mt[j] : s->d.bmt[SUB_ROW(s, j) + s->d.p_mtshift[s->d.opart[j]]];
+}
+static inline int64_t op_dstn(const Loop *s, int64_t j) /* a send's destination NPU */
+{
+    return j < s->n ? s->dstn[j] : s->d.grp[s->d.p_goff[s->d.opart[j]] + s->d.tpeer[SUB_ROW(s, j)]];
+}
+
+/* _simdefer.c */
+int defer_setup(Loop *s, PyObject *spec, Py_buffer *bufs, int *held);
+int defer_open(Loop *s, int64_t inst, int64_t p);
+void defer_release(Loop *s, int64_t j);
+int defer_pair(Loop *s, int64_t snd, double t);
+PyObject *defer_stats(Loop *s);
+void defer_free(Loop *s, Py_buffer *bufs, int held);
+
+#define DEFER_NBUF 25 /* buffers in the deferred-collectives spec */
+
+#endif
