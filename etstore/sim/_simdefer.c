@@ -44,14 +44,16 @@ static int grow_ops(Loop *s, Py_ssize_t need)
 {
     Defer *d = &s->d;
     if (need <= d->cap) return 0;
+    if (need >= INT32_MAX) return -1; /* op indices are int32 in the queues */
     Py_ssize_t cap = d->cap * 2 > need ? d->cap * 2 : need;
+    if (cap >= INT32_MAX) cap = INT32_MAX - 1;
     GROW(s->indeg, int64_t, cap);
     GROW(s->cur, int64_t, cap);
-    GROW(s->partner, int64_t, cap);
-    GROW(s->qnext, int64_t, cap);
+    GROW(s->partner, int32_t, cap);
+    GROW(s->qnext, int32_t, cap);
     GROW(s->arrived, uint8_t, cap);
     if (s->tail) GROW(s->tail, double, cap);
-    GROW(d->opart, int64_t, cap);
+    GROW(d->opart, int32_t, cap);
     GROW(d->t0, double, cap);
     d->cap = cap;
     return 0;
@@ -144,7 +146,7 @@ int defer_open(Loop *s, int64_t inst, int64_t p)
         s->partner[j] = -1;
         s->arrived[j] = 0;
         if (s->tail) s->tail[j] = 0.0;
-        d->opart[j] = part;
+        d->opart[j] = (int32_t)part;
         sends += d->tkind[g0 + q] == K_SEND;
     }
     d->p_kb[part] = d->i_kbase[inst];
@@ -480,7 +482,7 @@ int defer_setup(Loop *s, PyObject *spec, Py_buffer *bufs, int *held)
     }
     d->on = 1;
     d->cap = s->n; /* partner, qnext, arrived and tail hold n so far: grow_ops reallocates all */
-    d->opart = malloc((size_t)cap * sizeof(int64_t));
+    d->opart = malloc((size_t)cap * sizeof(int32_t));
     d->t0 = malloc((size_t)cap * sizeof(double));
     if (!d->opart || !d->t0 || grow_ops(s, cap) < 0) goto nomem;
     d->top = s->n;

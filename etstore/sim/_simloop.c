@@ -562,6 +562,10 @@ static PyObject *simloop_run(PyObject *self, PyObject *args)
     if (simloop_buf(o[KIND], &b[KIND], 'q', 0, -1, "kind") < 0) return NULL;
     held = 1;
     Py_ssize_t n = b[KIND].len / 8;
+    if (n >= INT32_MAX) {
+        PyErr_SetString(PyExc_ValueError, "_simloop.run: more than 2^31 - 1 ops");
+        goto done;
+    }
     static const struct {
         int i;
         char type;
@@ -631,8 +635,8 @@ static PyObject *simloop_run(PyObject *self, PyObject *args)
     }
     size_t nk = (size_t)(s.nkeys ? s.nkeys : 1), nr = (size_t)(s.nres ? s.nres : 1),
            nn1 = (size_t)(n ? n : 1);
-    s.partner = malloc(nn1 * sizeof(int64_t));
-    s.qnext = malloc(nn1 * sizeof(int64_t));
+    s.partner = malloc(nn1 * sizeof(int32_t));
+    s.qnext = malloc(nn1 * sizeof(int32_t));
     s.touched = calloc(nr, 1);
     s.dirty = malloc(nr * sizeof(int64_t));
     s.arrived = calloc(nn1, 1);
@@ -650,8 +654,8 @@ static PyObject *simloop_run(PyObject *self, PyObject *args)
         PyErr_NoMemory();
         goto done;
     }
-    /* all bytes 0xff: every int64 is -1 (empty queue, no partner, never created) */
-    memset(s.partner, 0xff, nn1 * sizeof(int64_t));
+    /* all bytes 0xff: every int64 and int32 is -1 (empty queue, no partner, never created) */
+    memset(s.partner, 0xff, nn1 * sizeof(int32_t));
     memset(s.whead, 0xff, nr * sizeof(int64_t));
     memset(s.wtail, 0xff, nr * sizeof(int64_t));
     memset(s.shead, 0xff, nk * sizeof(int64_t));

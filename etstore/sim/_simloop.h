@@ -53,7 +53,7 @@ typedef struct {
     Py_ssize_t cap, top, kcap, ktop;
     int64_t *fb, nfb, fbcap; /* free op blocks: (base, size) pairs */
     int64_t *fk, nfk, fkcap; /* free key blocks */
-    int64_t *opart;          /* per sub-op: its part */
+    int32_t *opart;          /* per sub-op: its part */
     double *t0;              /* per sub-op send: when it started */
     int64_t made, live, peak; /* sub-ops made; in use now; most in use at once */
     /* per (src, dst) NPU pair of sub-op messages: first start, last arrival, bytes, count */
@@ -82,7 +82,7 @@ typedef struct {
     int64_t *lmsgs;
     double *free_, *start, *end, *lfree, *lbusy, *lbytes;
     /* loop state */
-    int64_t *partner, *qnext;
+    int32_t *partner, *qnext; /* op indices (ops number below 2^31: checked) */
     int64_t *dkey, *keyval; /* dense message key per op (-1: none) and its mkey */
     uint8_t *arrived;
     double *tail; /* cut-through: when each message's last byte reaches its current node */
