@@ -67,8 +67,8 @@ class Command(NamedTuple):
 # In listing order (the pipeline's); a module's commands in the order its register() adds them,
 # with the help its register() gives (tests/cli/test_startup.py compares the two listings).
 COMMANDS: dict[str, Command] = {
-    "ingest": Command("traces", "read traces or algorithms into the store"),
-    "ls": Command("traces", "list stored traces"),
+    "ingest": Command("ingest", "read traces or algorithms into the store"),
+    "ls": Command("listing", "list stored traces"),
     "show": Command("traces", "counts per type and rank, collectives by type and size"),
     "rm": Command("traces", "remove traces"),
     "export": Command("traces", "write a stored trace back to files"),

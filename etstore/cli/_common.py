@@ -1,5 +1,9 @@
 """Helpers shared by the command modules: store opening, parameters, progress, formats.
 
+Importing this module loads no backend: :mod:`etstore.store` imports its backends on
+first use, so ``etstore ls``, which lists an embedded store from its catalog alone
+(:func:`listed_traces`), starts without DuckDB, Ladybug, numpy or pyarrow.
+
 A command that writes an embedded store makes Ctrl-C end it at once (within a few
 milliseconds, whatever the engines are doing): what it was writing is rolled back, or,
 for a removal past its commit point, finished, by the next command on the store, from
@@ -19,25 +23,23 @@ import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TextColumn,
-    TimeElapsedColumn,
-    TimeRemainingColumn,
-)
 
+from etstore import store as stores  # the package; its backends load on first use (see above)
 from etstore.cli._render import FORMATS, json_text
 from etstore.errors import OptionError
 from etstore.progress import ProgressFn
-from etstore.store import EmbeddedStore, Store, open_store
+from etstore.store import TraceInfo
+from etstore.store.listing import list_traces
+
+if TYPE_CHECKING:
+    from etstore.store import EmbeddedStore, Store
 
 __all__ = [
     "add_format",
+    "listed_traces",
     "open_from_args",
     "params",
     "phase_step",
@@ -75,22 +77,42 @@ def say(line: str) -> None:
     sys.stderr.flush()
 
 
+def _purpose(args: argparse.Namespace) -> str:
+    """What this process does to the store, as processes waiting for it are told."""
+    return str(getattr(args, "command", None) or "etstore")
+
+
 def open_from_args(args: argparse.Namespace, *, read_only: bool = False) -> Store:
     """The store ``--store`` names (default: ``$ETSTORE_STORE``, then ``./.etstore``).
 
     An embedded store waits ``--wait`` seconds for other processes (saying so on
     stderr), and one opened for writing makes Ctrl-C stop the command at once.
     """
-    store = open_store(
+    store = stores.open_store(
         args.store,
         read_only=read_only,
         wait_s=getattr(args, "wait", None),
         notify=say,
-        purpose=str(getattr(args, "command", None) or "etstore"),
+        purpose=_purpose(args),
     )
-    if not read_only and isinstance(store, EmbeddedStore):  # a server serializes writers itself
+    if not read_only and isinstance(store, stores.EmbeddedStore):  # a server serializes writers itself
         _guard_interrupts(store)
     return store
+
+
+def listed_traces(args: argparse.Namespace) -> list[TraceInfo]:
+    """The traces of the store ``--store`` names, as its ``traces()`` lists them.
+
+    An embedded store is read from its catalog alone (:mod:`etstore.store.listing`),
+    waiting ``--wait`` seconds for a writer like any reader; the store is opened
+    read-only instead where the catalog cannot answer alone (a server, a new store, a
+    write to recover, another format).
+    """
+    infos = list_traces(args.store, wait_s=getattr(args, "wait", None), notify=say, purpose=_purpose(args))
+    if infos is None:
+        with open_from_args(args, read_only=True) as store:
+            infos = store.traces()
+    return infos
 
 
 _writers: weakref.WeakSet[EmbeddedStore] = weakref.WeakSet()
@@ -163,6 +185,16 @@ def progress(console: Console) -> Any:
     when piped or under CI: the one renderer every command's long steps draw with."""
     if not console.is_terminal or os.environ.get("CI"):
         return None
+    # imported on first use: piped output, and commands with no long step (ls), draw no bar
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
     return Progress(
         TextColumn("{task.description}"),
         BarColumn(),

@@ -66,6 +66,7 @@ def upgrade_format1(catalog: Catalog, warehouse_path: Path, location: str) -> Wa
     O(rows in the warehouse): each trace table is copied once.
     """
     legacy = catalog.legacy_traces()
+    digests = {r.seq: upgraded_identity(r.content_hash, r.kind, json.loads(r.params or "{}")) for r in legacy}
     ready = [r for r in legacy if r.status == "ready"]
     seq_of = {r.name: r.seq for r in ready}
     table = pa.table(
@@ -73,15 +74,12 @@ def upgrade_format1(catalog: Catalog, warehouse_path: Path, location: str) -> Wa
             "name": pa.array([r.name for r in ready], pa.string()),
             "trace_id": pa.array([r.seq for r in ready], pa.int64()),
             "parent_trace_id": pa.array([seq_of.get(r.parent or "") for r in ready], pa.int64()),
-            "content_hash": pa.array(
-                [upgraded_identity(r.content_hash, r.kind, json.loads(r.params or "{}")) for r in ready],
-                pa.string(),
-            ),
+            "content_hash": pa.array([digests[r.seq] for r in ready], pa.string()),
         }
     )
     warehouse = Warehouse.open(warehouse_path, legacy=table)
     try:
-        catalog.upgrade()
+        catalog.upgrade(digests)
     except BaseException:
         warehouse.close()
         raise

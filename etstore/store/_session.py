@@ -55,6 +55,11 @@ class Session:
         self.purpose = purpose
         self.directory = directory
 
+    def interrupted(self) -> JournalEntry | None:
+        """The journal an interrupted writer left, when this open is the one to deal with it
+        (:meth:`recover`); None when there is nothing to recover before reading."""
+        return self.journal.read() if self.owner else None
+
     def recover(self, roll_back: Callable[[JournalEntry], None]) -> tuple[JournalEntry, ...]:
         """Have ``roll_back`` undo or finish what each interrupted writer left; returns their journals.
 
@@ -69,7 +74,7 @@ class Session:
             Another writer held the store for longer than the wait limit meanwhile.
         """
         done: list[JournalEntry] = []
-        while self.owner and (entry := self.journal.read()) is not None:
+        while (entry := self.interrupted()) is not None:
             upgraded = not self.lock.write
             if upgraded:
                 self.lock.upgrade()

@@ -28,7 +28,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
 from datetime import datetime, timezone
@@ -36,8 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from etstore.errors import StoreError
-from etstore.store._identity import upgraded_identity
-from etstore.store.base import TraceInfo
+from etstore.store.info import TraceInfo
 
 __all__ = ["FORMAT_VERSION", "Catalog", "ContentRecord", "LegacyTrace", "NameRecord"]
 
@@ -287,13 +286,15 @@ class Catalog:
         )
         return [LegacyTrace(*r) for r in rows]
 
-    def upgrade(self) -> None:
+    def upgrade(self, digests: Mapping[int, str]) -> None:
         """Turn a format-1 catalog into this format, in one SQLite transaction.
 
         Every ``traces`` row becomes a content with the same sequence number (so graph
         uids and warehouse rows keep their trace ids) and, if it was ready, a name.
-        Algorithm digests gain their parameters (:func:`upgraded_identity`). Rows that
-        were not ready stay as contents without names, which the next sweep removes.
+        ``digests`` maps each row's sequence number to its content's identity in this
+        format (an algorithm's digest gains its parameters:
+        :func:`~etstore.store._identity.upgraded_identity`). Rows that were not ready
+        stay as contents without names, which the next sweep removes.
 
         Raises
         ------
@@ -309,16 +310,15 @@ class Catalog:
             cur = db.execute("SELECT * FROM traces ORDER BY seq")
             cols = [d[0] for d in cur.description]
             for r in (dict(zip(cols, row, strict=True)) for row in cur.fetchall()):
-                self._upgrade_row(db, r, seq_of)
+                self._upgrade_row(db, r, seq_of, digests[r["seq"]])
             db.execute("DROP TABLE traces")
             db.execute(_FORMAT_DDL)
             db.execute("INSERT INTO etstore_format VALUES (?)", (FORMAT_VERSION,))
 
     @staticmethod
-    def _upgrade_row(db: sqlite3.Connection, r: dict[str, Any], seq_of: dict[str, int]) -> None:
-        """One format-1 ``traces`` row as a content (and a name, if it was ready)."""
+    def _upgrade_row(db: sqlite3.Connection, r: dict[str, Any], seq_of: dict[str, int], digest: str) -> None:
+        """One format-1 ``traces`` row as a content with identity ``digest`` (and a name, if it was ready)."""
         ready = r["status"] == "ready"
-        digest = upgraded_identity(r["content_hash"], r["kind"], json.loads(r["params"] or "{}"))
         db.execute(
             "INSERT INTO contents (seq, content_hash, kind, ranks, ops, deps, missing, messages, "
             "graph_name, status, created) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",

@@ -63,6 +63,7 @@ from etstore.store.graph import (
     op_nodes,
     uid_base,
 )
+from etstore.store.listing import catalog_traces
 from etstore.store.result import Result
 from etstore.store.warehouse import DEPS_COLUMNS, OPS_COLUMNS, Warehouse
 
@@ -294,7 +295,7 @@ class EmbeddedStore:
     # ------------------------------------------------------------ catalog
 
     def traces(self) -> list[TraceInfo]:
-        return [n.info(c) for n, c in self.catalog.names()]
+        return catalog_traces(self.catalog)  # what ``etstore ls`` reads without the engines
 
     def _lookup(self, name: str) -> tuple[NameRecord, ContentRecord]:
         got = self.catalog.name(name)
@@ -305,8 +306,7 @@ class EmbeddedStore:
         return got
 
     def info(self, name: str) -> TraceInfo:
-        n, c = self._lookup(name)
-        return n.info(c)
+        return NameRecord.info(*self._lookup(name))
 
     # ------------------------------------------------------------ ingest
 

@@ -5,9 +5,11 @@ from __future__ import annotations
 import importlib
 import io
 import json
+import os
 import pkgutil
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -16,9 +18,14 @@ from rich.console import Console
 import etstore.cli
 from etstore import __version__, store
 from etstore.cli import COMMANDS, _parser, main
-from etstore.cli._render import Rows, render
+from etstore.cli._render import Rows, json_text, render
+from etstore.errors import StoreError
+from etstore.store.listing import list_traces
+from etstore.store.upgrade import upgrade_store
+from etstore.testing import clear_store
 from etstore.workloads import transformer
 
+FORMAT1_STORE = Path(__file__).parents[1] / "store" / "data" / "format1-store.tar.xz"
 HEAVY = ("duckdb", "pyarrow", "sqlalchemy", "sqlmodel", "ladybug", "neo4j", "plotly")
 
 # runs the CLI in a fresh interpreter, then names on stderr the heavy and etstore.cli modules it loaded
@@ -35,8 +42,9 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
-def _run(*argv: str, watch: tuple[str, ...] = HEAVY) -> tuple[str, list[str]]:
-    """stdout of ``etstore ARGV`` (which must succeed) and the modules of ``watch`` and the CLI it loaded."""
+def _probe(*argv: str, watch: tuple[str, ...] = HEAVY) -> tuple[int, str, str, list[str]]:
+    """Exit code, stdout and stderr of ``etstore ARGV``, and the modules of ``watch`` and the CLI
+    it loaded."""
     done = subprocess.run(
         [sys.executable, "-c", _PROBE.format(heavy=watch), *argv],
         capture_output=True,
@@ -44,9 +52,18 @@ def _run(*argv: str, watch: tuple[str, ...] = HEAVY) -> tuple[str, list[str]]:
         timeout=120,
         check=False,
     )
-    report = [line for line in done.stderr.splitlines() if line.startswith("loaded:")]
-    assert done.returncode == 0 and len(report) == 1, done.stderr
-    return done.stdout, [m for m in report[0][len("loaded:") :].split(",") if m]
+    lines = done.stderr.splitlines(keepends=True)
+    report = [line for line in lines if line.startswith("loaded:")]
+    assert len(report) == 1, done.stderr
+    err = "".join(line for line in lines if not line.startswith("loaded:"))
+    return done.returncode, done.stdout, err, [m for m in report[0].strip()[len("loaded:") :].split(",") if m]
+
+
+def _run(*argv: str, watch: tuple[str, ...] = HEAVY) -> tuple[str, list[str]]:
+    """stdout of ``etstore ARGV`` (which must succeed) and the modules of ``watch`` and the CLI it loaded."""
+    code, out, err, loaded = _probe(*argv, watch=watch)
+    assert code == 0, err
+    return out, loaded
 
 
 def test_importing_the_cli_loads_no_engine() -> None:
@@ -107,19 +124,135 @@ def _small_store(path: Path) -> None:
         s.ingest(transformer(ranks=2, layers=1, tp=1), name="small")
 
 
-def test_ls_reads_the_catalog_without_the_engines_an_orm_or_pandas(tmp_path: Path) -> None:
+# what ``etstore ls`` must not load: the engines, the array libraries, the readers, the full store
+LS_AVOIDS = (
+    *HEAVY,
+    "pandas",
+    "numpy",
+    "etstore.ingest",
+    "etstore.model",
+    "etstore.store.base",
+    "etstore.store.embedded",
+    "etstore.store.warehouse",
+)
+
+
+def _listed_by_the_store(path: Path) -> list[dict[str, object]]:
+    with store.EmbeddedStore(path, read_only=True) as s:
+        return [t.as_row() for t in s.traces()]
+
+
+def test_ls_reads_the_catalog_alone_and_lists_what_the_store_lists(tmp_path: Path) -> None:
+    path = tmp_path / "s"
+    small, wide = transformer(ranks=2, layers=1, tp=1), transformer(ranks=4, layers=2, tp=2)
+    with store.EmbeddedStore(path) as s:
+        s.ingest(small, name="small")
+        s.ingest(wide, name="wide", parent="small")
+        s.ingest(small, name="again")  # a second name of the first content
+    out, loaded = _run("--store", str(path), "ls", "--format", "json", watch=LS_AVOIDS)
+    assert loaded == ["etstore.cli._common", "etstore.cli._render", "etstore.cli.listing"]
+    rows = json.loads(out)
+    assert rows == json.loads(json_text(_listed_by_the_store(path)))
+    # the counts are the generated traces' own, names in the order they were stored
+    got = [(r["name"], r["ranks"], r["ops"], r["deps"], r["parent"], r["trace_id"]) for r in rows]
+    assert got == [
+        ("small", 2, small.num_ops, small.num_deps, None, 1),
+        ("wide", 4, wide.num_ops, wide.num_deps, "small", 2),
+        ("again", 2, small.num_ops, small.num_deps, None, 1),
+    ]
+    for fmt in ("table", "csv"):
+        _out, loaded = _run("--store", str(path), "ls", "--format", fmt, watch=LS_AVOIDS)
+        assert loaded == ["etstore.cli._common", "etstore.cli._render", "etstore.cli.listing"], fmt
+
+
+def test_listing_answers_only_where_the_catalog_alone_can(tmp_path: Path) -> None:
+    said: list[str] = []
+    assert list_traces("bolt://localhost:1", notify=said.append) is None  # a server: nothing opened
+    assert list_traces(tmp_path / "absent", notify=said.append) is None
+    assert not (tmp_path / "absent").exists()  # the store's own open creates it, not the listing
+    with pytest.raises(StoreError, match=r"^unknown store URL scheme 'http'; use a directory path"):
+        list_traces("http://localhost", notify=said.append)
     _small_store(tmp_path / "s")
-    watch = (*HEAVY, "pandas", "numpy")
-    out, loaded = _run("--store", str(tmp_path / "s"), "ls", "--format", "json", watch=watch)
-    assert [r["name"] for r in json.loads(out)] == ["small"]
-    # the listing is the catalog's (SQLite), rendered from plain rows: no engine, no ORM, and no
-    # Arrow conversion (pyarrow's first one imports pandas). pyarrow and numpy themselves still
-    # come with the store package (etstore.model's schemas, etstore.store.base).
-    assert set(loaded) & set(watch) <= {"pyarrow", "numpy"}, loaded
-    assert "etstore.cli.traces" in loaded and "etstore.cli._inputs" not in loaded
-    out, loaded = _run("--store", str(tmp_path / "s"), "ls", watch=watch)
-    assert "small" in out and "workload" in out
-    assert set(loaded) & set(watch) <= {"pyarrow", "numpy"}, loaded
+    listed = list_traces(tmp_path / "s", notify=said.append)
+    assert listed is not None and [t.as_row() for t in listed] == _listed_by_the_store(tmp_path / "s")
+    assert said == []
+
+
+def test_ls_on_a_new_directory_creates_the_store_as_before(tmp_path: Path) -> None:
+    out, _ = _run("--store", str(tmp_path / "new"), "ls", "--format", "csv")
+    assert out == "name,kind,ranks,ops,deps,missing,messages,parent,created\n"
+    assert (tmp_path / "new" / "catalog.sqlite").is_file()
+    assert list_traces(tmp_path / "new", notify=print) == []
+
+
+_KILLED_MID_INGEST = """
+import os, sys
+from etstore.store import EmbeddedStore
+from etstore.workloads import transformer
+s = EmbeddedStore(sys.argv[1], purpose="test")
+s.ingest(transformer(ranks=2, layers=2, tp=1), name="ghost", progress=lambda *a: os._exit(3))
+"""
+
+
+def test_ls_after_an_interrupted_ingest_recovers_then_reads_the_catalog_alone(tmp_path: Path) -> None:
+    path = tmp_path / "s"
+    _small_store(path)
+    killed = subprocess.Popen(
+        [sys.executable, "-c", _KILLED_MID_INGEST, str(path)], stderr=subprocess.PIPE, text=True
+    )
+    _, killed_err = killed.communicate(timeout=120)
+    assert killed.returncode == 3, killed_err
+    assert '"op": "ingest"' in (path / "journal.json").read_text()
+    # the catalog holds the half-written content: only the store can roll it back, so ls opens it
+    code, out, err, loaded = _probe("--store", str(path), "ls", "--format", "csv", watch=LS_AVOIDS)
+    assert code == 0, err
+    what = f"ingest of 'ghost' (PID {killed.pid}, test)"
+    assert err == f"etstore: recovering from an interrupted {what} in {path} ...\n"
+    assert [line.split(",")[0] for line in out.splitlines()[1:]] == ["small"]
+    assert "etstore.store.embedded" in loaded and not (path / "journal.json").exists()
+    # nothing left to recover: the next ls reads the catalog alone, and lists the same
+    code, again, err, loaded = _probe("--store", str(path), "ls", "--format", "csv", watch=LS_AVOIDS)
+    assert (code, again, err) == (0, out, "")
+    assert loaded == ["etstore.cli._common", "etstore.cli._render", "etstore.cli.listing"]
+
+
+def test_ls_waits_for_a_writer_like_any_reader(tmp_path: Path) -> None:
+    path = tmp_path / "s"
+    with store.EmbeddedStore(path, purpose="test") as s:  # this process writes; ls comes
+        s.ingest(transformer(ranks=2, layers=1, tp=1), name="a")
+        code, out, err, loaded = _probe("--store", str(path), "--wait", "1", "ls", watch=LS_AVOIDS)
+    assert (code, out) == (1, "")
+    assert err.splitlines() == [
+        f"etstore: waiting for PID {os.getpid()} (test) to finish writing {path} ...",
+        f"etstore: error: {path}: gave up after 1 s waiting for PID {os.getpid()} (test) to finish "
+        f"writing {path}; nothing was done (set ETSTORE_WAIT to wait longer)",
+    ]
+    assert loaded == ["etstore.cli._common", "etstore.cli._render", "etstore.cli.listing"]
+
+
+def test_ls_on_a_format1_store_says_what_to_run_then_lists_it(tmp_path: Path) -> None:
+    path = tmp_path / "old"
+    path.mkdir()
+    with tarfile.open(FORMAT1_STORE) as tar:
+        tar.extractall(path, filter="data")
+    code, out, err, _ = _probe("--store", str(path), "ls")
+    assert (code, out) == (1, "")
+    assert err == (
+        f"etstore: error: {path} is store format 1 (written by an older etstore) and is open "
+        f"read-only; upgrade it in place first: python -m etstore.store.upgrade {path}\n"
+    )
+    upgrade_store(path)
+    out, loaded = _run("--store", str(path), "ls", "--format", "json", watch=LS_AVOIDS)
+    assert loaded == ["etstore.cli._common", "etstore.cli._render", "etstore.cli.listing"]
+    # the four traces the format-1 store holds (tests/store/data/README.md)
+    got = {r["name"]: (r["kind"], r["ops"], r["parent"]) for r in json.loads(out)}
+    assert got == {
+        "transformer": ("workload", 20, None),
+        "ring-allreduce-2r-1c": ("algorithm", 10, None),
+        "transformer-expanded": ("expanded", 28, "transformer"),
+        "ll": ("algorithm", 1120, None),
+    }
+    assert json.loads(out) == json.loads(json_text(_listed_by_the_store(path)))
 
 
 def test_ls_prints_what_the_arrow_rendering_printed(tmp_path: Path) -> None:
@@ -167,3 +300,25 @@ def test_plain_rows_align_numbers_right_and_text_left() -> None:
         pytest.importorskip("pyarrow").Table.from_pylist(rows), "table", console=Console(width=80, file=arrow)
     )
     assert buf.getvalue() == arrow.getvalue()
+
+
+def test_ls_of_a_server_lists_what_the_server_store_lists(
+    neo4j_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("ETSTORE_WAREHOUSE", str(tmp_path / "warehouse"))  # the child's too
+    small = transformer(ranks=2, layers=1, tp=1)
+    with store.Neo4jStore(neo4j_url, stale_after_s=0) as s:
+        clear_store(s)
+        s.ingest(small, name="small")
+    try:
+        out, loaded = _run("--store", neo4j_url, "ls", "--format", "json", watch=("neo4j",))
+        with store.Neo4jStore(neo4j_url, read_only=True) as s:
+            listed = [t.as_row() for t in s.traces()]
+        assert "neo4j" in loaded  # a server's listing is the server store's own
+        assert json.loads(out) == json.loads(json_text(listed))
+        assert [(r["name"], r["ops"], r["deps"]) for r in listed] == [
+            ("small", small.num_ops, small.num_deps)
+        ]
+    finally:
+        with store.Neo4jStore(neo4j_url, stale_after_s=0) as s:
+            clear_store(s)

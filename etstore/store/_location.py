@@ -1,0 +1,53 @@
+"""Where a store is: a directory (the embedded store) or a Neo4j server's URL.
+
+The default location and the scheme check live here, apart from the backends, so that
+whoever only needs to know which backend a location names (``etstore ls`` listing an
+embedded store from its catalog alone) loads neither backend.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Literal
+
+from etstore.errors import StoreError
+from etstore.store._neo4j_target import NEO4J_SCHEMES
+
+__all__ = ["DEFAULT_STORE", "ENV_VAR", "resolve_location"]
+
+DEFAULT_STORE = ".etstore"
+"""The store directory used when neither a location nor :data:`ENV_VAR` is given."""
+ENV_VAR = "ETSTORE_STORE"
+"""Environment variable naming the store when no location is given."""
+
+
+def resolve_location(location: str | os.PathLike[str] | None) -> tuple[str, Literal["directory", "neo4j"]]:
+    """The store a location names, and which backend serves it.
+
+    Parameters
+    ----------
+    location
+        A store directory or a ``neo4j://`` / ``bolt://`` URL; None means
+        ``$ETSTORE_STORE``, then ``./.etstore``.
+
+    Returns
+    -------
+    tuple of (str, str)
+        The location as text, and ``"directory"`` (embedded) or ``"neo4j"``.
+
+    Raises
+    ------
+    StoreError
+        The location is a URL of a scheme no backend serves.
+
+    Notes
+    -----
+    O(length of the location); nothing is opened.
+    """
+    loc = str(location) if location is not None else os.environ.get(ENV_VAR) or DEFAULT_STORE
+    scheme = loc.split("://", 1)[0].lower() if "://" in loc else ""
+    if scheme in NEO4J_SCHEMES:
+        return loc, "neo4j"
+    if scheme:
+        raise StoreError(f"unknown store URL scheme {scheme!r}; use a directory path or neo4j:// / bolt://")
+    return loc, "directory"
