@@ -9,7 +9,9 @@ directory in ``$ASTRA_SIM_BIN``; bench/README.md says how they were built), the
 ``etstore workload --tp 8 --layers 8`` transformer at 64 and 256 ranks (``--astra-ranks``)
 is exported once (``.et`` files + comm-group JSON) and run by both tools as separate
 processes on the same files (ring of 50 GB/s, 500 ns links; rt_template's system config
-with local-mem-bw 1600): makespans, their ratio, wall time and peak RSS of each.
+with local-mem-bw 1600): makespans, their ratio, wall time and peak RSS of each, medians
+of ``--repeat`` runs. etstore runs twice over: the library calls (``ETSTORE_RUN``) and the
+``etstore sim`` command a user types (``ETSTORE_CLI``), both with bytecode cached.
 
 Events are the items the event loop processes: an op finishing, or a message
 arriving (plus one per link hop with the congestion-aware model). ``events_per_s``
@@ -28,9 +30,11 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
+import signal
 import statistics
 import subprocess
 import sys
@@ -53,6 +57,7 @@ PY = f"{platform.python_implementation()} {platform.python_version()}"
 MACHINE = f"{platform.machine()} {os.cpu_count()} cpu, {PY}"
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "astra-sim"
 ASTRA_BIN = Path(os.environ.get("ASTRA_SIM_BIN", "/work/astra-build/bin"))
+GNU_TIME = Path("/usr/bin/time")
 ASTRA_BINARY = {
     "unaware": "AstraSim_Analytical_Congestion_Unaware",
     "aware": "AstraSim_Analytical_Congestion_Aware",
@@ -68,6 +73,12 @@ cfg = dataclasses.replace(read_system_config(system), congestion=congestion)
 res = simulate(read_et(prefix), net.topology, config=cfg, groups=read_comm_groups(groups), dims=net.dims)
 print(int(res.total_ns), res.wall_s)
 """
+# the same run as a user types it: `etstore sim` on the exported files, nothing recorded
+ETSTORE_CLI = [
+    "-m", "etstore.cli", "--store", "{store}", "sim", "{prefix}", "--network-config", "{network}",
+    "--system-config", "{system}", "--comm-groups", "{groups}", "--congestion", "{congestion}",
+    "--no-record", "--format", "json",
+]  # fmt: skip
 
 
 def emit(metric: str, value: float, unit: str, n: int, **extra: object) -> None:
@@ -148,19 +159,41 @@ def measure(
     emit(f"sim.{name}.wall_s", round(wall, 4), "s", trace.num_ops, **common)
 
 
-def timed_process(cmd: list[str], cwd: Path, timeout_s: float) -> tuple[str, float, float]:
-    """Run ``cmd``; its output, wall seconds and peak RSS in MiB (``wait4``: this child alone).
+def kill_group(pid: int) -> None:
+    """SIGKILL the process group ``pid`` leads, if it still exists."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, signal.SIGKILL)
+
+
+def timed_process(
+    cmd: list[str], cwd: Path, timeout_s: float, env: dict[str, str] | None = None
+) -> tuple[str, float, float]:
+    """Run ``cmd``; its output, wall seconds and peak RSS in MiB.
+
+    The peak RSS is GNU time's (``/usr/bin/time``, when present): a child started from this
+    process by vfork or fork inherits this process's high-water mark through ``exec``, so
+    ``wait4`` would report this process's RSS for any smaller child (ASTRA-sim's ≈ 20 MiB
+    as ≈ 150 MiB). Without GNU time it is ``wait4``'s, a bound from above.
 
     Raises RuntimeError when it fails or runs longer than ``timeout_s`` (it is killed then).
     """
     log = cwd / "run.log"
+    rss_file = cwd / "run.rss"
+    name = Path(cmd[0]).name
+    if GNU_TIME.exists():
+        cmd = [str(GNU_TIME), "-f", "%M", "-o", str(rss_file), *cmd]
     t0 = time.perf_counter()
-    with log.open("w") as out:
-        proc = subprocess.Popen(cmd, cwd=cwd, stdout=out, stderr=subprocess.STDOUT)
-    timer = threading.Timer(timeout_s, proc.kill)
+    with log.open("w") as out:  # its own process group, so that a kill reaches GNU time's child too
+        proc = subprocess.Popen(
+            cmd, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
+    timer = threading.Timer(timeout_s, kill_group, (proc.pid,))
     timer.start()
     try:
         _, status, usage = os.wait4(proc.pid, 0)
+    except BaseException:  # Ctrl-C: the runs do not outlive the benchmark
+        kill_group(proc.pid)
+        raise
     finally:
         timer.cancel()
     wall = time.perf_counter() - t0
@@ -168,8 +201,29 @@ def timed_process(cmd: list[str], cwd: Path, timeout_s: float) -> tuple[str, flo
     text = log.read_text(errors="replace")
     if proc.returncode:
         why = "timed out" if wall >= timeout_s else f"exited {proc.returncode}"
-        raise RuntimeError(f"{Path(cmd[0]).name} {why}: {text.strip().splitlines()[-1:]}")
+        raise RuntimeError(f"{name} {why}: {text.strip().splitlines()[-1:]}")
+    if GNU_TIME.exists():
+        return text, wall, int(rss_file.read_text().split()[-1]) / 1024  # KiB
     return text, wall, usage.ru_maxrss / 1024
+
+
+def repeated(
+    cmd: list[str], cwd: Path, timeout_s: float, repeat: int, env: dict[str, str] | None = None
+) -> tuple[str, float, float]:
+    """:func:`timed_process` ``repeat`` times: the last output, the median wall, the largest peak RSS."""
+    runs = [timed_process(cmd, cwd, timeout_s, env) for _ in range(max(1, repeat))]
+    return runs[-1][0], statistics.median(r[1] for r in runs), max(r[2] for r in runs)
+
+
+def installed_env(cache: Path) -> dict[str, str]:
+    """This environment, with bytecode cached (in ``cache``) as an installed package has it.
+
+    Compiling every module of the package again on each run (``PYTHONDONTWRITEBYTECODE``,
+    set on some development machines) would add ≈ 0.2 s to each etstore process.
+    """
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    env["PYTHONPYCACHEPREFIX"] = str(cache)
+    return env
 
 
 def astra_makespan_ns(out: str) -> float:
@@ -182,7 +236,7 @@ def astra_makespan_ns(out: str) -> float:
     return float(max(ends))
 
 
-def astra_comparison(ranks_list: list[int], timeout_s: float) -> None:
+def astra_comparison(ranks_list: list[int], timeout_s: float, repeat: int = 3) -> None:
     """ASTRA-sim vs etstore on the same exported transformer workload, both as processes."""
     from etstore.ingest.comm_groups import write_astra_et
     from etstore.workloads import transformer
@@ -194,6 +248,7 @@ def astra_comparison(ranks_list: list[int], timeout_s: float) -> None:
     for n in ranks_list:
         with tempfile.TemporaryDirectory() as tmp:
             d = Path(tmp)
+            env = installed_env(d / "pycache")
             paths = write_astra_et(transformer(ranks=n, tp=8, layers=8), d / "w")
             system = json.loads((rt / "system_cfg.json").read_text())
             system["local-mem-bw"] = 1600
@@ -208,7 +263,7 @@ def astra_comparison(ranks_list: list[int], timeout_s: float) -> None:
                     "workload": f"transformer tp8 x 8 layers, {n} ranks",
                 }
                 try:
-                    out, a_wall, a_rss = timed_process(
+                    out, a_wall, a_rss = repeated(
                         [
                             str(ASTRA_BIN / binary),
                             f"--workload-configuration={files[0]}",
@@ -219,24 +274,35 @@ def astra_comparison(ranks_list: list[int], timeout_s: float) -> None:
                         ],
                         d,
                         timeout_s,
+                        repeat,
                     )
                     a_ns = astra_makespan_ns(out)
                 except RuntimeError as exc:
                     emit(f"astra.{n}.{cong}.skipped", 0, "", n, reason=str(exc)[:200])
                     continue
-                out, e_wall, e_rss = timed_process(
-                    [sys.executable, "-c", ETSTORE_RUN, *files, cong], d, timeout_s
-                )
+                etstore_run = [sys.executable, "-c", ETSTORE_RUN, *files, cong]
+                timed_process(etstore_run, d, timeout_s, env)  # writes the bytecode cache, untimed
+                out, e_wall, e_rss = repeated(etstore_run, d, timeout_s, repeat, env)
                 e_ns, e_sim = (float(x) for x in out.strip().splitlines()[-1].split())
+                fields = dict(zip(("prefix", "groups", "system", "network"), files, strict=True))
+                cli = [a.format(store=d / "store", congestion=cong, **fields) for a in ETSTORE_CLI]
+                out, c_wall, c_rss = repeated([sys.executable, *cli], d, timeout_s, repeat, env)
+                summary = json.loads(out[out.index("{") : out.rindex("}") + 1])
                 row.update(
                     astra_total_ns=a_ns,
                     etstore_total_ns=e_ns,
                     astra_wall_s=round(a_wall, 3),
                     etstore_wall_s=round(e_wall, 3),
                     etstore_simulate_s=round(e_sim, 3),
+                    etstore_cli_wall_s=round(c_wall, 3),
+                    etstore_cli_simulate_s=round(summary["wall_s"], 3),
+                    etstore_cli_total_ns=summary["total_ns"],
                     astra_peak_rss_mib=round(a_rss, 1),
                     etstore_peak_rss_mib=round(e_rss, 1),
+                    etstore_cli_peak_rss_mib=round(c_rss, 1),
                     wall_ratio=round(e_wall / a_wall, 2),
+                    cli_wall_ratio=round(c_wall / a_wall, 2),
+                    repeat=repeat,
                 )
                 emit(f"astra.{n}.{cong}.total_ns_ratio", round(e_ns / a_ns, 6), "etstore/ASTRA-sim", n, **row)
 
@@ -255,7 +321,7 @@ def main() -> None:
     args = ap.parse_args()
 
     if args.astra_ranks:
-        astra_comparison([int(r) for r in args.astra_ranks.split(",")], args.astra_timeout)
+        astra_comparison([int(r) for r in args.astra_ranks.split(",")], args.astra_timeout, args.repeat)
     if args.astra_only:
         return
 

@@ -1,30 +1,27 @@
 """Readers and writers: Chakra ``.et``, Chakra JSON, PyTorch execution traces and Kineto
 traces, MSCCL-IR XML, ASTRA-sim custom collectives. :func:`read_trace` recognises each
-input by its content."""
+input by its content.
+
+The readers and writers are imported on first use (PEP 562): a process that reads one
+format (``from etstore.ingest.et import read_et``, as a simulation of ``.et`` files
+does) loads neither the other readers nor the MSCCL writer's XML and URL modules.
+"""
 
 from __future__ import annotations
 
-from pathlib import Path
+import importlib
+from typing import TYPE_CHECKING
 
-from etstore.errors import TraceFormatError
-from etstore.ingest.algorithm_et import message_sizes, write_algorithm_et
-from etstore.ingest.chakra_json import read_chakra_json, write_chakra_json
-from etstore.ingest.et import read_et, write_et
-from etstore.ingest.files import (
-    CHAKRA_JSON,
-    KINETO,
-    MSCCL_XML,
-    PYTORCH_ET,
-    candidate_files,
-    resolve_rank_files,
-    sniff_format,
-    torch_rank_files,
-)
-from etstore.ingest.kineto import read_kineto
-from etstore.ingest.msccl_writer import to_msccl_xml, write_msccl_xml
-from etstore.ingest.msccl_xml import read_msccl_xml
-from etstore.ingest.pytorch_et import read_pytorch_et
-from etstore.model import Trace
+if TYPE_CHECKING:
+    from etstore.ingest.algorithm_et import message_sizes, write_algorithm_et
+    from etstore.ingest.chakra_json import read_chakra_json, write_chakra_json
+    from etstore.ingest.et import read_et, write_et
+    from etstore.ingest.files import resolve_rank_files
+    from etstore.ingest.kineto import read_kineto
+    from etstore.ingest.msccl_writer import to_msccl_xml, write_msccl_xml
+    from etstore.ingest.msccl_xml import read_msccl_xml
+    from etstore.ingest.pytorch_et import read_pytorch_et
+    from etstore.ingest.recognise import read_trace
 
 __all__ = [
     "message_sizes",
@@ -42,88 +39,39 @@ __all__ = [
     "write_msccl_xml",
 ]
 
-
-def read_trace(spec: str | Path, *, name: str | None = None) -> Trace:
-    """Read any supported input, recognised by its content (gzip or not), not its name.
-
-    Parameters
-    ----------
-    spec
-        A file, a directory, a glob or ``<dir>/<prefix>``. A file is Chakra ``.et``
-        (binary frames, with or without GlobalMetadata), Chakra JSON, a PyTorch execution
-        trace, a Kineto trace or MSCCL-IR XML. A directory (or glob) of per-rank files is
-        one trace: Chakra ``<prefix>.<rank>.et``/``.json``, or PyTorch files whose rank is
-        in their metadata (Kineto ``distributedInfo.rank``) or their name; an execution
-        trace and a Kineto trace of the same rank are linked.
-    name
-        The trace name; defaults to the file prefix.
-
-    Returns
-    -------
-    Trace
-        For PyTorch inputs ``params["recognised"]`` says what was found (format, ops,
-        collectives by type, linked fraction).
-
-    Raises
-    ------
-    TraceFormatError
-        One line naming the file: unreadable, truncated or foreign content, a missing
-        rank, files of different runs, or a format's own errors.
-
-    Notes
-    -----
-    Recognition reads the first 64 KiB of each file; the readers' costs follow.
-    """
-    found = candidate_files(spec)
-    if found is None:
-        path = Path(spec)
-        if not path.is_file():  # <dir>/<prefix>: Chakra's rank files
-            return _read_chakra(spec, name)
-        return _read_one_file(path, name)
-    where, files = found
-    formats = [(p, _sniff_in_directory(p)) for p in files]
-    torch = [(p, f) for p, f in formats if f in (PYTORCH_ET, KINETO)]
-    if not torch:
-        return _read_chakra(spec, name)
-    if len(torch) != len(formats):
-        other = next(p for p, f in formats if f not in (PYTORCH_ET, KINETO))
-        raise TraceFormatError(f"{other}: not a PyTorch trace, unlike the other files in {where}")
-    ranks = torch_rank_files(where, torch)
-    if name is None and Path(spec).is_dir():  # per-rank files share no prefix worth keeping
-        name = Path(spec).resolve().name
-    if ranks.et:
-        return read_pytorch_et(ranks.et, name=name, kineto=ranks.kineto or None)
-    return read_kineto(sorted(ranks.kineto.items()), name=name, docs=ranks.docs)
+# name → the module that defines it; imported by __getattr__ on first access
+_LAZY = {
+    "message_sizes": "etstore.ingest.algorithm_et",
+    "read_chakra_json": "etstore.ingest.chakra_json",
+    "read_et": "etstore.ingest.et",
+    "read_kineto": "etstore.ingest.kineto",
+    "read_msccl_xml": "etstore.ingest.msccl_xml",
+    "read_pytorch_et": "etstore.ingest.pytorch_et",
+    "read_trace": "etstore.ingest.recognise",
+    "resolve_rank_files": "etstore.ingest.files",
+    "to_msccl_xml": "etstore.ingest.msccl_writer",
+    "write_algorithm_et": "etstore.ingest.algorithm_et",
+    "write_chakra_json": "etstore.ingest.chakra_json",
+    "write_et": "etstore.ingest.et",
+    "write_msccl_xml": "etstore.ingest.msccl_writer",
+}
 
 
-def _sniff_in_directory(path: Path) -> str | None:
-    """A directory member's format; None for a file that is no trace (a side file such as
-    a comm-group JSON), which the Chakra rules then judge by its name."""
-    try:
-        return sniff_format(path)
-    except TraceFormatError:
-        return None
+if not TYPE_CHECKING:  # hidden from mypy, which would otherwise type every submodule as `object`
+
+    def __getattr__(name: str) -> object:
+        """Import a reader or writer on first access and keep it as a global.
+
+        A name that is neither (a submodule such as ``et``) raises AttributeError, so that
+        ``from etstore.ingest import et`` imports the submodule as usual.
+        """
+        home = _LAZY.get(name)
+        if home is None:
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        value = getattr(importlib.import_module(home), name)
+        globals()[name] = value
+        return value
 
 
-def _read_one_file(path: Path, name: str | None) -> Trace:
-    fmt = sniff_format(path)
-    if fmt == MSCCL_XML:
-        with path.open("rb") as f:
-            if f.read(2) == b"\x1f\x8b":  # the XML reader streams the file itself
-                raise TraceFormatError(f"{path}: gzip-compressed MSCCL-IR XML; decompress it first")
-        return read_msccl_xml(path, name=name)
-    if fmt == KINETO:
-        return read_kineto(path, name=name)
-    if fmt == PYTORCH_ET:
-        return read_pytorch_et(path, name=name)
-    if fmt == CHAKRA_JSON:
-        return read_chakra_json(path, name=name)
-    return read_et(path, name=name)
-
-
-def _read_chakra(spec: str | Path, name: str | None) -> Trace:
-    """Chakra rank files (``<prefix>.<rank>.et`` or ``.json``)."""
-    _, files = resolve_rank_files(spec)
-    if files and sniff_format(files[0][1]) == CHAKRA_JSON:
-        return read_chakra_json(spec, name=name)
-    return read_et(spec, name=name)
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

@@ -1,10 +1,15 @@
 """Varint-framed protobuf streams: open (gzip-sniffed, decompressed within a budget), validate and
-split into frames, and the upfront limits on what one file may make us hold in memory."""
+split into frames, and the upfront limits on what one file may make us hold in memory. JSON files
+are opened the same way (:func:`load_json`), here rather than beside the PyTorch readers so that
+recognising a file's format does not load them."""
 
 from __future__ import annotations
 
 import zlib
 from pathlib import Path
+from typing import Any
+
+import orjson
 
 from etstore.errors import TraceFormatError
 from etstore.units import BUDGET_ENV_VAR, format_bytes, memory_budget
@@ -13,6 +18,7 @@ __all__ = [
     "BYTES_PER_NODE",
     "DECODED_BYTES_FACTOR",
     "frame_limit_message",
+    "load_json",
     "max_decoded_bytes",
     "max_nodes",
     "read_bytes",
@@ -145,6 +151,15 @@ def read_bytes(path: Path, *, sniff: bool = True, limit: int | None = None) -> b
         if sniff and data.startswith(magic):
             raise TraceFormatError(f"{path}: not a Chakra ET file: it is {what}")
     return data
+
+
+def load_json(path: Path) -> Any:
+    """Decode a JSON file (plain or gzip); truncated or invalid JSON is a TraceFormatError."""
+    data = read_bytes(path, sniff=False)
+    try:
+        return orjson.loads(data)  # strict JSON (no NaN), ~1.7x the standard library's speed
+    except (ValueError, UnicodeDecodeError) as exc:  # orjson.JSONDecodeError is a ValueError
+        raise TraceFormatError(f"{path}: not valid JSON (truncated or corrupt): {exc}") from exc
 
 
 def varint(data: bytes, pos: int, path: Path) -> tuple[int, int]:

@@ -48,6 +48,10 @@ def _check_build() -> None:
 
 _check_build()
 _PROMOTED_KIND = [kind for _, kind, _ in _etcodec.PROMOTED]
+# (name, type) of each column, read once: walking a schema makes new Field objects each time, which
+# on an exported workload's small files costs several times what the C decoder takes
+_OPS_FIELDS = [(f.name, f.type) for f in OPS_SCHEMA]
+_DEPS_FIELDS = [(f.name, f.type) for f in DEPS_SCHEMA]
 
 
 def _array(typ: pa.DataType, length: int, parts: tuple[Any, ...]) -> pa.Array:
@@ -72,19 +76,26 @@ def decode_rank(
     if isinstance(result, int):
         raise TraceFormatError(f"{path}: {frame_limit_message(result)}")
     n, m, meta, ops_cols, deps_cols = result
-    arrays = []
-    for f in OPS_SCHEMA:
-        if f.name == "rank":
-            arrays.append(pa.array(np.full(n, rank, dtype=np.int32)))
-        else:
-            arrays.append(_array(f.type, n, ops_cols[f.name]))
-    ops = pa.Table.from_arrays(arrays, schema=OPS_SCHEMA)
+    ops = pa.Table.from_arrays(
+        [
+            _rank_column(n, rank) if name == "rank" else _array(typ, n, ops_cols[name])
+            for name, typ in _OPS_FIELDS
+        ],
+        schema=OPS_SCHEMA,
+    )
     deps = pa.Table.from_arrays(
-        [pa.array(np.full(m, rank, dtype=np.int32))]
-        + [_array(f.type, m, deps_cols[f.name]) for f in DEPS_SCHEMA if f.name != "rank"],
+        [
+            _rank_column(m, rank) if name == "rank" else _array(typ, m, deps_cols[name])
+            for name, typ in _DEPS_FIELDS
+        ],
         schema=DEPS_SCHEMA,
     )
     return ops, deps, meta
+
+
+def _rank_column(n: int, rank: int) -> pa.Array:
+    """``n`` copies of ``rank``, as the int32 column both tables start with."""
+    return pa.Array.from_buffers(pa.int32(), n, [None, pa.py_buffer(np.full(n, rank, dtype=np.int32))])
 
 
 # ---------------------------------------------------------------- encoding

@@ -24,10 +24,9 @@ import numpy as np
 import orjson
 
 from etstore.errors import TraceFormatError
-from etstore.ingest._frames import read_bytes
 from etstore.ingest._torch_comm import ProcessGroup, process_groups
 
-__all__ = ["KernelOps", "LinkResult", "dumps", "link_rank", "load_json"]
+__all__ = ["KernelOps", "LinkResult", "dumps", "link_rank"]
 
 # Kineto categories of host-side events that an ET node can correspond to
 _CPU_CATS = frozenset({"cpu_op", "user_annotation", "operator", "Operator", "cpu_instant_event"})
@@ -41,15 +40,6 @@ _HEADS = 8
 _RUNTIME_CATS = frozenset(
     {"cuda_runtime", "cuda_driver", "Runtime", "Driver", "hip_runtime", "privateuse1_runtime"}
 )
-
-
-def load_json(path: Path) -> Any:
-    """Decode a JSON file (plain or gzip); truncated or invalid JSON is a TraceFormatError."""
-    data = read_bytes(path, sniff=False)
-    try:
-        return orjson.loads(data)  # strict JSON (no NaN), ~1.7x the standard library's speed
-    except (ValueError, UnicodeDecodeError) as exc:  # orjson.JSONDecodeError is a ValueError
-        raise TraceFormatError(f"{path}: not valid JSON (truncated or corrupt): {exc}") from exc
 
 
 def dumps(value: Any) -> bytes:
@@ -287,7 +277,8 @@ def link_rank(
     Parameters
     ----------
     doc, path
-        The decoded Kineto trace (Chrome-trace JSON, see :func:`load_json`) and its file.
+        The decoded Kineto trace (Chrome-trace JSON, as :func:`~etstore.ingest._frames.load_json` reads it)
+        and its file.
     names, rf_ids, tids
         Each ET node's name, record-function id (-1 when absent) and thread.
     parent_row

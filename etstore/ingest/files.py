@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from etstore.errors import ConfigError, TraceFormatError
-from etstore.ingest._torch_link import load_json
+from etstore.ingest._frames import load_json
 
 __all__ = [
     "CHAKRA_ET",

@@ -39,7 +39,7 @@ import numpy as np
 import pyarrow as pa
 
 from etstore.errors import TraceFormatError
-from etstore.ingest._frames import write_varint
+from etstore.ingest._frames import load_json, write_varint
 from etstore.ingest._guard import values_in_range
 from etstore.ingest._kineto_events import (
     KERNEL_CATS,
@@ -62,7 +62,7 @@ from etstore.ingest._torch_comm import (
     is_comm_kernel,
     process_groups,
 )
-from etstore.ingest._torch_link import dumps, load_json
+from etstore.ingest._torch_link import dumps
 from etstore.ingest.files import stated_rank
 from etstore.model import ATTR_COLUMNS, DEPS_SCHEMA, META_SCHEMA, OPS_SCHEMA, Trace, member_number
 from etstore.proto import AttributeProto, GlobalMetadata

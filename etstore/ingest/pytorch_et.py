@@ -45,7 +45,7 @@ import numpy as np
 import pyarrow as pa
 
 from etstore.errors import TraceFormatError
-from etstore.ingest._frames import write_varint
+from etstore.ingest._frames import load_json, write_varint
 from etstore.ingest._guard import values_in_range
 from etstore.ingest._torch_comm import COLL_NODE, RECV_NODE, SEND_NODE, comm_args, is_comm_kernel
 from etstore.ingest._torch_et_nodes import (
@@ -59,7 +59,7 @@ from etstore.ingest._torch_et_nodes import (
     parse_nodes,
     tensors,
 )
-from etstore.ingest._torch_link import LinkResult, link_rank, load_json
+from etstore.ingest._torch_link import LinkResult, link_rank
 from etstore.ingest.et import split_missing
 from etstore.model import ATTR_COLUMNS, META_SCHEMA, OPS_SCHEMA, Trace, deps_table, member_number
 from etstore.proto import GlobalMetadata

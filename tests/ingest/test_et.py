@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import gzip
+import threading
 from pathlib import Path
+from typing import Any
 
 import networkx as nx
 import pyarrow.compute as pc
 import pytest
 
 from etstore.errors import TraceFormatError
-from etstore.ingest import read_et, read_trace, write_et
+from etstore.ingest import et, read_et, read_trace, write_et
 from etstore.ingest._frames import varint
 from etstore.ingest.files import resolve_rank_files
 from etstore.model import decode_attrs
@@ -215,3 +217,39 @@ def test_old_form_with_uint64_comm_size(tmp_path: Path) -> None:
     written = Node.FromString(_without_metadata(data)[1:])
     assert written.attr[2].WhichOneof("value") == "uint64_val"  # the member it came in
     assert read_et(out).ops.equals(t.ops)
+
+
+def test_small_inputs_decode_in_the_calling_thread_large_ones_on_workers_alike(
+    custom_allreduce: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under PARALLEL_DECODE_BYTES the ranks decode in the caller's thread (no pool to start for
+    an exported workload's small files), above it on worker threads: the same trace, and the
+    same first error (the lowest bad rank's), either way."""
+    threads: list[int] = []
+    decode_file = et._decode_file
+
+    def watched(path: Path, rank: int) -> Any:
+        threads.append(threading.get_ident())
+        return decode_file(path, rank)
+
+    monkeypatch.setattr(et, "_decode_file", watched)
+    monkeypatch.setattr(et.os, "cpu_count", lambda: 2)  # workers even on a one-core machine
+    prefix = custom_allreduce / "custom_allreduce"
+    assert sum(p.stat().st_size for p in custom_allreduce.glob("*.et")) < et.PARALLEL_DECODE_BYTES
+    small = read_et(prefix)
+    assert threads == [threading.get_ident()] * 8  # 8 ranks, each in this thread
+    threads.clear()
+    monkeypatch.setattr(et, "PARALLEL_DECODE_BYTES", 0)
+    large = read_et(prefix)
+    assert len(threads) == 8 and threading.get_ident() not in threads
+    assert small.num_ops == 8 * 35 and small.ranks == list(range(8))  # the fixture's 8 files of 35 nodes
+    for table in ("ops", "deps", "missing", "meta"):
+        assert getattr(large, table).equals(getattr(small, table)), table
+    for p in custom_allreduce.glob("*.et"):
+        (tmp_path / p.name).write_bytes(p.read_bytes())
+    for rank in (5, 3):
+        (tmp_path / f"custom_allreduce.{rank}.et").write_bytes(b"\x00\x05\x08\x01")  # truncated
+    for limit in (0, 1 << 30):  # on workers, then in this thread
+        monkeypatch.setattr(et, "PARALLEL_DECODE_BYTES", limit)
+        with pytest.raises(TraceFormatError, match=r"custom_allreduce\.3\.et: .*truncated"):
+            read_et(tmp_path / "custom_allreduce")

@@ -1,0 +1,115 @@
+"""Any supported input, recognised by its content: :func:`read_trace`.
+
+Apart from the package's ``__init__`` so that reading one format (``from
+etstore.ingest.et import read_et``) does not load every other reader.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from etstore.errors import TraceFormatError
+from etstore.ingest.chakra_json import read_chakra_json
+from etstore.ingest.et import read_et
+from etstore.ingest.files import (
+    CHAKRA_JSON,
+    KINETO,
+    MSCCL_XML,
+    PYTORCH_ET,
+    candidate_files,
+    resolve_rank_files,
+    sniff_format,
+    torch_rank_files,
+)
+from etstore.ingest.kineto import read_kineto
+from etstore.ingest.msccl_xml import read_msccl_xml
+from etstore.ingest.pytorch_et import read_pytorch_et
+from etstore.model import Trace
+
+__all__ = ["read_trace"]
+
+
+def read_trace(spec: str | Path, *, name: str | None = None) -> Trace:
+    """Read any supported input, recognised by its content (gzip or not), not its name.
+
+    Parameters
+    ----------
+    spec
+        A file, a directory, a glob or ``<dir>/<prefix>``. A file is Chakra ``.et``
+        (binary frames, with or without GlobalMetadata), Chakra JSON, a PyTorch execution
+        trace, a Kineto trace or MSCCL-IR XML. A directory (or glob) of per-rank files is
+        one trace: Chakra ``<prefix>.<rank>.et``/``.json``, or PyTorch files whose rank is
+        in their metadata (Kineto ``distributedInfo.rank``) or their name; an execution
+        trace and a Kineto trace of the same rank are linked.
+    name
+        The trace name; defaults to the file prefix.
+
+    Returns
+    -------
+    Trace
+        For PyTorch inputs ``params["recognised"]`` says what was found (format, ops,
+        collectives by type, linked fraction).
+
+    Raises
+    ------
+    TraceFormatError
+        One line naming the file: unreadable, truncated or foreign content, a missing
+        rank, files of different runs, or a format's own errors.
+
+    Notes
+    -----
+    Recognition reads the first 64 KiB of each file; the readers' costs follow.
+    """
+    found = candidate_files(spec)
+    if found is None:
+        path = Path(spec)
+        if not path.is_file():  # <dir>/<prefix>: Chakra's rank files
+            return _read_chakra(spec, name)
+        return _read_one_file(path, name)
+    where, files = found
+    formats = [(p, _sniff_in_directory(p)) for p in files]
+    torch = [(p, f) for p, f in formats if f in (PYTORCH_ET, KINETO)]
+    if not torch:
+        return _read_chakra(spec, name)
+    if len(torch) != len(formats):
+        other = next(p for p, f in formats if f not in (PYTORCH_ET, KINETO))
+        raise TraceFormatError(f"{other}: not a PyTorch trace, unlike the other files in {where}")
+    ranks = torch_rank_files(where, torch)
+    if name is None and Path(spec).is_dir():  # per-rank files share no prefix worth keeping
+        name = Path(spec).resolve().name
+    if ranks.et:
+        return read_pytorch_et(ranks.et, name=name, kineto=ranks.kineto or None)
+    return read_kineto(sorted(ranks.kineto.items()), name=name, docs=ranks.docs)
+
+
+def _sniff_in_directory(path: Path) -> str | None:
+    """A directory member's format; None for a file that is no trace (a side file such as
+    a comm-group JSON), which the Chakra rules then judge by its name."""
+    try:
+        return sniff_format(path)
+    except TraceFormatError:
+        return None
+
+
+def _read_one_file(path: Path, name: str | None) -> Trace:
+    fmt = sniff_format(path)
+    if fmt == MSCCL_XML:
+        with path.open("rb") as f:
+            if f.read(2) == b"\x1f\x8b":  # the XML reader streams the file itself
+                raise TraceFormatError(f"{path}: gzip-compressed MSCCL-IR XML; decompress it first")
+        return read_msccl_xml(path, name=name)
+    if fmt == KINETO:
+        return read_kineto(path, name=name)
+    if fmt == PYTORCH_ET:
+        return read_pytorch_et(path, name=name)
+    if fmt == CHAKRA_JSON:
+        return read_chakra_json(path, name=name)
+    return read_et(path, name=name)
+
+
+def _read_chakra(spec: str | Path, name: str | None) -> Trace:
+    """Chakra rank files (``<prefix>.<rank>.et`` or ``.json``)."""
+    _, files = resolve_rank_files(spec)
+    if files and sniff_format(files[0][1]) == CHAKRA_JSON:
+        return read_chakra_json(spec, name=name)
+    return read_et(spec, name=name)

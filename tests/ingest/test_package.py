@@ -1,0 +1,56 @@
+"""The ingest package loads a reader when it is first named, not every reader at once."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+import etstore.ingest
+from etstore.ingest import chakra_json, et, recognise
+
+
+def _loaded_after(statement: str) -> list[str]:
+    """The ``etstore.ingest`` modules a fresh interpreter holds after running ``statement``."""
+    listing = "json.dumps(sorted(m for m in sys.modules if m.startswith('etstore.ingest')))"
+    code = f"import json, sys\n{statement}\nprint({listing})"
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
+    return list(json.loads(out))
+
+
+def test_reading_et_files_loads_only_the_et_reader() -> None:
+    # what a simulation of exported .et files imports: no Kineto, PyTorch, MSCCL or JSON readers
+    # (the native codec's two modules are there when it is built)
+    loaded = set(_loaded_after("from etstore.ingest.et import read_et"))
+    assert {"etstore.ingest", "etstore.ingest._frames", "etstore.ingest.et", "etstore.ingest.files"} <= loaded
+    assert loaded <= {
+        "etstore.ingest",
+        "etstore.ingest._etcodec",
+        "etstore.ingest._frames",
+        "etstore.ingest._native",
+        "etstore.ingest.et",
+        "etstore.ingest.files",
+    }
+
+
+def test_naming_a_reader_on_the_package_loads_its_module() -> None:
+    loaded = _loaded_after("from etstore.ingest import read_chakra_json")
+    assert "etstore.ingest.chakra_json" in loaded and "etstore.ingest.msccl_writer" not in loaded
+    assert "etstore.ingest.msccl_writer" in _loaded_after("import etstore.ingest as i\ni.write_msccl_xml")
+
+
+def test_every_exported_name_is_the_defining_modules_own() -> None:
+    for name in etstore.ingest.__all__:
+        value = getattr(etstore.ingest, name)
+        assert value.__module__.startswith("etstore.ingest."), name
+    assert etstore.ingest.read_et is et.read_et and etstore.ingest.write_et is et.write_et
+    assert etstore.ingest.read_trace is recognise.read_trace
+    assert etstore.ingest.read_chakra_json is chakra_json.read_chakra_json
+    assert set(etstore.ingest.__all__) <= set(dir(etstore.ingest))
+
+
+def test_an_unknown_name_is_an_attribute_error() -> None:
+    with pytest.raises(AttributeError, match=r"module 'etstore\.ingest' has no attribute 'read_nothing'"):
+        etstore.ingest.read_nothing  # noqa: B018
