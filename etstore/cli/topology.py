@@ -85,7 +85,7 @@ def _synth(args: argparse.Namespace, console: Console) -> int:
             root=args.root,
             progress=step,
         )
-        if step:  # the trace is built on first access: here, under the bar
+        if step and not args.no_store:  # the trace is built on first access: here, under the bar
             transfers = len(res.schedule)
             step("trace", 0, transfers)
             _built = res.trace  # a cached property
@@ -95,7 +95,7 @@ def _synth(args: argparse.Namespace, console: Console) -> int:
             with open_from_args(args) as store:
                 stored = (lambda ph, done, total: step(f"store {ph}", done, total)) if step else None
                 report = store.ingest(res.trace, name=name, progress=stored)
-    doc = res.to_dict()
+    doc = res.to_dict(deps=not args.no_store)  # without storing, the trace is never built
     if not args.no_store:
         doc = {"trace": report.trace.name, "status": "new" if report.created else "already stored", **doc}
     if args.format == "json":
@@ -110,7 +110,7 @@ def _synth(args: argparse.Namespace, console: Console) -> int:
         f"{res.buffer_bytes:,} B){where}\n"
         f"  collective time {res.time_ns / 1e3:,.2f} µs, lower bound {res.lower_bound_ns / 1e3:,.2f} µs, "
         f"ratio {res.ratio:.4f}\n"
-        f"  {len(res.schedule):,} transfers, {res.trace.num_ops:,} ops; best of {res.trials} trial(s) "
+        f"  {len(res.schedule):,} transfers, {res.num_ops:,} ops; best of {res.trials} trial(s) "
         f"(seed {res.seed}), synthesized in {res.synthesis_s:.3f} s",
         highlight=False,
         soft_wrap=True,

@@ -118,13 +118,27 @@ class SynthResult:
         return trace.replace(params=params)
 
     @property
+    def num_ops(self) -> int:
+        """Ops of :attr:`trace`, counted from the schedule without building it: a send and a
+        receive per transfer, a reduction per transfer of a reduction phase, and All-to-All's
+        one local copy per own chunk."""
+        n = 2 * len(self.schedule) + int((self.schedule.phase == 0).sum())
+        if self.collective == "alltoall":
+            n += self.num_npus * self.chunks_per_npu
+        return n
+
+    @property
     def ratio(self) -> float:
         """``time_ns / lower_bound_ns`` (1.0 when both are 0)."""
         return self.time_ns / self.lower_bound_ns if self.lower_bound_ns > 0 else 1.0
 
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON-able summary (what ``etstore synth --format json`` prints); times in ns."""
-        return {
+    def to_dict(self, *, deps: bool = True) -> dict[str, Any]:
+        """A JSON-able summary (what ``etstore synth --format json`` prints); times in ns.
+
+        ``deps=False`` leaves out the dependency count, the one figure that needs the
+        trace built (≈ 200 bytes per transfer; ``etstore synth --no-store`` never builds it).
+        """
+        doc: dict[str, Any] = {
             "collective": self.collective,
             "topology": self.topology,
             "npus": self.num_npus,
@@ -132,8 +146,8 @@ class SynthResult:
             "buffer_bytes": self.buffer_bytes,
             "chunk_bytes": self.chunk_bytes,
             "transfers": len(self.schedule),
-            "ops": self.trace.num_ops,
-            "deps": self.trace.num_deps,
+            "ops": self.num_ops,
+            "deps": self.trace.num_deps if deps else None,
             "time_ns": self.time_ns,
             "lower_bound_ns": self.lower_bound_ns,
             "ratio": self.ratio,
@@ -143,6 +157,9 @@ class SynthResult:
             "synthesis_s": self.synthesis_s,
             **self.extra,
         }
+        if not deps:
+            del doc["deps"]
+        return doc
 
 
 def synthesize(

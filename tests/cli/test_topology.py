@@ -61,3 +61,31 @@ def test_synth_reports_the_bisection_bound(capsys: pytest.CaptureFixture[str], t
     doc = json.loads(out)
     assert code == 0 and doc["lower_bound_ns"] == pytest.approx(40_064_000.0)
     assert doc["ratio"] == pytest.approx(doc["time_ns"] / 40_064_000.0)
+
+
+def test_synth_without_storing_never_builds_the_trace(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from etstore.collectives import synth as synth_mod
+
+    def refuse(*_a: object, **_k: object) -> None:
+        raise AssertionError("the algorithm trace was built")
+
+    monkeypatch.setattr(synth_mod, "build_trace", refuse)
+    code, out, _ = run(capsys, tmp_path / "s", "synth", "--topo", "mesh2d:4x4", "--coll", "ag", "--no-store")
+    # 16 NPUs each receive 15 chunks: 240 transfers, a send and a receive each
+    assert code == 0 and "240 transfers, 480 ops" in out
+    code, out, _ = run(
+        capsys,
+        tmp_path / "s",
+        "synth",
+        "--topo",
+        "mesh2d:4x4",
+        "--coll",
+        "ag",
+        "--no-store",
+        "--format",
+        "json",
+    )
+    doc = json.loads(out)
+    assert (doc["transfers"], doc["ops"]) == (240, 480) and "deps" not in doc

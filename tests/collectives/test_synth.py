@@ -624,3 +624,14 @@ def test_aliases() -> None:
     assert synthesize("ring:3", coll="AR").collective == "allreduce"
     assert synthesize("ring:3", coll="all-gather").collective == "allgather"
     assert math.isclose(synthesize("ring:3", coll="a2a").ratio, synthesize("ring:3", coll="alltoall").ratio)
+
+
+@pytest.mark.parametrize(
+    "coll", ["allgather", "allreduce", "reducescatter", "alltoall", "broadcast", "reduce"]
+)
+def test_op_count_from_the_schedule_equals_the_built_trace(coll: str) -> None:
+    r = synthesize("mesh2d:3x2", coll=coll, chunks_per_npu=2)
+    counted = r.num_ops
+    assert "trace" not in r.__dict__  # counting did not build the trace
+    assert counted == r.trace.num_ops > 0
+    assert r.to_dict(deps=False).keys() == r.to_dict().keys() - {"deps"}
