@@ -6,6 +6,7 @@ etstore.ingest.et import read_et``) does not load every other reader.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from etstore.errors import TraceFormatError
@@ -29,7 +30,9 @@ from etstore.model import Trace
 __all__ = ["read_trace"]
 
 
-def read_trace(spec: str | Path, *, name: str | None = None) -> Trace:
+def read_trace(
+    spec: str | Path, *, name: str | None = None, progress: Callable[[int, int], None] | None = None
+) -> Trace:
     """Read any supported input, recognised by its content (gzip or not), not its name.
 
     Parameters
@@ -43,6 +46,9 @@ def read_trace(spec: str | Path, *, name: str | None = None) -> Trace:
         trace and a Kineto trace of the same rank are linked.
     name
         The trace name; defaults to the file prefix.
+    progress
+        ``progress(files_done, files)``, called as each rank file of a Chakra ``.et``
+        trace is decoded (the long read of a large trace); other inputs do not call it.
 
     Returns
     -------
@@ -64,13 +70,13 @@ def read_trace(spec: str | Path, *, name: str | None = None) -> Trace:
     if found is None:
         path = Path(spec)
         if not path.is_file():  # <dir>/<prefix>: Chakra's rank files
-            return _read_chakra(spec, name)
+            return _read_chakra(spec, name, progress)
         return _read_one_file(path, name)
     where, files = found
     formats = [(p, _sniff_in_directory(p)) for p in files]
     torch = [(p, f) for p, f in formats if f in (PYTORCH_ET, KINETO)]
     if not torch:
-        return _read_chakra(spec, name)
+        return _read_chakra(spec, name, progress)
     if len(torch) != len(formats):
         other = next(p for p, f in formats if f not in (PYTORCH_ET, KINETO))
         raise TraceFormatError(f"{other}: not a PyTorch trace, unlike the other files in {where}")
@@ -107,9 +113,18 @@ def _read_one_file(path: Path, name: str | None) -> Trace:
     return read_et(path, name=name)
 
 
-def _read_chakra(spec: str | Path, name: str | None) -> Trace:
+def _read_chakra(spec: str | Path, name: str | None, progress: Callable[[int, int], None] | None) -> Trace:
     """Chakra rank files (``<prefix>.<rank>.et`` or ``.json``)."""
     _, files = resolve_rank_files(spec)
     if files and sniff_format(files[0][1]) == CHAKRA_JSON:
         return read_chakra_json(spec, name=name)
-    return read_et(spec, name=name)
+    if progress is None:
+        return read_et(spec, name=name)
+    done = [0]
+
+    def one_file(_nbytes: int) -> None:
+        done[0] += 1
+        progress(done[0], len(files))
+
+    progress(0, len(files))
+    return read_et(spec, name=name, progress=one_file)

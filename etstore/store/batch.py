@@ -29,7 +29,8 @@ from etstore.store.tuner import TunerReport, store_tuner_run
 __all__ = ["BatchProgressFn", "BatchStats", "OnError", "ingest_paths"]
 
 BatchProgressFn = Callable[[str, str, int, int], None]
-"""``progress(path, stage, done, total)``: stage ``read`` (0 then 1 of 1), then the store's stages."""
+"""``progress(path, stage, done, total)``: stage ``read`` (rank files decoded of a Chakra ``.et``
+trace, else 0 then 1 of 1), then the store's stages."""
 
 OnError = Literal["raise", "skip"]
 """What a failing input does to the rest of a batch."""
@@ -147,7 +148,7 @@ def _ingest_one(store: Store, spec: str, name: str | None, progress: BatchProgre
     if progress is None:
         return store.ingest(read_trace(spec, name=name), name=name)
     progress(spec, "read", 0, 1)
-    trace = read_trace(spec, name=name)
+    trace = read_trace(spec, name=name, progress=lambda done, total: progress(spec, "read", done, total))
     progress(spec, "read", 1, 1)
     return store.ingest(
         trace, name=name, progress=lambda stage, done, total: progress(spec, stage, done, total)

@@ -73,9 +73,9 @@ def test_simulate_progress(custom_allreduce: Path) -> None:
 
 def test_long_loop_reports_between(tmp_path: Path) -> None:
     """A replay of about a second reports ops finished while the loop runs, not only at its ends."""
-    trace = transformer(ranks=128, layers=8, tp=8)
+    trace = transformer(ranks=256, layers=8, tp=8)
     steps, step = recorder()
-    result = simulate(trace, Topology.ring(128), config=SimConfig(congestion="aware"), progress=step)
+    result = simulate(trace, Topology.ring(256), config=SimConfig(congestion="aware"), progress=step)
     loop = [d for phase, d, _ in steps if phase == "loop"]
     if result.loop_s < 0.15:
         pytest.skip(f"the loop took {result.loop_s:.2f} s: too short to be polled")

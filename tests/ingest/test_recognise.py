@@ -171,3 +171,14 @@ def test_an_execution_trace_without_nodes(tmp_path: Path) -> None:
     assert sniff_format(path) == PYTORCH_ET
     with pytest.raises(TraceFormatError, match=r"rank0_et\.json: the PyTorch execution trace has no nodes"):
         read_trace(path)
+
+
+def test_reading_rank_files_reports_each_file(rt_template: Path) -> None:
+    # ASTRA-sim's rt_template workload: chakra_trace.0.et .. chakra_trace.7.et
+    seen: list[tuple[int, int]] = []
+    trace = read_trace(rt_template, progress=lambda done, total: seen.append((done, total)))
+    assert seen == [(k, 8) for k in range(9)]
+    assert trace.num_ranks == 8
+    one: list[tuple[int, int]] = []
+    read_trace(rt_template / "chakra_trace.3.et", progress=lambda d, t: one.append((d, t)))
+    assert one == []  # a single file is one step: the caller reports it
