@@ -15,10 +15,10 @@ The entry points are imported on first use, so ``import etstore`` (and the CLI's
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING
 
 from etstore.errors import EtstoreError, QueryError, StoreError, TraceFormatError, UnknownTraceError
+from etstore.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from etstore.ingest import read_trace, write_chakra_json, write_et
@@ -57,16 +57,5 @@ _LAZY = {
     "write_et": "etstore.ingest",
 }
 
-
-def __getattr__(name: str) -> object:
-    """Import an entry point on first access (PEP 562) and keep it as a module global."""
-    home = _LAZY.get(name)
-    if home is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(home), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+if not TYPE_CHECKING:  # mypy sees the imports above instead
+    __getattr__, __dir__ = lazy_exports(__name__, _LAZY, __all__)

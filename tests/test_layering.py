@@ -31,6 +31,7 @@ FLOORS: tuple[tuple[float, str], ...] = (
     (1, "etstore.units"),
     (1, "etstore.collective"),
     (1, "etstore.progress"),
+    (1, "etstore.lazy"),
     (2, "etstore.model"),
     (2, "etstore.topology"),
     (2, "etstore.ir"),

@@ -9,8 +9,9 @@ does) loads neither the other readers nor the MSCCL writer's XML and URL modules
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING
+
+from etstore.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from etstore.ingest.algorithm_et import message_sizes, write_algorithm_et
@@ -56,22 +57,5 @@ _LAZY = {
     "write_msccl_xml": "etstore.ingest.msccl_writer",
 }
 
-
-if not TYPE_CHECKING:  # hidden from mypy, which would otherwise type every submodule as `object`
-
-    def __getattr__(name: str) -> object:
-        """Import a reader or writer on first access and keep it as a global.
-
-        A name that is neither (a submodule such as ``et``) raises AttributeError, so that
-        ``from etstore.ingest import et`` imports the submodule as usual.
-        """
-        home = _LAZY.get(name)
-        if home is None:
-            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-        value = getattr(importlib.import_module(home), name)
-        globals()[name] = value
-        return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+if not TYPE_CHECKING:  # mypy sees the imports above instead
+    __getattr__, __dir__ = lazy_exports(__name__, _LAZY, __all__)

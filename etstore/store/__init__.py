@@ -7,9 +7,9 @@ embedded store that ``etstore ls`` reads), loads no engine, numpy or pyarrow.
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING
 
+from etstore.lazy import lazy_exports
 from etstore.store._location import DEFAULT_STORE, ENV_VAR
 from etstore.store.info import TraceInfo
 
@@ -45,16 +45,5 @@ _LAZY = {
     "open_store": "etstore.store.opening",
 }
 
-
-def __getattr__(name: str) -> object:
-    """Import a backend, the interface or the warehouse on first access and keep it as a global."""
-    home = _LAZY.get(name)
-    if home is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(home), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+if not TYPE_CHECKING:  # mypy sees the imports above instead
+    __getattr__, __dir__ = lazy_exports(__name__, _LAZY, __all__)
