@@ -22,7 +22,8 @@ from types import FrameType
 
 
 def _interrupted_while_starting(signum: int, frame: FrameType | None) -> None:
-    """SIGINT before :func:`main` runs (the imports below): nothing has started, so leave now."""
+    """SIGINT before the command runs (the imports below and the command module's): nothing
+    has started, so leave now."""
     sys.stderr.write("etstore: interrupted\n")
     sys.stderr.flush()
     os._exit(130)
@@ -30,7 +31,7 @@ def _interrupted_while_starting(signum: int, frame: FrameType | None) -> None:
 
 # A Ctrl-C during the imports would otherwise print a traceback from inside some library, so the
 # handler goes in before them (only builtin modules above). Only the console script gets it
-# (argv[0] is the script); main() puts the default back.
+# (argv[0] is the script); main() puts the default back once the command's module is imported.
 if os.path.basename(sys.argv[0] if sys.argv else "") == "etstore" and (
     signal.getsignal(signal.SIGINT) is signal.default_int_handler
 ):
@@ -158,12 +159,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     ``--help`` and ``--version`` and names the command, then against the parser its
     module completes.
     """
-    if signal.getsignal(signal.SIGINT) is _interrupted_while_starting:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         arg_list = list(sys.argv[1:] if argv is None else argv)
         chosen, _ = _parser().parse_known_args(arg_list)
         args = _parser(chosen.command).parse_args(arg_list)  # imports the command's module
+        # only now has anything started: until here a Ctrl-C leaves at once, which also keeps it
+        # out of C extensions' module initialisation (orjson's crashes when interrupted there)
+        if signal.getsignal(signal.SIGINT) is _interrupted_while_starting:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
         # piped output is read by scripts and wide terminals alike: do not fold tables at 80 columns
         console = Console(soft_wrap=False, width=None if sys.stdout.isatty() else 200)
         return int(args.handler(args, console))
