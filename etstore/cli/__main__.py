@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import sys
 
-from etstore.cli import main
+from etstore.cli import _become_the_command, main
 
 __all__: list[str] = []
 
+_become_the_command()
 sys.exit(main())
