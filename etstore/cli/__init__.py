@@ -15,7 +15,6 @@ line on stderr and exit code 1.
 from __future__ import annotations
 
 import contextlib
-import gc
 import os
 import signal
 import sys
@@ -33,17 +32,14 @@ def _interrupted_while_starting(signum: int, frame: FrameType | None) -> None:
 # A Ctrl-C during the imports would otherwise print a traceback from inside some library, so the
 # handler goes in before them (only builtin modules above). Only the console script gets it
 # (argv[0] is the script); main() puts the default back once the command's module is imported.
-_process = {"is_command": False}  # this process is the etstore command (not a library user)
-
-
 def _become_the_command() -> None:
     """Process-wide settings for a process that only runs the etstore command.
 
     numpy's BLAS thread pool serves no etstore command, and starting and stopping its
-    threads costs every command that loads numpy ≈ 0.04 s (a user's setting wins); and
-    :func:`main` spares the interpreter's final garbage collection (see there).
+    threads costs every command that loads numpy ≈ 0.04 s (a user's setting wins). (Freezing
+    the GC before exit would save more, but leaves DuckDB's objects alive at shutdown, where
+    its bindings print a leak report.)
     """
-    _process["is_command"] = True
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 
@@ -196,9 +192,4 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:  # whatever was being written has rolled back on its way out
         print("etstore: interrupted", file=sys.stderr)
         return 130
-    finally:
-        if _process["is_command"]:
-            # the process ends next: spare the interpreter's last garbage collection a walk
-            # over every object the libraries loaded (≈ 0.13 s with numpy, pyarrow, pandas);
-            # stores are closed and atexit handlers still run
-            gc.freeze()
+
