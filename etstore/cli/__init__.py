@@ -82,6 +82,7 @@ class Command(NamedTuple):
 COMMANDS: dict[str, Command] = {
     "ingest": Command("ingest", "read traces or algorithms into the store"),
     "ls": Command("listing", "list stored traces"),
+    "runs": Command("runs", "list simulation, measured, tuner and calibration runs"),
     "show": Command("traces", "counts per type and rank, collectives by type and size"),
     "rm": Command("traces", "remove traces"),
     "export": Command("traces", "write a stored trace back to files"),

@@ -35,7 +35,7 @@ def register(sub: Any) -> None:
         description="Write one self-contained HTML file (opens offline) from the simulation metrics in the "
         "store's DuckDB. Two or more runs are shown side by side with their differences against the first.",
     )
-    sp.add_argument("runs", nargs="*", type=int, metavar="RUN", help="run ids (see the runs table)")
+    sp.add_argument("runs", nargs="*", type=int, metavar="RUN", help="simulation run ids (etstore runs)")
     sp.add_argument("--out", default="report.html", help="output file (default: report.html)")
     sp.add_argument("--sweep", type=int, action="append", metavar="ID", help="add a sweep's bandwidth curves")
     sp.add_argument("--latest", action="store_true", help="add the most recent run")

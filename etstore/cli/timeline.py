@@ -35,7 +35,7 @@ def register(sub: Any) -> None:
         "chrome://tracing.",
     )
     sp.add_argument(
-        "source", metavar="RUN_OR_TRACE", help="a run id (see the runs table) or a stored trace name"
+        "source", metavar="RUN_OR_TRACE", help="a simulation run id (etstore runs) or a stored trace name"
     )
     sp.add_argument("--out", default="timeline.json", help="output file (default: timeline.json)")
     sp.set_defaults(handler=_timeline)

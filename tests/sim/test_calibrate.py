@@ -339,6 +339,17 @@ def test_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--store", store, "calibrate", "nope", "--topo", "ring:8"]) == 1
     err = capsys.readouterr().err
     assert err.startswith("etstore: error: no measured run 'nope'") and err.count("\n") == 1
+    # `etstore runs` lists the measured run and its one recorded calibration (--no-record kept none)
+    assert main(["--store", store, "runs", "--format", "json"]) == 0
+    runs = json.loads(capsys.readouterr().out)
+    assert [(r["kind"], r["id"]) for r in runs] == [("measured", 1), ("calibration", 1)]
+    with EmbeddedStore(tmp_path / "s") as s:
+        before, after_pct = s.sql(
+            "SELECT rms_error_before_pct, rms_error_after_pct FROM calibrations"
+        ).to_arrow().to_pylist()[0].values()
+    assert runs[1]["summary"] == (
+        f"of superbench_nccl_allreduce, {spec.group(1)}, RMS error {before:.1f}% -> {after_pct:.1f}%"
+    )
 
 
 # ---------------------------------------------------------------- docs/measured.md
