@@ -337,8 +337,9 @@ def _expand_node(
 
 def _defer_node(
     plan: _Plan, deferred: Deferred, t: tpl.Template, grp: np.ndarray, rows: list[int], rank: np.ndarray
-) -> tuple[np.ndarray, np.ndarray]:
-    """Joins for one instance the loop expands as it starts; returns (rows, their joins).
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Joins for one instance the loop expands as it starts; returns (rows, their joins, sinks each
+    join waits for).
 
     A rank whose part is empty gets an edge from its collective op to its join, as the
     full expansion gives it; every other join waits for its part's sinks (counted in
@@ -358,8 +359,8 @@ def _defer_node(
     joins = first + np.arange(len(grp), dtype=np.int64)
     empty = np.diff(t.starts) == 0
     plan.edges(by_p[empty], joins[empty])
-    deferred.add(t, grp, by_p, joins)
-    return by_p, joins
+    sinks = deferred.add(t, grp, by_p, joins)
+    return by_p, joins, sinks
 
 
 def _expand_collectives(
@@ -388,12 +389,11 @@ def _expand_collectives(
             continue
         grp = np.asarray(inst.group, dtype=np.int64)
         if deferred is not None and t.starts[-1] > 0:
-            rows, joins = _defer_node(plan, deferred, t, grp, inst.rows, rank)
+            rows, joins, sinks = _defer_node(plan, deferred, t, grp, inst.rows, rank)
             join_of[rows] = joins
             kind[rows] = K_COLL
             dur[rows] = 0.0
-            part = np.repeat(np.arange(t.n), np.diff(t.starts))
-            waits.append((joins, np.bincount(part[t.sink], minlength=t.n)))
+            waits.append((joins, sinks))
             continue
         pos_of = {int(r): p for p, r in enumerate(grp)}
         tag_base = SUB_TAG_BASE + idx * (t.num_tags + 1)

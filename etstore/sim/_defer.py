@@ -134,13 +134,19 @@ class Deferred:
     coll_rows: list[np.ndarray] = field(default_factory=list)  # collective op rows, algorithm rank order
     sub_ops: int = 0  # sub-ops the loop will make in all
     _tid: dict[int, int] = field(default_factory=dict)
+    _sinks: list[np.ndarray] = field(default_factory=list)  # per template: sinks of each rank
     _bid: dict[tuple[int, tuple[int, ...]], int] = field(default_factory=dict)
 
-    def add(self, t: tpl.Template, group: np.ndarray, rows: np.ndarray, joins: np.ndarray) -> None:
-        """One instance of ``t`` on ``group``: rank p's collective op ``rows[p]`` ends with ``joins[p]``."""
+    def add(self, t: tpl.Template, group: np.ndarray, rows: np.ndarray, joins: np.ndarray) -> np.ndarray:
+        """One instance of ``t`` on ``group``: rank p's collective op ``rows[p]`` ends with ``joins[p]``.
+
+        Returns how many sub-ops each join waits for (its rank's sinks), counted once per template.
+        """
         tid = self._tid.setdefault(id(t), len(self.templates))
         if tid == len(self.templates):
             self.templates.append(t)
+            part = np.repeat(np.arange(t.n), np.diff(t.starts))
+            self._sinks.append(np.bincount(part[t.sink], minlength=t.n))
         gkey = (tid, tuple(int(x) for x in group))
         bid = self._bid.setdefault(gkey, len(self.bindings))
         if bid == len(self.bindings):
@@ -149,6 +155,7 @@ class Deferred:
         self.inst_joins.append(np.asarray(joins, dtype=np.int64))
         self.coll_rows.append(np.asarray(rows, dtype=np.int64))
         self.sub_ops += int(t.starts[-1])
+        return self._sinks[tid]
 
     @property
     def count(self) -> int:
@@ -164,10 +171,7 @@ class Deferred:
 
     def destinations(self) -> np.ndarray:
         """Every NPU a deferred collective sends to (the routes the aware loop must know)."""
-        out = [
-            np.unique(grp[t.peer[t.kind == tpl.K_SEND]])
-            for t, grp in ((self.templates[i], g) for i, g in self.bindings)
-        ]
+        out = [np.unique(self._sends(bid)[2]) for bid in range(len(self.bindings))]
         return np.unique(np.concatenate(out)) if out else np.zeros(0, dtype=np.int64)
 
     def spec(
