@@ -25,7 +25,7 @@ setup(
         Extension(
             "etstore.sim._simloop",
             sources=["etstore/sim/_simloop.c", "etstore/sim/_simdefer.c"],
-            depends=["etstore/sim/_simloop.h"],
+            depends=["etstore/sim/_simstate.h"],
             optional=True,
         ),
     ]

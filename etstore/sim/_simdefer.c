@@ -21,7 +21,7 @@
  * kept: the per-(source, destination) NPU pair totals the caller's link tables need
  * (first start, last arrival, bytes, count) are summed as they arrive.
  */
-#include "_simloop.h"
+#include "_simstate.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -29,8 +29,6 @@
 enum { D_TOP, D_TNKEYS, D_TN, D_TPOFF, D_PSTART, D_TKIND, D_TPEER, D_TKEY, D_TINDEG, D_TPART, D_TSINK,
        D_TSPTR, D_TSUCC, D_TDUR, D_TSIZE, D_BTID, D_BGOFF, D_BMTOFF, D_GRP, D_BMT, D_IBIND, D_IJOFF, D_IJOIN,
        D_COLLINST, D_COLLP };
-
-int simloop_buf(PyObject *obj, Py_buffer *v, char type, int writable, Py_ssize_t len, const char *name);
 
 #define GROW(field, type, cap)                                              \
     do {                                                                    \

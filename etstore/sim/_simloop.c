@@ -39,7 +39,7 @@
  * The loop runs without the GIL: it only touches the input buffers and malloc'd
  * memory. Input errors raise ValueError before the loop starts.
  */
-#include "_simloop.h"
+#include "_simstate.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -405,36 +405,6 @@ static int dense_keys(Loop *s)
 }
 
 /* ------------------------------------------------------------------ glue */
-
-/* Typed view of a 1-d C-contiguous buffer: 'q' int64, 'i' int32, 'd' float64. */
-int simloop_buf(PyObject *obj, Py_buffer *v, char type, int writable, Py_ssize_t len, const char *name)
-{
-    int flags = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0);
-    if (PyObject_GetBuffer(obj, v, flags) < 0) return -1;
-    const char *f = v->format ? v->format : "B";
-    char fc = f[strlen(f) - 1];
-    if (f[0] != '@' && f[0] != '=' && f[0] != '<' && strlen(f) > 1) fc = 0; /* e.g. big-endian */
-    int ok;
-    if (type == 'd')
-        ok = fc == 'd' && v->itemsize == 8;
-    else if (type == 'q')
-        ok = (fc == 'q' || fc == 'l' || fc == 'n') && v->itemsize == 8;
-    else
-        ok = (fc == 'i' || fc == 'l') && v->itemsize == 4;
-    if (!ok || v->ndim > 1) {
-        PyErr_Format(PyExc_ValueError, "_simloop.run: %s must be a 1-d %s array, got format %s", name,
-                     type == 'd' ? "float64" : type == 'q' ? "int64" : "int32", f);
-        PyBuffer_Release(v);
-        return -1;
-    }
-    if (len >= 0 && v->len / v->itemsize != len) {
-        PyErr_Format(PyExc_ValueError, "_simloop.run: %s has %zd items, expected %zd", name,
-                     v->len / v->itemsize, len);
-        PyBuffer_Release(v);
-        return -1;
-    }
-    return 0;
-}
 
 #define NBUF 21 /* op and link buffers before the scalars; prio follows them */
 

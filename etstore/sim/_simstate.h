@@ -1,15 +1,16 @@
 /*
- * Shared declarations of the native event loop (etstore.sim._simloop): the loop state,
- * kept by _simloop.c, and the collectives the loop expands as they start, kept by
- * _simdefer.c (see there for why).
+ * The state the native event loop's two units share (etstore.sim._simloop): the loop's,
+ * kept by _simloop.c, and that of the collectives it expands as they start, kept by
+ * _simdefer.c (see there for why); what the loop reads of an op; typed buffer views.
  */
-#ifndef ETSTORE_SIMLOOP_H
-#define ETSTORE_SIMLOOP_H
+#ifndef ETSTORE_SIMSTATE_H
+#define ETSTORE_SIMSTATE_H
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
 #include <stdint.h>
+#include <string.h>
 
 /* op kinds, as K_* in etstore/sim/_kinds.py */
 enum { K_COMP, K_CPU, K_SEND, K_RECV, K_COLL, K_JOIN, K_DELAY, K_MEM };
@@ -126,6 +127,36 @@ static inline double op_mt(const Loop *s, int64_t j)
 static inline int64_t op_dstn(const Loop *s, int64_t j) /* a send's destination NPU */
 {
     return j < s->n ? s->dstn[j] : s->d.grp[s->d.p_goff[s->d.opart[j]] + s->d.tpeer[SUB_ROW(s, j)]];
+}
+
+/* Typed view of a 1-d C-contiguous buffer: 'q' int64, 'i' int32, 'd' float64. */
+static inline int simloop_buf(PyObject *obj, Py_buffer *v, char type, int writable, Py_ssize_t len, const char *name)
+{
+    int flags = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0);
+    if (PyObject_GetBuffer(obj, v, flags) < 0) return -1;
+    const char *f = v->format ? v->format : "B";
+    char fc = f[strlen(f) - 1];
+    if (f[0] != '@' && f[0] != '=' && f[0] != '<' && strlen(f) > 1) fc = 0; /* e.g. big-endian */
+    int ok;
+    if (type == 'd')
+        ok = fc == 'd' && v->itemsize == 8;
+    else if (type == 'q')
+        ok = (fc == 'q' || fc == 'l' || fc == 'n') && v->itemsize == 8;
+    else
+        ok = (fc == 'i' || fc == 'l') && v->itemsize == 4;
+    if (!ok || v->ndim > 1) {
+        PyErr_Format(PyExc_ValueError, "_simloop.run: %s must be a 1-d %s array, got format %s", name,
+                     type == 'd' ? "float64" : type == 'q' ? "int64" : "int32", f);
+        PyBuffer_Release(v);
+        return -1;
+    }
+    if (len >= 0 && v->len / v->itemsize != len) {
+        PyErr_Format(PyExc_ValueError, "_simloop.run: %s has %zd items, expected %zd", name,
+                     v->len / v->itemsize, len);
+        PyBuffer_Release(v);
+        return -1;
+    }
+    return 0;
 }
 
 /* _simdefer.c */
