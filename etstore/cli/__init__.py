@@ -29,9 +29,6 @@ def _interrupted_while_starting(signum: int, frame: FrameType | None) -> None:
     os._exit(130)
 
 
-# A Ctrl-C during the imports would otherwise print a traceback from inside some library, so the
-# handler goes in before them (only builtin modules above). Only the console script gets it
-# (argv[0] is the script); main() puts the default back once the command's module is imported.
 def _become_the_command() -> None:
     """Process-wide settings for a process that only runs the etstore command.
 
@@ -46,6 +43,9 @@ def _become_the_command() -> None:
 _CONSOLE_SCRIPT = os.path.basename(sys.argv[0] if sys.argv else "") == "etstore"
 if _CONSOLE_SCRIPT:
     _become_the_command()
+# A Ctrl-C during the imports would otherwise print a traceback from inside some library, so the
+# handler goes in before them (only builtin modules above). Only the console script gets it
+# (argv[0] is the script); main() puts the default back once the command's module is imported.
 if _CONSOLE_SCRIPT and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
     with contextlib.suppress(ValueError):  # not the main thread: signals are not ours to handle
         signal.signal(signal.SIGINT, _interrupted_while_starting)

@@ -6,6 +6,7 @@ etstore.ingest.et import read_et``) does not load every other reader.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from pathlib import Path
 
@@ -120,11 +121,6 @@ def _read_chakra(spec: str | Path, name: str | None, progress: Callable[[int, in
         return read_chakra_json(spec, name=name)
     if progress is None:
         return read_et(spec, name=name)
-    done = [0]
-
-    def one_file(_nbytes: int) -> None:
-        done[0] += 1
-        progress(done[0], len(files))
-
+    decoded = itertools.count(1)  # read_et reports bytes per file; the bar counts files
     progress(0, len(files))
-    return read_et(spec, name=name, progress=one_file)
+    return read_et(spec, name=name, progress=lambda _nbytes: progress(next(decoded), len(files)))
