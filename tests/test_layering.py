@@ -32,6 +32,7 @@ FLOORS: tuple[tuple[float, str], ...] = (
     (1, "etstore.collective"),
     (1, "etstore.progress"),
     (1, "etstore.lazy"),
+    (1, "etstore.pandas_gate"),
     (2, "etstore.model"),
     (2, "etstore.topology"),
     (2, "etstore.ir"),

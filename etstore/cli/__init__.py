@@ -20,6 +20,8 @@ import signal
 import sys
 from types import FrameType
 
+from etstore.pandas_gate import hide_pandas
+
 
 def _interrupted_while_starting(signum: int, frame: FrameType | None) -> None:
     """SIGINT before the command runs (the imports below and the command module's): nothing
@@ -33,11 +35,13 @@ def _become_the_command() -> None:
     """Process-wide settings for a process that only runs the etstore command.
 
     numpy's BLAS thread pool serves no etstore command, and starting and stopping its
-    threads costs every command that loads numpy ≈ 0.04 s (a user's setting wins). (Freezing
-    the GC before exit would save more, but leaves DuckDB's objects alive at shutdown, where
-    its bindings print a leak report.)
+    threads costs every command that loads numpy ≈ 0.04 s (a user's setting wins); pyarrow
+    would import pandas, ≈ 0.2 s more (:mod:`etstore.pandas_gate`). (Freezing the GC before
+    exit would save more, but leaves DuckDB's objects alive at shutdown, where its bindings
+    print a leak report.)
     """
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+    hide_pandas()
 
 
 _CONSOLE_SCRIPT = os.path.basename(sys.argv[0] if sys.argv else "") == "etstore"
@@ -193,4 +197,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:  # whatever was being written has rolled back on its way out
         print("etstore: interrupted", file=sys.stderr)
         return 130
-

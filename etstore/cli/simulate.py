@@ -8,14 +8,14 @@ from typing import Any
 
 from rich.console import Console
 
+from etstore import collectives
 from etstore.cli._common import add_format, open_from_args, print_json, progress, progress_to
 from etstore.cli._inputs import trace_from
 from etstore.cli._render import render
-from etstore.cli.topology import add_topology_options, topology_from
+from etstore.cli._topology_args import add_topology_options, topology_from
 from etstore.collective import COLLECTIVE_NAMES
 from etstore.collectives.specs import algorithms_by_type, parse_by_type
 from etstore.collectives.stored import resolve_algorithm
-from etstore.collectives.synth import synthesize
 from etstore.errors import OptionError
 from etstore.sim import BUILTIN_ALGORITHMS, simulate
 from etstore.sim.config import SimConfig, read_comm_groups, read_network_config, read_system_config
@@ -206,7 +206,7 @@ def _sweep(args: argparse.Namespace, console: Console) -> int:
 
 def _synth_factory(chunks: int, seed: int) -> Any:
     def build(topo: Any, coll: str) -> Any:
-        return synthesize(topo, coll=coll, chunks_per_npu=chunks, seed=seed).trace
+        return collectives.synthesize(topo, coll=coll, chunks_per_npu=chunks, seed=seed).trace
 
     return build
 

@@ -11,35 +11,14 @@ from rich.console import Console
 
 from etstore.cli._common import add_format, open_from_args, print_json, progress_to
 from etstore.cli._render import render
+from etstore.cli._topology_args import add_topology_options, topology_from
 from etstore.collectives.synth import SynthResult, synthesize
-from etstore.topology import DEFAULT_BANDWIDTH_GB_PER_S, DEFAULT_LATENCY_NS, parse_topology
 from etstore.units import parse_size
 
-__all__ = ["add_topology_options", "default_name", "register", "topology_from"]
+__all__ = ["default_name", "register"]
 
 _DEFAULT_SIZE = "1GiB"
 _DEFAULT_TRIALS = 8
-
-
-def add_topology_options(sp: argparse.ArgumentParser, *, required: bool = True) -> None:
-    """``--topo SPEC`` plus default link ``--bw`` / ``--lat`` (specs may override per dimension)."""
-    sp.add_argument(
-        "--topo",
-        required=required,
-        metavar="SPEC",
-        help="topology spec (ring:16, mesh2d:8x8, torus3d:4x4x4,bw=50,lat=500, ...) or a YAML/JSON file",
-    )
-    sp.add_argument("--bw", type=float, default=None, help="link bandwidth GB/s (GB = 2^30) where unset")
-    sp.add_argument("--lat", type=float, default=None, help="link latency ns where unset")
-
-
-def topology_from(args: argparse.Namespace, spec: str | None = None) -> Any:
-    """The topology ``spec`` (default ``--topo``) names, links defaulting to ``--bw`` / ``--lat``."""
-    return parse_topology(
-        args.topo if spec is None else spec,
-        bandwidth_gb_per_s=DEFAULT_BANDWIDTH_GB_PER_S if args.bw is None else args.bw,
-        latency_ns=DEFAULT_LATENCY_NS if args.lat is None else args.lat,
-    )
 
 
 def _topo_show(args: argparse.Namespace, console: Console) -> int:

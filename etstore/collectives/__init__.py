@@ -19,10 +19,16 @@ writers in :mod:`etstore.ingest`.
 
 from __future__ import annotations
 
-from etstore.collectives.check import CheckReport, check_algorithm, ensure_valid
+from typing import TYPE_CHECKING
+
+# expand is also its module's name: bound here, after its module, so that the function wins
 from etstore.collectives.expand import Expansion, expand
 from etstore.collectives.generators import GENERATORS, GeneratorInfo, generate
-from etstore.collectives.synth import SynthResult, synthesize
+from etstore.lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from etstore.collectives.check import CheckReport, check_algorithm, ensure_valid
+    from etstore.collectives.synth import SynthResult, synthesize
 
 __all__ = [
     "GENERATORS",
@@ -36,3 +42,16 @@ __all__ = [
     "generate",
     "synthesize",
 ]
+
+# name → the module that defines it; imported on first access, so that a simulation or an
+# expansion does not load the checker and the synthesizer
+_LAZY = {
+    "CheckReport": "etstore.collectives.check",
+    "SynthResult": "etstore.collectives.synth",
+    "check_algorithm": "etstore.collectives.check",
+    "ensure_valid": "etstore.collectives.check",
+    "synthesize": "etstore.collectives.synth",
+}
+
+if not TYPE_CHECKING:  # mypy sees the imports above instead
+    __getattr__, __dir__ = lazy_exports(__name__, _LAZY, __all__)

@@ -1,19 +1,21 @@
 """Any supported input, recognised by its content: :func:`read_trace`.
 
 Apart from the package's ``__init__`` so that reading one format (``from
-etstore.ingest.et import read_et``) does not load every other reader.
+etstore.ingest.et import read_et``) does not load every other reader; the readers are
+imported when a file of theirs is recognised (:data:`_READERS`), so reading a ``.et``
+trace loads neither the PyTorch, Kineto nor MSCCL-IR reader.
 """
 
 from __future__ import annotations
 
+import importlib
 import itertools
 from collections.abc import Callable
 from pathlib import Path
 
 from etstore.errors import TraceFormatError
-from etstore.ingest.chakra_json import read_chakra_json
-from etstore.ingest.et import read_et
 from etstore.ingest.files import (
+    CHAKRA_ET,
     CHAKRA_JSON,
     KINETO,
     MSCCL_XML,
@@ -23,12 +25,24 @@ from etstore.ingest.files import (
     sniff_format,
     torch_rank_files,
 )
-from etstore.ingest.kineto import read_kineto
-from etstore.ingest.msccl_xml import read_msccl_xml
-from etstore.ingest.pytorch_et import read_pytorch_et
 from etstore.model import Trace
 
 __all__ = ["read_trace"]
+
+# format → (module, function) of its reader, imported on first use
+_READERS = {
+    CHAKRA_ET: ("etstore.ingest.et", "read_et"),
+    CHAKRA_JSON: ("etstore.ingest.chakra_json", "read_chakra_json"),
+    KINETO: ("etstore.ingest.kineto", "read_kineto"),
+    MSCCL_XML: ("etstore.ingest.msccl_xml", "read_msccl_xml"),
+    PYTORCH_ET: ("etstore.ingest.pytorch_et", "read_pytorch_et"),
+}
+
+
+def _reader(fmt: str) -> Callable[..., Trace]:
+    module, function = _READERS[fmt]
+    reader: Callable[..., Trace] = getattr(importlib.import_module(module), function)
+    return reader
 
 
 def read_trace(
@@ -85,8 +99,8 @@ def read_trace(
     if name is None and Path(spec).is_dir():  # per-rank files share no prefix worth keeping
         name = Path(spec).resolve().name
     if ranks.et:
-        return read_pytorch_et(ranks.et, name=name, kineto=ranks.kineto or None)
-    return read_kineto(sorted(ranks.kineto.items()), name=name, docs=ranks.docs)
+        return _reader(PYTORCH_ET)(ranks.et, name=name, kineto=ranks.kineto or None)
+    return _reader(KINETO)(sorted(ranks.kineto.items()), name=name, docs=ranks.docs)
 
 
 def _sniff_in_directory(path: Path) -> str | None:
@@ -104,23 +118,23 @@ def _read_one_file(path: Path, name: str | None) -> Trace:
         with path.open("rb") as f:
             if f.read(2) == b"\x1f\x8b":  # the XML reader streams the file itself
                 raise TraceFormatError(f"{path}: gzip-compressed MSCCL-IR XML; decompress it first")
-        return read_msccl_xml(path, name=name)
+        return _reader(MSCCL_XML)(path, name=name)
     if fmt == KINETO:
-        return read_kineto(path, name=name)
+        return _reader(KINETO)(path, name=name)
     if fmt == PYTORCH_ET:
-        return read_pytorch_et(path, name=name)
+        return _reader(PYTORCH_ET)(path, name=name)
     if fmt == CHAKRA_JSON:
-        return read_chakra_json(path, name=name)
-    return read_et(path, name=name)
+        return _reader(CHAKRA_JSON)(path, name=name)
+    return _reader(CHAKRA_ET)(path, name=name)
 
 
 def _read_chakra(spec: str | Path, name: str | None, progress: Callable[[int, int], None] | None) -> Trace:
     """Chakra rank files (``<prefix>.<rank>.et`` or ``.json``)."""
     _, files = resolve_rank_files(spec)
     if files and sniff_format(files[0][1]) == CHAKRA_JSON:
-        return read_chakra_json(spec, name=name)
+        return _reader(CHAKRA_JSON)(spec, name=name)
     if progress is None:
-        return read_et(spec, name=name)
+        return _reader(CHAKRA_ET)(spec, name=name)
     decoded = itertools.count(1)  # read_et reports bytes per file; the bar counts files
     progress(0, len(files))
-    return read_et(spec, name=name, progress=lambda _nbytes: progress(next(decoded), len(files)))
+    return _reader(CHAKRA_ET)(spec, name=name, progress=lambda _nbytes: progress(next(decoded), len(files)))

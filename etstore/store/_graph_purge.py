@@ -25,6 +25,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from etstore.pandas_gate import arrow_scan
 from etstore.store.warehouse import Warehouse
 
 __all__ = [
@@ -226,7 +227,8 @@ def rebuild_without(
             if rows is None:
                 rows = _graph_rows(conn, t, [c for c, _ in columns[t]], lo, hi)
             if rows.num_rows:
-                new.execute(f"COPY `{t}` FROM rows")
+                with arrow_scan():
+                    new.execute(f"COPY `{t}` FROM rows")
             del rows
         step("checkpoint")
         new.execute("CHECKPOINT")

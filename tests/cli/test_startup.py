@@ -37,16 +37,20 @@ def loaded():
     names += sorted(m for m in sys.modules if m.startswith("etstore.cli."))
     print("loaded:" + ",".join(names), file=sys.stderr)
 atexit.register(loaded)
-from etstore.cli import main
+from etstore.cli import _become_the_command, main
+if {command_process!r}:  # as the console script and `python -m etstore.cli` run it
+    _become_the_command()
 sys.exit(main(sys.argv[1:]))
 """
 
 
-def _probe(*argv: str, watch: tuple[str, ...] = HEAVY) -> tuple[int, str, str, list[str]]:
+def _probe(
+    *argv: str, watch: tuple[str, ...] = HEAVY, command_process: bool = False
+) -> tuple[int, str, str, list[str]]:
     """Exit code, stdout and stderr of ``etstore ARGV``, and the modules of ``watch`` and the CLI
-    it loaded."""
+    it loaded (``command_process``: with the console script's process-wide settings)."""
     done = subprocess.run(
-        [sys.executable, "-c", _PROBE.format(heavy=watch), *argv],
+        [sys.executable, "-c", _PROBE.format(heavy=watch, command_process=command_process), *argv],
         capture_output=True,
         text=True,
         timeout=120,
@@ -59,9 +63,9 @@ def _probe(*argv: str, watch: tuple[str, ...] = HEAVY) -> tuple[int, str, str, l
     return done.returncode, done.stdout, err, [m for m in report[0].strip()[len("loaded:") :].split(",") if m]
 
 
-def _run(*argv: str, watch: tuple[str, ...] = HEAVY) -> tuple[str, list[str]]:
+def _run(*argv: str, watch: tuple[str, ...] = HEAVY, command_process: bool = False) -> tuple[str, list[str]]:
     """stdout of ``etstore ARGV`` (which must succeed) and the modules of ``watch`` and the CLI it loaded."""
-    code, out, err, loaded = _probe(*argv, watch=watch)
+    code, out, err, loaded = _probe(*argv, watch=watch, command_process=command_process)
     assert code == 0, err
     return out, loaded
 
@@ -322,3 +326,28 @@ def test_ls_of_a_server_lists_what_the_server_store_lists(
     finally:
         with store.Neo4jStore(neo4j_url, stale_after_s=0) as s:
             clear_store(s)
+
+
+def test_the_command_hides_pandas_from_pyarrow_and_answers_the_same(tmp_path: Path) -> None:
+    """pyarrow loads pandas (≈ 0.2 s) at its first numpy conversion wherever pandas is installed;
+    the command's own process hides it, and every answer stays the same."""
+    pytest.importorskip("pandas")  # where pandas is not installed there is nothing to hide
+    prefix = str(Path(__file__).parents[2] / "examples" / "transformer_8r" / "transformer")
+    sim = ("sim", prefix, "--topo", "ring:8", "--no-record", "--format", "json")
+    hidden, loaded = _run("--store", str(tmp_path / "a"), *sim, watch=("pandas",), command_process=True)
+    plain, loaded_plain = _run("--store", str(tmp_path / "b"), *sim, watch=("pandas",))
+    assert "pandas" not in loaded and "pandas" in loaded_plain
+    assert {**json.loads(hidden), "wall_s": 0, "events_per_s": 0} == {
+        **json.loads(plain),
+        "wall_s": 0,
+        "events_per_s": 0,
+    }
+    # Ladybug imports pandas before each Arrow scan wherever find_spec finds it: the scans see it absent
+    store = ("--store", str(tmp_path / "a"))
+    _, loaded = _run(*store, "ingest", prefix, watch=("pandas",), command_process=True)
+    assert "pandas" not in loaded
+    count = "MATCH (o:Op)-[d:DEP]->(:Op) RETURN count(DISTINCT o) AS srcs, count(d) AS deps"
+    out, _ = _run(*store, "cypher", count, "--format", "json", command_process=True)
+    stored = json.loads(out)
+    out, _ = _run(*store, "show", "transformer", "--format", "json", command_process=True)
+    assert stored[0]["deps"] == json.loads(out)["trace"]["deps"] == 288

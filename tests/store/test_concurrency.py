@@ -75,8 +75,14 @@ def test_parallel_writers_and_readers(tmp_path: Path) -> None:
             ["cypher", "MATCH (o:Op) RETURN o.trace, count(o)"],
         )
     ]
-    writers = [_start(store, "ingest", str(p)) for p in inputs]
+    # the writers start while this process writes, so they overlap however fast each one is
+    with EmbeddedStore(store, purpose="test"):
+        writers = [_start(store, "ingest", str(p)) for p in inputs]
+        assert writers[0].stderr is not None
+        first = writers[0].stderr.readline()  # returns once that writer waits for this process
+    assert first.startswith(f"etstore: waiting for PID {os.getpid()} (test) to finish writing"), first
     results = [w.communicate(timeout=600) for w in writers]
+    results[0] = (results[0][0], first + results[0][1])
     stop.touch()
     read = [r.communicate(timeout=600) for r in readers]
     for w, (_out, err) in zip(writers, results, strict=True):
