@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from etstore.ingest import read_trace
+from etstore.ingest.files import names_rank_files
 from etstore.model import Trace
 from etstore.store import Store
 
@@ -23,7 +24,7 @@ def trace_from(store: Store, spec: str) -> Trace:
     store
         The open store whose names are looked up first.
     spec
-        A stored trace's name, or a path, glob or ``<dir>/<prefix>`` of trace files.
+        A stored trace's name, or a path, glob or ``[<dir>/]<prefix>`` of trace files.
 
     Returns
     -------
@@ -43,6 +44,6 @@ def trace_from(store: Store, spec: str) -> Trace:
     """
     if spec in {t.name for t in store.traces()}:
         return store.load(spec)
-    if Path(spec).exists() or "/" in spec or any(ch in spec for ch in "*?["):
+    if Path(spec).exists() or "/" in spec or any(ch in spec for ch in "*?[") or names_rank_files(spec):
         return read_trace(spec)
     return store.load(spec)  # raises UnknownTraceError naming what is stored

@@ -247,6 +247,15 @@ def rank_in_name(name: str) -> int | None:
     return int(numbers[0]) if numbers else None
 
 
+def names_rank_files(spec: str | Path) -> bool:
+    """Whether ``spec`` is a ``<dir>/<prefix>`` (or bare ``<prefix>``) with rank files
+    ``<prefix>.<rank>.*`` next to it: ASTRA-sim's way of naming a workload."""
+    path = Path(spec)
+    return path.parent.is_dir() and any(
+        _RANKED.match(p.name) for p in path.parent.glob(glob.escape(path.name) + ".*")
+    )
+
+
 def candidate_files(spec: str | Path) -> tuple[str, list[Path]] | None:
     """``(where, files)`` of a directory or glob holding trace files; None for anything else."""
     text = str(spec)
