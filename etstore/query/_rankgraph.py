@@ -250,7 +250,8 @@ def reorder_rank(g: RankGraph) -> Applied:
     Notes
     -----
     O((V + E) · K / w) for K communication ops on the rank, plus one step per
-    bypassed edge times the degrees of its endpoints.
+    bypassed (compute, communication) pair, each pair at most once, times the degrees of
+    its endpoints.
     """
     order = topo_order(g)
     comm = [i for i, t in enumerate(g.types) if t in COMM_TYPES]
@@ -265,16 +266,20 @@ def reorder_rank(g: RankGraph) -> Applied:
 
     work = [e for e, k in g.edges.items() if k == "ctrl" and candidate(*e)]
     passed: dict[int, list[int]] = {}
+    bypassed: set[Edge] = set()
     while work:
         x, s = work.pop()
         if g.edges.get((x, s)) != "ctrl":
             continue
         del g.edges[(x, s)]
+        bypassed.add((x, s))
         passed.setdefault(s, []).append(x)
         for b in succs[s]:
             g.edges.setdefault((x, b), "ctrl")  # what waited for S still waits for X
         for p in preds[x]:
-            if (p, s) not in g.edges:
+            # S already passed P: putting the edge back would only have it bypassed again (once
+            # per path from P to X, exponentially many on a diamond-rich rank)
+            if (p, s) not in g.edges and (p, s) not in bypassed:
                 g.edges[(p, s)] = "ctrl"
                 if candidate(p, s):
                     work.append((p, s))

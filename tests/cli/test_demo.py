@@ -71,6 +71,8 @@ def test_demo_runs_on_the_recorded_dlrm_trace(tmp_path: Path) -> None:
     ends = re.search(r"last communication ends at ([\d,.]+) µs \(collective nodes\) and ([\d,.]+) µs", text)
     assert ends is not None and ends.group(1) == ends.group(2)
     assert "with ASTRA-sim's native ring collectives instead" in text and "not the expansion" in text
+    # step 6: all three finders ran; the expanded sends could issue ahead of compute they never read
+    assert "opportunities (overlap, chunk, reorder finders) recorded" in text and "│ reorder │" in text
     # step 7 cannot apply: no compute consumes a collective's output in this trace
     assert "does not apply to this trace: chunk-split finds nothing to change" in text
     html = out_dir / "report.html"
