@@ -207,7 +207,8 @@ def overlap_rank(g: RankGraph) -> Applied:
     Notes
     -----
     O((V + E) · K / w) for K communication ops on the rank, plus one step per
-    bypassed edge times the collective's in-degree.
+    bypassed (collective, compute) pair, each pair at most once, times the collective's
+    in-degree.
     """
     order = topo_order(g)
     comm = [i for i, t in enumerate(g.types) if t in COMM_TYPES]
@@ -222,13 +223,15 @@ def overlap_rank(g: RankGraph) -> Applied:
         )
 
     work = [e for e, k in g.edges.items() if k == "ctrl" and candidate(*e)]
+    bypassed: set[Edge] = set()
     while work:
         u, v = work.pop()
         if g.edges.get((u, v)) != "ctrl":
             continue
         del g.edges[(u, v)]
+        bypassed.add((u, v))
         for p in preds[u]:
-            if (p, v) not in g.edges:
+            if (p, v) not in g.edges and (p, v) not in bypassed:  # once per pair, as in reorder_rank
                 g.edges[(p, v)] = "ctrl"
                 if candidate(p, v):
                     work.append((p, v))
