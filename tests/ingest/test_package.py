@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -33,6 +34,19 @@ def test_reading_et_files_loads_only_the_et_reader() -> None:
         "etstore.ingest.et",
         "etstore.ingest.files",
     }
+
+
+def test_recognising_a_format_loads_its_reader_only() -> None:
+    """read_trace imports the reader of what it recognised (the shipped .et example and
+    MSCCL-IR ring), none of the others."""
+    root = Path(__file__).resolve().parents[2] / "examples"
+    readers = {"chakra_json", "et", "kineto", "msccl_xml", "pytorch_et"}
+    for path, reader in (
+        (root / "transformer_8r" / "transformer", "et"),
+        (root / "algorithms" / "ring_allreduce_4r.xml", "msccl_xml"),
+    ):
+        loaded = _loaded_after(f"from etstore.ingest import read_trace\nread_trace({str(path)!r})")
+        assert {m.rsplit(".", 1)[1] for m in loaded} & readers == {reader}, path
 
 
 def test_naming_a_reader_on_the_package_loads_its_module() -> None:
