@@ -187,13 +187,37 @@ def main(argv: Sequence[str] | None = None) -> int:
         # piped output is read by scripts and wide terminals alike: do not fold tables at 80 columns
         console = Console(soft_wrap=False, width=None if sys.stdout.isatty() else 200)
         return int(args.handler(args, console))
-    except EtstoreError as exc:
-        print(f"etstore: error: {exc}", file=sys.stderr)
-        return 1
-    except OSError as exc:  # a file or directory the user named cannot be read or written
-        where = f": {exc.filename}" if getattr(exc, "filename", None) else ""
-        print(f"etstore: error: {exc.strerror or exc}{where}", file=sys.stderr)
-        return 1
     except KeyboardInterrupt:  # whatever was being written has rolled back on its way out
-        print("etstore: interrupted", file=sys.stderr)
-        return 130
+        return _interrupted()
+    except Exception as exc:
+        if _engine_interrupted(exc):
+            return _interrupted()
+        if isinstance(exc, EtstoreError):
+            print(f"etstore: error: {exc}", file=sys.stderr)
+            return 1
+        if isinstance(exc, OSError):  # a file or directory the user named cannot be read or written
+            where = f": {exc.filename}" if getattr(exc, "filename", None) else ""
+            print(f"etstore: error: {exc.strerror or exc}{where}", file=sys.stderr)
+            return 1
+        raise
+
+
+def _interrupted() -> int:
+    print("etstore: interrupted", file=sys.stderr)
+    return 130
+
+
+def _engine_interrupted(exc: BaseException) -> bool:
+    """Whether ``exc`` (or what it wraps) is a Ctrl-C: DuckDB turns one that lands while it runs
+    a query into its own error (``RuntimeError('Query interrupted')`` in DuckDB 2, its
+    ``InterruptException`` before), which the store may wrap in turn."""
+    seen: BaseException | None = exc
+    for _ in range(8):  # the chain of causes, bounded
+        if seen is None:
+            return False
+        if isinstance(seen, KeyboardInterrupt) or type(seen).__name__ == "InterruptException":
+            return True
+        if isinstance(seen, RuntimeError) and str(seen) == "Query interrupted":
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False

@@ -184,3 +184,21 @@ def test_ctrl_c_in_the_first_half_second(tmp_path: Path, delay_s: float) -> None
     argv += ["--sizes", "1KiB..1GiB:2", "--algo", "ring,direct", "--topo", "mesh2d:8x8", "--no-record"]
     done = _interrupt(argv, delay_s)
     assert (done.returncode, done.stderr) == (130, "etstore: interrupted\n")
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="needs /proc to see the imports")
+def test_ctrl_c_while_duckdb_runs_a_query_is_one_line(tmp_path: Path) -> None:
+    # DuckDB 2 turns the Ctrl-C that lands in a query into RuntimeError('Query interrupted'),
+    # which used to end the command with that traceback and exit 1
+    store = str(tmp_path / "s")
+    assert main(["--store", store, "workload", "--ranks", "2", "--layers", "1", "--tp", "1", "--ingest"]) == 0
+    query = "SELECT count(*) FROM range(100000000000) a"
+    argv = [sys.executable, "-m", "etstore.cli", "--store", store, "sql", query]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    maps, deadline = Path(f"/proc/{proc.pid}/maps"), time.monotonic() + 60
+    while proc.poll() is None and time.monotonic() < deadline and "_duckdb.cpython" not in maps.read_text():
+        time.sleep(0.01)
+    time.sleep(2.0)  # the store is open and the query (minutes long) is running
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert (proc.returncode, out, err) == (130, "", "etstore: interrupted\n")

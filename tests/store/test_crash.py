@@ -124,8 +124,10 @@ class Harness:
         _out, err = proc.communicate(timeout=60)
         took = time.monotonic() - sent
         # it may have finished before the signal, or not have started (SIGINT before Python
-        # installs its handler: nothing was touched)
-        if sig == signal.SIGINT and proc.returncode not in (0, -signal.SIGINT):
+        # installs its handler, or while its start-up imports site's .pth files, which Python
+        # reports itself, docs/reliability.md: nothing was touched)
+        in_python_start_up = "init_import_site" in err
+        if sig == signal.SIGINT and proc.returncode not in (0, -signal.SIGINT) and not in_python_start_up:
             assert proc.returncode == 130, err
             assert took <= 2.0, f"{kind}: Ctrl-C took {took:.1f} s"
             assert "interrupted" in err and "Traceback" not in err, err
