@@ -335,13 +335,34 @@ def warehouse_rows(wh: Warehouse, keep: Mapping[int, str]) -> RowSource:
 
 def swap_in(target: Path, graph: Path) -> None:
     """Replace ``graph`` by the rebuilt ``target`` in one rename (the old graph is closed and
-    checkpointed, so its log holds nothing; it goes first, else it would replay onto the new file)."""
-    for leftover in (graph.with_name(graph.name + ".wal"),):
+    checkpointed, so its log holds nothing; its files go first, else the log would replay onto
+    the new file and a checkpoint file would name another database)."""
+    for leftover in _sidecars(graph):
         leftover.unlink(missing_ok=True)
     os.replace(target, graph)
 
 
 def discard_rebuild(target: Path) -> None:
-    """Remove a rebuild file and its log (idempotent)."""
-    for f in (target, target.with_name(target.name + ".wal"), target.with_name(target.name + ".lock")):
+    """Remove a rebuild file and every file Ladybug keeps beside it (idempotent): a checkpoint
+    file left by a rebuild cut short names that database, and Ladybug refuses to open the next
+    one beside it."""
+    for f in (target, *_sidecars(target)):
         f.unlink(missing_ok=True)
+
+
+# the parts of the names Ladybug gives the files beside a database file: <db>.wal,
+# <db>.wal.checkpoint, <db>.checkpoint.apply.lock, <db>.checkpoint.intent.lock, <db>.lock, ...
+_SIDECAR_PARTS = frozenset({"wal", "checkpoint", "apply", "intent", "lock", "shadow", "tmp"})
+
+
+def _sidecars(db: Path) -> list[Path]:
+    """The files Ladybug keeps beside the database file ``db`` (not another database such as
+    ``<db>.rebuild``)."""
+    if not db.parent.is_dir():
+        return []
+    prefix = db.name + "."
+    return [
+        f
+        for f in db.parent.iterdir()
+        if f.name.startswith(prefix) and set(f.name[len(prefix) :].split(".")) <= _SIDECAR_PARTS
+    ]

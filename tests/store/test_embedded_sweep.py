@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sqlite3
 import subprocess
+import sys
 from contextlib import closing
 from pathlib import Path
 
@@ -112,6 +113,31 @@ def test_a_removal_cut_short_while_rebuilding_the_graph_is_redone(tmp_path: Path
     with EmbeddedStore(tmp_path / "s", read_only=True) as s:
         assert _views(s) == ({"a": a.num_ops}, {"a": a.num_ops}, {"a": a.num_ops}, a.num_ops)
     assert not (tmp_path / "s" / "graph.rebuild").exists()
+
+
+def test_files_a_rebuild_killed_in_its_checkpoint_left_do_not_stop_the_next(tmp_path: Path) -> None:
+    """A rebuild killed while Ladybug checkpoints it leaves files beside ``graph.rebuild`` that
+    name that database; Ladybug refused to open the next rebuild beside them."""
+    small, big = transformer(ranks=4, layers=1, tp=2), transformer(ranks=8, layers=16, tp=2)
+    with EmbeddedStore(tmp_path / "s") as s:
+        s.ingest(small, name="small")
+        s.ingest(big, name="big")
+    # another database's log, as a killed checkpoint leaves it (written, then the process dies)
+    code = (
+        "import os, sys, ladybug\n"
+        "c = ladybug.Connection(ladybug.Database(sys.argv[1], auto_checkpoint=False))\n"
+        "c.execute('CREATE NODE TABLE N(id INT64, PRIMARY KEY(id))')\n"
+        "c.execute('CREATE (:N {id: 1})')\n"
+        "os._exit(0)\n"
+    )
+    subprocess.run([sys.executable, "-c", code, str(tmp_path / "other")], check=True, timeout=60)
+    (tmp_path / "other.wal").rename(tmp_path / "s" / "graph.rebuild.wal.checkpoint")
+    for lock in ("graph.rebuild.checkpoint.apply.lock", "graph.rebuild.checkpoint.intent.lock"):
+        (tmp_path / "s" / lock).touch()
+    with EmbeddedStore(tmp_path / "s") as s:
+        s.remove("big")  # what stays is far smaller: the graph is rebuilt
+        assert s.cypher("MATCH (o:Op) RETURN count(o)").scalar() == small.num_ops
+    assert sorted(f.name for f in (tmp_path / "s").iterdir() if f.name.startswith("graph.")) == []
 
 
 # ---------------------------------------------------------------- removal: rebuild or delete
