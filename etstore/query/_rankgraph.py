@@ -11,7 +11,7 @@ so what is found is what gets applied.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -177,6 +177,14 @@ def has_bit(bits: int, j: int) -> bool:
     return bool((bits >> j) & 1)
 
 
+def set_bits(bits: int) -> Iterator[int]:
+    """The indices of the set bits of ``bits``, lowest first (one step per set bit, not per bit)."""
+    while bits:
+        low = bits & -bits
+        yield low.bit_length() - 1
+        bits ^= low
+
+
 # ---------------------------------------------------------------- overlap / reorder
 
 
@@ -238,11 +246,11 @@ def overlap_rank(g: RankGraph) -> Applied:
     _restore_comm_order(g, order, comm, desc_all)
     desc_new = reach(g, order, comm)
     freed = [
-        (c, v)
+        (comm[j], v)
         for v in range(g.n)
         if g.types[v] == "COMP_NODE"
-        for c in comm
-        if g.types[c] == "COMM_COLL_NODE" and has_bit(desc_all[v] & ~desc_new[v], col[c])
+        for j in set_bits(desc_all[v] & ~desc_new[v])
+        if g.types[comm[j]] == "COMM_COLL_NODE"
     ]
     return Applied(freed, {})
 
@@ -288,12 +296,10 @@ def reorder_rank(g: RankGraph) -> Applied:
                     work.append((p, s))
     _restore_comm_order(g, order, comm, desc_all)
     anc_new = reach(g, order, comm, backward=True)
-    freed = [
-        (s, v)
-        for s in comm
-        for v in range(g.n)
-        if g.types[v] == "COMP_NODE" and has_bit(anc_all[v] & ~anc_new[v], col[s])
+    lost = [
+        (j, v) for v in range(g.n) if g.types[v] == "COMP_NODE" for j in set_bits(anc_all[v] & ~anc_new[v])
     ]
+    freed = [(comm[j], v) for j, v in sorted(lost)]  # by send, then compute op
     # file order: in front of the earliest compute op it passed, never past another message op
     moved: dict[int, int] = {}
     msg_rows = [i for i, t in enumerate(g.types) if t in MESSAGE_TYPES]
