@@ -25,7 +25,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from etstore.pandas_gate import arrow_scan
+from etstore.store._copy import copy_arrow
 from etstore.store.warehouse import Warehouse
 
 __all__ = [
@@ -223,12 +223,11 @@ def rebuild_without(
             new.execute(statement)
         for t in tables:
             step(f"copy {t}")
-            rows = source(t, columns[t]) if source is not None else None  # read by COPY below
+            rows = source(t, columns[t]) if source is not None else None
             if rows is None:
                 rows = _graph_rows(conn, t, [c for c, _ in columns[t]], lo, hi)
             if rows.num_rows:
-                with arrow_scan():
-                    new.execute(f"COPY `{t}` FROM rows")
+                copy_arrow(new, t, rows)
             del rows
         step("checkpoint")
         new.execute("CHECKPOINT")

@@ -42,8 +42,8 @@ import pyarrow as pa
 from etstore.dag import cycle_members
 from etstore.errors import QueryError, StoreError, UnknownTraceError
 from etstore.model import DEPS_SCHEMA, META_SCHEMA, OPS_SCHEMA, Trace, TraceKind
-from etstore.pandas_gate import arrow_scan
 from etstore.store import _trace_rows as rows
+from etstore.store._copy import copy_arrow
 from etstore.store._cypher import check_parameters, resolve_names
 from etstore.store._format import check_format, upgrade_format1
 from etstore.store._graph_purge import Step, discard_rebuild, remove_range, warehouse_rows
@@ -424,8 +424,7 @@ class EmbeddedStore:
             if progress:
                 progress("graph nodes", 0, trace.num_ops)
             nodes = op_nodes(trace, name.name, base, self._graph_columns)  # the graph's own columns
-            with arrow_scan():
-                g.execute("COPY Op FROM nodes")
+            copy_arrow(g, "Op", nodes)
             if progress:
                 progress("graph nodes", trace.num_ops, trace.num_ops)
             deps, (msgs, unmatched_sends, unmatched_recvs) = edge_rows.result()
@@ -515,14 +514,12 @@ class EmbeddedStore:
     def _write_edges(self, deps: pa.Table, msgs: pa.Table, links: pa.Table | None) -> None:
         """Load the edges (the nodes are in) and checkpoint the graph once for the whole ingest."""
         g = self.graph
-        with arrow_scan():
-            if deps.num_rows:
-                g.execute("COPY DEP FROM deps")
-            if msgs.num_rows:
-                g.execute("COPY MSG FROM msgs")
-            if links is not None and links.num_rows:
-                becomes = links.select(["from", "to"])  # noqa: F841 - read by COPY
-                g.execute("COPY BECOMES FROM becomes")
+        if deps.num_rows:
+            copy_arrow(g, "DEP", deps)
+        if msgs.num_rows:
+            copy_arrow(g, "MSG", msgs)
+        if links is not None and links.num_rows:
+            copy_arrow(g, "BECOMES", links.select(["from", "to"]))
         g.execute("CHECKPOINT")
 
     def _add_name(

@@ -24,7 +24,7 @@ import pyarrow.compute as pc
 
 from etstore.collective import short_name
 from etstore.errors import EtstoreError, QueryError, StoreError, UnknownTraceError
-from etstore.pandas_gate import arrow_scan
+from etstore.store._copy import copy_arrow
 from etstore.store.base import Store
 from etstore.store.warehouse import Warehouse
 
@@ -329,8 +329,7 @@ def _create_nodes(store: Store, steps: pa.Table, run_id: int, run: str, digest: 
             # nodes of this run id can only be left by a store interrupted before its rows
             # committed; a COPY that met them would fail on their primary keys
             graph.execute("MATCH (s:TunerStep) WHERE s.run_id = $r DELETE s", {"r": run_id})
-            with arrow_scan():
-                graph.execute("COPY TunerStep FROM nodes")
+            copy_arrow(graph, "TunerStep", nodes)
         except RuntimeError as exc:
             raise StoreError(f"cannot store the tuner steps of {run!r} in the graph: {exc}") from exc
         return
