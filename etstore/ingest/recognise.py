@@ -1,9 +1,10 @@
 """Any supported input, recognised by its content: :func:`read_trace`.
 
 Apart from the package's ``__init__`` so that reading one format (``from
-etstore.ingest.et import read_et``) does not load every other reader; the readers are
-imported when a file of theirs is recognised (:data:`_READERS`), so reading a ``.et``
-trace loads neither the PyTorch, Kineto nor MSCCL-IR reader.
+etstore.ingest.et import read_et``) does not load every other reader. A reader is
+imported when a file of its format is recognised (:data:`_READERS`, through the
+package's first-use names): reading ``.et`` files loads no PyTorch, Kineto or MSCCL-IR
+reader.
 """
 
 from __future__ import annotations
@@ -29,19 +30,18 @@ from etstore.model import Trace
 
 __all__ = ["read_trace"]
 
-# format → (module, function) of its reader, imported on first use
+# format → its reader, a first-use name of etstore.ingest (whose table says where it lives)
 _READERS = {
-    CHAKRA_ET: ("etstore.ingest.et", "read_et"),
-    CHAKRA_JSON: ("etstore.ingest.chakra_json", "read_chakra_json"),
-    KINETO: ("etstore.ingest.kineto", "read_kineto"),
-    MSCCL_XML: ("etstore.ingest.msccl_xml", "read_msccl_xml"),
-    PYTORCH_ET: ("etstore.ingest.pytorch_et", "read_pytorch_et"),
+    CHAKRA_ET: "read_et",
+    CHAKRA_JSON: "read_chakra_json",
+    KINETO: "read_kineto",
+    MSCCL_XML: "read_msccl_xml",
+    PYTORCH_ET: "read_pytorch_et",
 }
 
 
 def _reader(fmt: str) -> Callable[..., Trace]:
-    module, function = _READERS[fmt]
-    reader: Callable[..., Trace] = getattr(importlib.import_module(module), function)
+    reader: Callable[..., Trace] = getattr(importlib.import_module("etstore.ingest"), _READERS[fmt])
     return reader
 
 
