@@ -24,6 +24,8 @@ Usage::
     python bench/bench_synth.py --max-npus 16384    # adds 8,192 and 16,384 (≈ 40 min CPU, 6.6 GB)
     python bench/bench_synth.py --cli               # `etstore synth --topo mesh2d:16x8 --coll allreduce`
     python bench/bench_synth.py --one mesh2d:64x64 allgather --no-trace
+    python bench/bench_synth.py --one mesh2d:64x64 allgather --parts 2097152   # trace in rank ranges
+    python bench/bench_synth.py --stored mesh2d:32x32,mesh2d:64x32   # the stored command's peak RSS
 """
 
 from __future__ import annotations
@@ -68,8 +70,9 @@ def _peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KB on Linux
 
 
-def one(spec: str, coll: str, trials: int, trace: bool) -> dict[str, object]:
-    """Measure one synthesis in this process (the child side)."""
+def one(spec: str, coll: str, trials: int, trace: bool, parts: int | None = None) -> dict[str, object]:
+    """Measure one synthesis in this process (the child side); ``parts``: build the trace as
+    ``result.trace_parts(parts)``, dropping each part (a streamed store's ingest), not whole."""
     from etstore.collectives.synth import synthesize
     from etstore.topology import parse_topology
 
@@ -91,7 +94,15 @@ def one(spec: str, coll: str, trials: int, trace: bool) -> dict[str, object]:
         "lower_bound_ns": r.lower_bound_ns,
         "ratio": round(r.ratio, 6),
     }
-    if trace:
+    if trace and parts is not None:
+        ops = count = biggest = 0
+        for part in r.trace_parts(parts):
+            ops, count = ops + part.num_ops, count + 1
+            biggest = max(biggest, part.ops.nbytes + part.deps.nbytes)
+            del part
+        row["trace_s"] = round(time.process_time() - c1, 4)
+        row.update(ops=ops, max_ops=parts, parts=count, biggest_part_mb=round(biggest / 2**20, 1))
+    elif trace:
         ops = r.trace.num_ops
         row["trace_s"] = round(time.process_time() - c1, 4)
         row["ops"] = ops
@@ -206,6 +217,25 @@ def cli(runs: int) -> None:
         }), flush=True)  # fmt: skip
 
 
+def stored(specs: list[str], timeout_s: float) -> None:
+    """Wall time and peak RSS of ``etstore synth --topo SPEC --coll allgather --trials 1`` with
+    its result stored (a fresh store each), each in its own process."""
+    for spec in specs:
+        with tempfile.TemporaryDirectory() as tmp:
+            row = _child(["--stored-one", spec, f"{tmp}/st"], timeout_s)
+        print(json.dumps({"spec": spec, **(row or {}), "budget_mb_at_4096_npus": 4096}), flush=True)
+
+
+def _stored_one(spec: str, store: str) -> dict[str, object]:
+    """The whole stored command in this process (its peak RSS is this process's)."""
+    from etstore.cli import main as etstore_main
+
+    code = etstore_main(["--store", store, "synth", "--topo", spec, "--coll", "allgather", "--trials", "1",
+                         "--format", "json"])  # fmt: skip
+    return {"metric": "stored_synth_allgather", "spec": spec, "exit": code,
+            "peak_rss_mb": round(_peak_rss_mb(), 1), "machine": MACHINE}  # fmt: skip
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--max-npus", type=int, default=4096)
@@ -222,9 +252,17 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--one", nargs=2, metavar=("SPEC", "COLL"), help="measure one synthesis in this process")
     ap.add_argument("--no-trace", action="store_true")
+    ap.add_argument("--parts", type=int, metavar="MAX_OPS", help="with --one: build the trace in parts")
+    ap.add_argument("--stored", metavar="SPECS", help="comma-separated meshes: the stored command's peak RSS")
+    ap.add_argument("--stored-one", nargs=2, metavar=("SPEC", "STORE"), help=argparse.SUPPRESS)
     args = ap.parse_args()
-    if args.one:
-        print(json.dumps(one(args.one[0], args.one[1], args.trials, not args.no_trace)), flush=True)
+    if args.stored_one:
+        print(json.dumps(_stored_one(*args.stored_one)), flush=True)
+    elif args.stored:
+        stored(args.stored.split(","), args.timeout)
+    elif args.one:
+        row = one(args.one[0], args.one[1], args.trials, not args.no_trace, args.parts)
+        print(json.dumps(row), flush=True)
     elif args.cli:
         cli(args.runs)
     else:

@@ -18,6 +18,7 @@ import pyarrow.compute as pc
 from etstore.model import Trace, op_rows
 
 __all__ = [
+    "Endpoints",
     "MessageMatch",
     "break_cycles",
     "cycle_members",
@@ -25,6 +26,8 @@ __all__ = [
     "generations",
     "longest_path",
     "match_messages",
+    "message_endpoints",
+    "pair_endpoints",
     "trace_edges",
 ]
 
@@ -248,6 +251,64 @@ def _occurrence(keys: list[np.ndarray]) -> np.ndarray:
     return occ
 
 
+class Endpoints(NamedTuple):
+    """The sends or the receives of some ranks, as the columns messages are paired on."""
+
+    src: np.ndarray  # int32, sending rank
+    dst: np.ndarray  # int32, receiving rank
+    tag: np.ndarray  # int32 (0 where the op has none)
+    nth: np.ndarray  # int32, occurrence among earlier ops of the same (src, dst, tag), in issue order
+    row: np.ndarray  # int64, row in the ops table (plus the caller's offset)
+
+
+def message_endpoints(trace: Trace, row_offset: int = 0) -> tuple[Endpoints, Endpoints, int, int]:
+    """The sends and receives of ``trace`` that name a peer, and the numbers of all sends and
+    receives (peerless ones included).
+
+    Every (src, dst, tag) group of sends lives on one rank (its src), every group of
+    receives on one rank (its dst), so endpoints of disjoint rank ranges can be taken
+    range by range and paired later (:func:`pair_endpoints`) as if taken at once.
+    """
+    ops = trace.ops
+    typ = ops["type"]
+    rows = np.arange(row_offset, row_offset + ops.num_rows, dtype=np.int64)
+    is_send = pc.equal(typ, "COMM_SEND_NODE").to_numpy(zero_copy_only=False)
+    is_recv = pc.equal(typ, "COMM_RECV_NODE").to_numpy(zero_copy_only=False)
+    rank = ops["rank"].to_numpy().astype(np.int32)
+
+    def side(mask: np.ndarray, peer_col: str, sending: bool) -> Endpoints:
+        keep = pa.array(mask)
+        peer_arr = ops[peer_col].filter(keep)
+        ok = pc.is_valid(peer_arr).to_numpy(zero_copy_only=False)
+        peer = pc.fill_null(peer_arr, -1).to_numpy().astype(np.int32)[ok]
+        tag = pc.fill_null(ops["comm_tag"].filter(keep), 0).to_numpy().astype(np.int32)[ok]
+        own = rank[mask][ok]
+        src, dst = (own, peer) if sending else (peer, own)
+        return Endpoints(src, dst, tag, _occurrence([src, dst, tag]).astype(np.int32), rows[mask][ok])
+
+    sends = side(is_send, "comm_dst", True)
+    recvs = side(is_recv, "comm_src", False)
+    return sends, recvs, int(is_send.sum()), int(is_recv.sum())
+
+
+def pair_endpoints(sends: Endpoints, recvs: Endpoints) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(send_row, recv_row, tag)`` of every send that meets its receive, by ascending send row:
+    the n-th send from s to d with tag t meets the n-th receive on d from s with tag t.
+
+    Notes
+    -----
+    O(S + R) expected: one hash join on (src, dst, tag, occurrence), then a sort of the pairs.
+    """
+    left = pa.table({"s": sends.src, "d": sends.dst, "t": sends.tag, "n": sends.nth, "send_row": sends.row})
+    right = pa.table({"s": recvs.src, "d": recvs.dst, "t": recvs.tag, "n": recvs.nth, "recv_row": recvs.row})
+    joined = left.join(right, ["s", "d", "t", "n"], join_type="inner").sort_by("send_row")
+    return (
+        joined["send_row"].to_numpy(),
+        joined["recv_row"].to_numpy(),
+        joined["t"].to_numpy().astype(np.int64),
+    )
+
+
 def match_messages(trace: Trace) -> MessageMatch:
     """Pair every send with its receive as ASTRA-sim does.
 
@@ -259,54 +320,6 @@ def match_messages(trace: Trace) -> MessageMatch:
     -----
     O(V log V): two lexsorts and a join on (src, dst, tag, occurrence).
     """
-    ops = trace.ops
-    typ = ops["type"]
-    rows = np.arange(ops.num_rows, dtype=np.int64)
-    is_send = pc.equal(typ, "COMM_SEND_NODE").to_numpy(zero_copy_only=False)
-    is_recv = pc.equal(typ, "COMM_RECV_NODE").to_numpy(zero_copy_only=False)
-    rank = ops["rank"].to_numpy().astype(np.int64)
-
-    def peer(col: str, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        arr = ops[col].filter(pa.array(mask))
-        valid = pc.is_valid(arr).to_numpy(zero_copy_only=False)
-        return pc.fill_null(arr, -1).to_numpy().astype(np.int64), valid
-
-    s_dst, s_ok = peer("comm_dst", is_send)
-    s_tag = pc.fill_null(ops["comm_tag"].filter(pa.array(is_send)), 0).to_numpy().astype(np.int64)
-    s_src = rank[is_send]
-    s_row = rows[is_send]
-    r_src, r_ok = peer("comm_src", is_recv)
-    r_tag = pc.fill_null(ops["comm_tag"].filter(pa.array(is_recv)), 0).to_numpy().astype(np.int64)
-    r_dst = rank[is_recv]
-    r_row = rows[is_recv]
-    s_src, s_dst, s_tag, s_row = s_src[s_ok], s_dst[s_ok], s_tag[s_ok], s_row[s_ok]
-    r_src, r_dst, r_tag, r_row = r_src[r_ok], r_dst[r_ok], r_tag[r_ok], r_row[r_ok]
-    sends = pa.table(
-        {
-            "s": s_src,
-            "d": s_dst,
-            "t": s_tag,
-            "n": _occurrence([s_src, s_dst, s_tag]),
-            "send_row": s_row,
-        }
-    )
-    recvs = pa.table(
-        {
-            "s": r_src,
-            "d": r_dst,
-            "t": r_tag,
-            "n": _occurrence([r_src, r_dst, r_tag]),
-            "recv_row": r_row,
-        }
-    )
-    joined = sends.join(recvs, ["s", "d", "t", "n"], join_type="inner")
-    joined = joined.sort_by("send_row")
-    send_row = joined["send_row"].to_numpy()
-    recv_row = joined["recv_row"].to_numpy()
-    return MessageMatch(
-        send_row,
-        recv_row,
-        joined["t"].to_numpy().astype(np.int64),
-        int(is_send.sum()) - joined.num_rows,
-        int(is_recv.sum()) - joined.num_rows,
-    )
+    sends, recvs, n_sends, n_recvs = message_endpoints(trace)
+    send_row, recv_row, tag = pair_endpoints(sends, recvs)
+    return MessageMatch(send_row, recv_row, tag, n_sends - len(send_row), n_recvs - len(send_row))

@@ -21,7 +21,6 @@ written back on export, never walked).
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
@@ -396,45 +395,3 @@ def attribute(name: str, member: str, value: Any) -> Any:
     else:
         setattr(a, member, value)
     return a
-
-
-def content_hash(trace: Trace) -> str:
-    """A digest of the trace's content (kind, ops, deps, missing deps, metadata), not its name.
-
-    Equal content gives an equal digest, which is what makes ingest idempotent: how
-    the columns happen to be chunked (a loaded trace, a concatenated one) and whether
-    an empty table has an empty chunk do not count. O(bytes) over the Arrow buffers;
-    copies only columns split into several chunks.
-    """
-    h = hashlib.sha1(usedforsecurity=False)
-    h.update(trace.kind.encode())
-    for table in (trace.ops, trace.deps, trace.missing, trace.meta):
-        h.update(str(table.schema).encode())
-        for name, col in zip(*_canonical(table), strict=True):
-            # one column at a time: IPC honours slices, and buffer layout within a
-            # record batch cannot leak into the digest
-            one = pa.table({name: col.combine_chunks()})
-            sink = pa.BufferOutputStream()
-            with pa.ipc.new_stream(sink, one.schema) as writer:
-                if one.num_rows:
-                    writer.write_table(one)
-            h.update(memoryview(sink.getvalue()))
-    return h.hexdigest()
-
-
-def _canonical(table: pa.Table) -> tuple[list[str], list[pa.ChunkedArray]]:
-    """Null slots hold arbitrary bytes (engines differ); give them one value and keep
-    where the nulls are as a separate validity column."""
-    names: list[str] = []
-    cols: list[pa.ChunkedArray] = []
-    for name, col in zip(table.column_names, table.columns, strict=True):
-        if col.null_count:
-            cols += [pc.fill_null(col, _ZERO.get(col.type, 0)), pc.is_valid(col)]
-            names += [name, f"{name}.valid"]
-        else:
-            cols.append(col)
-            names.append(name)
-    return names, cols
-
-
-_ZERO: dict[pa.DataType, Any] = {pa.string(): "", pa.binary(): b"", pa.bool_(): False}

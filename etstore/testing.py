@@ -12,6 +12,7 @@ test checks). Everything here is deterministic and small enough to check on pape
   :func:`p2p_trace`, :func:`slot_policy_trace`, and the 2-rank overlap workload
   :func:`hand_workload` with its expansion (:func:`hand_parent`, :func:`hand_expanded`,
   :func:`ingest_hand_expanded`).
+- :func:`rank_parts`: a trace split into consecutive rank ranges, as a streamed ingest takes it.
 - :func:`require_extension`: a C extension, or a skip (a failure under CI).
 - Stores: :class:`RecordedStore` (what a store of recorded runs holds) and
   :func:`clear_store`.
@@ -49,6 +50,7 @@ __all__ = [
     "msccl_step",
     "msccl_tb",
     "p2p_trace",
+    "rank_parts",
     "require_extension",
     "ring_allreduce_xml",
     "slot_policy_trace",
@@ -155,6 +157,21 @@ def assert_trace_equal(
 
 class ExtensionMissingError(AssertionError):
     """A C extension is not built where the build is required (CI)."""
+
+
+def rank_parts(trace: Trace, cuts: Sequence[int]) -> list[Trace]:
+    """``trace`` split before each rank in ``cuts``: every part holds its ranks' rows of every
+    table (what :meth:`Store.ingest_parts <etstore.store.base.Store.ingest_parts>` takes)."""
+    bounds = [0, *cuts, max(trace.ranks) + 1]
+    out = []
+    for lo, hi in pairwise(bounds):
+        tables = {}
+        for name in ("ops", "deps", "missing", "meta"):
+            t = getattr(trace, name)
+            r = t["rank"].to_numpy()
+            tables[name] = t.filter(pa.array((r >= lo) & (r < hi)))
+        out.append(trace.replace(**tables))
+    return out
 
 
 def require_extension(module: str) -> ModuleType:

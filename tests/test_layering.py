@@ -37,6 +37,7 @@ FLOORS: tuple[tuple[float, str], ...] = (
     (2, "etstore.topology"),
     (2, "etstore.ir"),
     (2, "etstore.dag"),
+    (2, "etstore.digest"),
     (3, "etstore.ingest"),
     (3, "etstore.workloads"),
     (4, "etstore.store"),

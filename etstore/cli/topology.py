@@ -21,6 +21,11 @@ _DEFAULT_SIZE = "1GiB"
 _DEFAULT_TRIALS = 8
 
 
+PART_OPS = 1 << 19
+"""Ops per part when a synthesized trace is stored: above this it is built and stored rank range by
+rank range (about 400 bytes per op of a part at its peak), never whole."""
+
+
 def _topo_show(args: argparse.Namespace, console: Console) -> int:
     topo = topology_from(args, args.spec)
     doc = topo.describe()
@@ -64,19 +69,25 @@ def _synth(args: argparse.Namespace, console: Console) -> int:
             root=args.root,
             progress=step,
         )
-        if step and not args.no_store:  # the trace is built on first access: here, under the bar
-            transfers = len(res.schedule)
-            step("trace", 0, transfers)
-            _built = res.trace  # a cached property
-            step("trace", transfers, transfers)
         if not args.no_store:
             name = args.name or default_name(res, args.size, args.trials)
             with open_from_args(args) as store:
                 stored = (lambda ph, done, total: step(f"store {ph}", done, total)) if step else None
-                report = store.ingest(res.trace, name=name, progress=stored)
-    doc = res.to_dict(deps=not args.no_store)  # without storing, the trace is never built
+                # built and stored rank range by rank range: a 4,096-NPU trace never whole in memory
+                report = store.ingest_parts(
+                    res.trace_parts(PART_OPS), name=name, ops=res.num_ops, progress=stored
+                )
+    doc = res.to_dict(deps=False)  # the trace itself is never held whole
     if not args.no_store:
-        doc = {"trace": report.trace.name, "status": "new" if report.created else "already stored", **doc}
+        items = list(doc.items())
+        at = list(doc).index("ops") + 1  # deps beside ops, as the stored trace counts them
+        doc = {
+            "trace": report.trace.name,
+            "status": "new" if report.created else "already stored",
+            **dict(items[:at]),
+            "deps": report.trace.deps,
+            **dict(items[at:]),
+        }
     if args.format == "json":
         print_json(doc)
         return 0

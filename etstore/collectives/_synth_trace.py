@@ -5,11 +5,21 @@ Per transfer a send at the source and a receive at the destination, plus a
 per (NPU, link, direction), steps in schedule order; dependencies chain each
 threadblock and wait for a chunk's arrival (or its complete partial sum) before
 it leaves again.
+
+Every op and every dependency belongs to one rank (a send to its transfer's
+source, a receive or reduction to its destination, an All-to-All copy to its
+NPU) and everything computed per op is local to that rank, so the trace can be
+built a rank range at a time (:func:`build_parts`) with memory for one range plus
+the compact schedule. Only the per-transfer buffer table (All-to-All numbers its
+scratch slots per NPU in arrival order) and the link tags are global; they are
+computed once.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import cached_property
 from typing import NamedTuple
 
 import numpy as np
@@ -17,15 +27,18 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from etstore.collectives._synth_schedule import Schedule
+from etstore.errors import OptionError
 from etstore.ir.steps import BUF_CODE, BUFFERS, COPY, KIND_NAMES, KIND_NODE_TYPE, RECV, REDUCE, SEND
 from etstore.model import Trace, deps_table, encode_attrs, ops_table
 from etstore.topology import Topology
 
-__all__ = ["build_trace"]
+__all__ = ["build_parts", "build_trace"]
 
 # node kinds are the IR's (SEND, RECV, REDUCE, COPY = 0..3); at equal times: recv, reduce, copy, send
 _ORDER = np.array([3, 0, 1, 2], dtype=np.int8)
 _I, _O, _S = BUF_CODE["i"], BUF_CODE["o"], BUF_CODE["s"]
+
+_Arrays4 = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 
 
 def _join(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -58,149 +71,254 @@ def build_trace(topo: Topology, schedule: Schedule, coll: str, n: int, k: int, t
     ``reduce`` COMP in the recv's step for reduction phases (an MSCCL ``rrc``).
     Threadblocks: one per (NPU, link, direction), steps in schedule order, each
     chained to the previous one; All-to-All adds one ``copy`` per own chunk.
+    The one-range case of :func:`build_parts`.
     """
-    sched = _Columns.of(schedule)
-    t = len(sched)
-    op = _ops_in_order(topo, sched, coll, n, k)
-    m = len(op.kind)
-    rank_start = np.searchsorted(op.rank, np.arange(n + 1))
-    op_id = np.arange(m, dtype=np.int64) - rank_start[op.rank]
-    tr = np.maximum(op.transfer, 0)
-    chunk, own_sb, own_so, own_db, own_do = _op_buffers(sched, op, coll, n, k)
-    local_offset = np.where(op.kind == SEND, own_so, own_do)
-    tb_id, step, chain_src, chain_dst = _threadblocks(topo, op, n)
-    deps = _data_deps(sched, op, coll, chunk, op_id, chain_src, chain_dst)
-    attrs = _attr_column(own_sb, own_so, own_db, own_do)
-    peer = np.zeros(m, np.int32)
-    if t:
-        peer = np.where(op.kind == SEND, sched.dst[tr], sched.src[tr]).astype(np.int32)
-    tags = np.append(_link_tags(topo), 0)[np.minimum(op.link, topo.num_links)]
-    kind32 = pa.array(op.kind.astype(np.int32))
-    is_comm = (op.kind == SEND) | (op.kind == RECV)
-    ops = ops_table(
-        {
-            "rank": op.rank,
-            "id": op_id.astype(np.uint64),
-            "name": pc.take(pa.array(list(KIND_NAMES)), kind32),
-            "type": pc.take(pa.array(list(KIND_NODE_TYPE)), kind32),
-            "comm_src": pa.array(peer, mask=op.kind != RECV),
-            "comm_dst": pa.array(peer, mask=op.kind != SEND),
-            "comm_tag": pa.array(tags.astype(np.int32), mask=~is_comm),
-            "msg_chunk_cnt": np.ones(m, dtype=np.int64),
-            "msg_chunk_idx": chunk,
-            "chunk_offset": local_offset,
-            "total_chunk_cnt": np.full(m, total_chunks, dtype=np.int64),
-            "tb_id": tb_id,
-            "local_time_step": step,
-            "attrs": attrs,
-        },
-        num_rows=m,
-    )
-    shape = topo.name.split(",")[0]
-    return Trace(ops, deps, name=f"synth-{coll}-{shape}-k{k}", kind="algorithm", source="synth")
+    return _Plan.of(topo, schedule, coll, n, k, total_chunks).part(0, n)
 
 
-@dataclass(frozen=True)
-class _Columns:
-    """A schedule's columns with the derived ones (src, dst, end) computed once."""
+def build_parts(
+    topo: Topology, schedule: Schedule, coll: str, n: int, k: int, total_chunks: int, *, max_ops: int
+) -> Iterator[Trace]:
+    """The trace of :func:`build_trace` as consecutive rank ranges, each a :class:`Trace`.
 
-    link: np.ndarray
-    src: np.ndarray
-    dst: np.ndarray
-    chunk: np.ndarray
-    start_ns: np.ndarray
-    end_ns: np.ndarray
-    phase: np.ndarray
+    Parts cover ranks ``[a, b)`` in ascending, disjoint ranges over ``0..n-1``; each
+    holds whole ranks, at least one, and at most ``max_ops`` ops unless one rank alone
+    has more. A part's ops are exactly the whole trace's rows of its ranks (same order,
+    same per-rank ids) and its deps the whole trace's deps of those ranks in their
+    order. The whole trace lists deps by kind (chains, then data deps) and each kind by
+    rank, so concatenated parts equal its ops, and its deps stably sorted by part.
+
+    Raises
+    ------
+    OptionError
+        If ``max_ops`` < 1.
+
+    Notes
+    -----
+    The global work (per-transfer buffers, link tags, transfers indexed by source and
+    by destination NPU: 8 bytes per transfer, 18 more for All-to-All) is done once;
+    memory beyond that is one part's. O(T log T) over all parts for T transfers.
+    """
+    if max_ops < 1:
+        raise OptionError(f"synth: max_ops must be >= 1, got {max_ops}")
+    plan = _Plan.of(topo, schedule, coll, n, k, total_chunks)
+    return (plan.part(a, b) for a, b in plan.ranges(max_ops))
+
+
+def _index_type(size: int) -> type[np.signedinteger]:
+    """The narrowest of int32/int64 holding 0..size."""
+    return np.int32 if size < 2**31 else np.int64
+
+
+def _by_rank(nodes: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """(transfer ids ordered by (rank, id), first position of each rank 0..n): a stable counting sort."""
+    key = nodes.astype(np.uint16) if n <= 1 << 16 else nodes  # a stable sort of 16-bit keys is a radix sort
+    order = np.argsort(key, kind="stable").astype(_index_type(len(nodes)))
+    start = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(np.bincount(nodes, minlength=n), out=start[1:])
+    return order, start
+
+
+@dataclass(frozen=True, eq=False)
+class _Plan:
+    """The per-transfer work shared by every rank range, done once."""
+
+    topo: Topology
+    sched: Schedule
+    coll: str
+    n: int
+    k: int
+    total_chunks: int
+    tags: np.ndarray  # per link, then 0 for local copies: its comm_tag
+    bufs: _Arrays4 | None  # All-to-All only, per transfer: (src buffer, src offset, dst buffer, dst offset)
 
     @staticmethod
-    def of(sched: Schedule) -> _Columns:
-        return _Columns(
-            sched.link,
-            sched.src,
-            sched.dst,
-            sched.chunk.astype(np.int64),
-            sched.start_ns,
-            sched.end_ns,
-            sched.phase,
-        )
+    def of(topo: Topology, sched: Schedule, coll: str, n: int, k: int, total_chunks: int) -> _Plan:
+        tags = np.append(_link_tags(topo), 0).astype(np.int32)
+        bufs = _alltoall_buffers(sched, n, k) if coll == "alltoall" else None
+        return _Plan(topo, sched, coll, n, k, total_chunks, tags, bufs)
 
-    def __len__(self) -> int:
-        return len(self.link)
+    @cached_property
+    def by_src(self) -> tuple[np.ndarray, np.ndarray]:
+        """Transfers by sending NPU (see :func:`_by_rank`)."""
+        return _by_rank(self.sched.src, self.n)
+
+    @cached_property
+    def by_dst(self) -> tuple[np.ndarray, np.ndarray]:
+        """Transfers by receiving NPU (see :func:`_by_rank`)."""
+        return _by_rank(self.sched.dst, self.n)
+
+    def num_ops(self) -> int:
+        """Ops of the whole trace, from the schedule alone."""
+        s = self.sched
+        return 2 * len(s) + int((s.phase == 0).sum()) + (self.n * self.k if self.coll == "alltoall" else 0)
+
+    def ops_per_rank(self) -> np.ndarray:
+        """Ops of each rank: its sends, receives, reductions and copies."""
+        s = self.sched
+        ops = np.diff(self.by_src[1]) + np.diff(self.by_dst[1])
+        red = s.phase == 0
+        if red.any():
+            ops += np.bincount(s.link_dst[s.link[red]], minlength=self.n)
+        if self.coll == "alltoall":
+            ops += self.k
+        return ops
+
+    def ranges(self, max_ops: int) -> Iterator[tuple[int, int]]:
+        """Consecutive ``[a, b)`` with at most ``max_ops`` ops each (or one rank that has more)."""
+        if self.num_ops() <= max_ops:
+            yield 0, self.n
+            return
+        cum = np.zeros(self.n + 1, dtype=np.int64)
+        np.cumsum(self.ops_per_rank(), out=cum[1:])
+        a = 0
+        while a < self.n:
+            b = max(int(np.searchsorted(cum, cum[a] + max_ops, side="right")) - 1, a + 1)
+            yield a, b
+            a = b
+
+    def _transfers(self, end: str, a: int, b: int) -> np.ndarray:
+        """Transfers whose ``end`` (``src`` or ``dst``) NPU is in ``[a, b)``, in (NPU, id) order."""
+        if a == 0 and b == self.n:  # every transfer: no index needed
+            return np.arange(len(self.sched), dtype=_index_type(len(self.sched)))
+        order, start = self.by_src if end == "src" else self.by_dst
+        return order[start[a] : start[b]]
+
+    def part(self, a: int, b: int) -> Trace:
+        """The trace of ranks ``[a, b)``."""
+        op = _ops_in_order(self, self._transfers("src", a, b), self._transfers("dst", a, b), a, b)
+        m = len(op.kind)
+        rank_start = np.searchsorted(op.rank, np.arange(self.n + 1))
+        op_id = np.arange(m, dtype=np.int64) - rank_start[op.rank]
+        own_sb, own_so, own_db, own_do = _op_buffers(self, op)
+        local_offset = np.where(op.kind == SEND, own_so, own_do)
+        tb_id, step, chain_src, chain_dst = _threadblocks(self.topo, op, self.n)
+        deps = _data_deps(op, self.coll, op_id, chain_src, chain_dst)
+        attrs = _attr_column(own_sb, own_so, own_db, own_do)
+        del own_sb, own_so, own_db, own_do
+        tags = self.tags[np.minimum(op.link, self.topo.num_links)]
+        kind32 = pa.array(op.kind.astype(np.int32))
+        is_comm = (op.kind == SEND) | (op.kind == RECV)
+        ops = ops_table(
+            {
+                "rank": op.rank,
+                "id": op_id.astype(np.uint64),
+                "name": pc.take(pa.array(list(KIND_NAMES)), kind32),
+                "type": pc.take(pa.array(list(KIND_NODE_TYPE)), kind32),
+                "comm_src": pa.array(op.peer, mask=op.kind != RECV),
+                "comm_dst": pa.array(op.peer, mask=op.kind != SEND),
+                "comm_tag": pa.array(tags, mask=~is_comm),
+                "msg_chunk_cnt": np.ones(m, dtype=np.int64),
+                "msg_chunk_idx": op.chunk,
+                "chunk_offset": local_offset,
+                "total_chunk_cnt": np.full(m, self.total_chunks, dtype=np.int64),
+                "tb_id": tb_id,
+                "local_time_step": step,
+                "attrs": attrs,
+            },
+            num_rows=m,
+        )
+        shape = self.topo.name.split(",")[0]
+        return Trace(ops, deps, name=f"synth-{self.coll}-{shape}-k{self.k}", kind="algorithm", source="synth")
 
 
 class _Ops(NamedTuple):
-    """Every node of the trace as columns, sorted by (rank, time, kind order, side, link)."""
+    """The nodes of a rank range as columns, sorted by (rank, time, kind order, side, link)."""
 
     transfer: np.ndarray  # int64, schedule row (-1 for an All-to-All local copy)
     kind: np.ndarray  # int8, SEND/RECV/REDUCE/COPY
     rank: np.ndarray  # int32
-    time: np.ndarray  # float64, ns
     link: np.ndarray  # int64 (num_links for a local copy)
     side: np.ndarray  # int64, 0 sender, 1 receiver, 2 local
+    chunk: np.ndarray  # int64, chunk id
+    phase: np.ndarray  # int64, the transfer's phase (3 for a local copy)
+    peer: np.ndarray  # int32, the other end of the transfer
     copy_chunk: np.ndarray  # per local copy in (rank, j) order: its chunk id
     copy_offset: np.ndarray  # per local copy: its buffer offset
 
 
-def _ops_in_order(topo: Topology, sched: _Columns, coll: str, n: int, k: int) -> _Ops:
-    """Sends, receives, reductions (and All-to-All's local copies), in per-rank issue order."""
-    t = len(sched)
-    r_idx = np.flatnonzero(sched.phase == 0)
-    parts_transfer = [np.arange(t), np.arange(t), r_idx]
-    parts_kind = [np.full(t, SEND), np.full(t, RECV), np.full(len(r_idx), REDUCE)]
-    parts_rank = [sched.src, sched.dst, sched.dst[r_idx]]
-    parts_time = [sched.start_ns, sched.end_ns, sched.end_ns[r_idx]]
-    parts_link = [sched.link, sched.link, sched.link[r_idx]]
-    parts_side = [np.zeros(t), np.ones(t), np.ones(len(r_idx))]
+def _end_ns(s: Schedule, rows: np.ndarray) -> np.ndarray:
+    """``s.end_ns[rows]`` without computing it for every transfer (the same float sums)."""
+    if s.stored_end_ns is not None:
+        return s.stored_end_ns[rows]
+    return s.start_ns[rows] + s.link_ns[s.link[rows]]
+
+
+def _ops_in_order(p: _Plan, sends: np.ndarray, recvs: np.ndarray, a: int, b: int) -> _Ops:
+    """Sends, receives, reductions (and All-to-All's local copies) of ranks [a, b), in per-rank issue order.
+
+    ``sends``/``recvs`` are the transfers leaving/entering the range, ascending within
+    each NPU, so the stable sort below ties exactly as it does over all transfers.
+    """
+    s, num_links = p.sched, p.topo.num_links
+    reduces = recvs[s.phase[recvs] == 0]
+    ins = np.concatenate([recvs, reduces])
+    ns, nr, nd = len(sends), len(recvs), len(reduces)
+    nc = (b - a) * p.k if p.coll == "alltoall" else 0
+    link_s, link_i = s.link[sends], s.link[ins]
+    op_transfer = np.concatenate([sends, ins, np.full(nc, -1)]).astype(np.int64)
+    kinds = [np.full(ns, SEND), np.full(nr, RECV), np.full(nd, REDUCE), np.full(nc, COPY)]
+    op_kind = np.concatenate(kinds).astype(np.int8)
+    copy_rank = np.repeat(np.arange(a, b), p.k) if nc else np.zeros(0, dtype=np.int64)
+    op_rank = np.concatenate([s.link_src[link_s], s.link_dst[link_i], copy_rank]).astype(np.int32)
+    op_time = np.concatenate([s.start_ns[sends], _end_ns(s, ins), np.zeros(nc)]).astype(np.float64)
+    op_link = np.concatenate([link_s, link_i, np.full(nc, num_links)]).astype(np.int64)
+    op_side = np.concatenate([np.zeros(ns), np.ones(nr + nd), np.full(nc, 2)]).astype(np.int64)
+    del link_s, link_i, ins
     copy_chunk = copy_offset = np.zeros(0, dtype=np.int64)
-    if coll == "alltoall":  # an NPU's block for itself is a local copy i[r·k + j] → o[r·k + j]
-        rr = np.repeat(np.arange(n), k)
-        jj = np.tile(np.arange(k), n)
-        parts_transfer.append(np.full(n * k, -1))
-        parts_kind.append(np.full(n * k, COPY))
-        parts_rank.append(rr)
-        parts_time.append(np.zeros(n * k))
-        parts_link.append(np.full(n * k, topo.num_links))
-        parts_side.append(np.full(n * k, 2))
-        copy_chunk, copy_offset = rr * n * k + rr * k + jj, rr * k + jj
-    op_transfer = np.concatenate(parts_transfer).astype(np.int64)
-    op_kind = np.concatenate(parts_kind).astype(np.int8)
-    op_rank = np.concatenate(parts_rank).astype(np.int32)
-    op_time = np.concatenate(parts_time).astype(np.float64)
-    op_link = np.concatenate(parts_link).astype(np.int64)
-    op_side = np.concatenate(parts_side).astype(np.int64)
+    if nc:  # an NPU's block for itself is a local copy i[r·k + j] → o[r·k + j]
+        rr, jj = copy_rank.astype(np.int64), np.tile(np.arange(p.k), b - a)
+        copy_chunk, copy_offset = rr * p.n * p.k + rr * p.k + jj, rr * p.k + jj
     minor = (_ORDER[op_kind].astype(np.int64) << 40) | (op_side << 36) | op_link
     order = np.lexsort((minor, op_time, op_rank))
+    del minor, op_time
+    transfer = op_transfer[order]
+    kind = op_kind[order]
+    tr = np.maximum(transfer, 0)
+    t, m = len(s), len(order)
+    chunk = s.chunk[tr].astype(np.int64) if t else np.zeros(m, dtype=np.int64)
+    phase = np.where(kind == COPY, 3, s.phase[tr] if t else 0).astype(np.int64)
+    peer = np.zeros(m, np.int32)
+    if t:
+        tl = s.link[tr]
+        peer = np.where(kind == SEND, s.link_dst[tl], s.link_src[tl]).astype(np.int32)
+    c_src = np.flatnonzero(kind == COPY)
+    if len(c_src):  # copies keep (rank, j) order
+        chunk[c_src] = copy_chunk
     return _Ops(
-        op_transfer[order],
-        op_kind[order],
+        transfer,
+        kind,
         op_rank[order],
-        op_time[order],
         op_link[order],
         op_side[order],
+        chunk,
+        phase,
+        peer,
         copy_chunk,
         copy_offset,
     )
 
 
-def _op_buffers(
-    sched: _Columns, op: _Ops, coll: str, n: int, k: int
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Per op: (chunk, source buffer, source offset, destination buffer, destination offset)."""
-    t = len(sched)
+def _op_buffers(p: _Plan, op: _Ops) -> _Arrays4:
+    """Per op: (source buffer, source offset, destination buffer, destination offset), offsets in chunks.
+
+    All-Gather works in place in ``o``; the reductions, All-Reduce and Broadcast in ``i``;
+    All-to-All's come from the per-transfer table.
+    """
     m = len(op.kind)
-    sb, so, db, do = _buffers(sched, coll, n, k)
+    if p.bufs is None:
+        buf = np.full(m, _O if p.coll == "allgather" else _I, dtype=np.int64)
+        return buf, op.chunk, buf, op.chunk
     tr = np.maximum(op.transfer, 0)
-    chunk = sched.chunk[tr] if t else np.zeros(m, dtype=np.int64)
-    own_sb, own_so, own_db, own_do = sb[tr], so[tr], db[tr], do[tr]
+    if len(p.sched):
+        own = [col[tr].astype(np.int64) for col in p.bufs]
+    else:
+        own = [np.zeros(m, dtype=np.int64) for _ in range(4)]
     c_src = np.flatnonzero(op.kind == COPY)
-    if len(c_src):
-        pos = np.arange(len(c_src))  # copies keep (rank, j) order
-        chunk = chunk.copy()
-        chunk[c_src] = op.copy_chunk[pos]
-        own_sb, own_so, own_db, own_do = own_sb.copy(), own_so.copy(), own_db.copy(), own_do.copy()
-        own_sb[c_src], own_db[c_src] = _I, _O
-        own_so[c_src] = own_do[c_src] = op.copy_offset[pos]
-    return chunk, own_sb, own_so, own_db, own_do
+    if len(c_src):  # copies keep (rank, j) order
+        own[0][c_src], own[2][c_src] = _I, _O
+        own[1][c_src] = own[3][c_src] = op.copy_offset
+    return own[0], own[1], own[2], own[3]
 
 
 def _threadblocks(topo: Topology, op: _Ops, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -229,19 +347,11 @@ def _threadblocks(topo: Topology, op: _Ops, n: int) -> tuple[np.ndarray, np.ndar
 
 
 def _data_deps(
-    sched: _Columns,
-    op: _Ops,
-    coll: str,
-    chunk: np.ndarray,
-    op_id: np.ndarray,
-    chain_src: np.ndarray,
-    chain_dst: np.ndarray,
+    op: _Ops, coll: str, op_id: np.ndarray, chain_src: np.ndarray, chain_dst: np.ndarray
 ) -> pa.Table:
     """The deps table: threadblock chains plus data dependencies (all on one rank)."""
-    t = len(sched)
     m = len(op.kind)
-    tr = np.maximum(op.transfer, 0)
-    phase = np.where(op.kind == COPY, 3, sched.phase[tr] if t else 0).astype(np.int64)
+    chunk, phase = op.chunk, op.phase
     big = np.int64(int(chunk.max()) + 1 if m else 1)
     key = (op.rank.astype(np.int64) * 4 + phase) * big + chunk
     sends = np.flatnonzero(op.kind == SEND)
@@ -267,6 +377,9 @@ def _data_deps(
         dep_dst.append(first[ka])
     d_src = np.concatenate(dep_src)
     d_dst = np.concatenate(dep_dst)
+    # rank by rank, as readers list them: the trace built whole is then its parts end to end
+    by_rank = np.argsort(op.rank[d_dst], kind="stable")
+    d_src, d_dst = d_src[by_rank], d_dst[by_rank]
     by_dst = np.argsort(d_dst, kind="stable")
     pos = np.empty(len(d_dst), dtype=np.int64)
     pos[by_dst] = _group_rank(d_dst[by_dst])[1] if len(d_dst) else pos
@@ -301,42 +414,38 @@ def _link_tags(topo: Topology) -> np.ndarray:
     return tags
 
 
-_Arrays4 = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+def _alltoall_buffers(s: Schedule, n: int, k: int) -> _Arrays4:
+    """Per All-to-All transfer: (sender buffer, sender offset, receiver buffer, receiver offset).
 
-
-def _buffers(sched: _Columns, coll: str, n: int, k: int) -> _Arrays4:
-    """Per transfer: (sender buffer, sender offset, receiver buffer, receiver offset), offsets in chunks.
-
-    All-Gather works in place in ``o``; the reductions, All-Reduce and Broadcast in
-    ``i``; All-to-All reads ``i[d·k + j]`` at the origin, writes ``o[r·k + j]`` at the
-    destination and parks chunks in ``s`` slots (one per chunk per NPU) on the way.
+    Reads ``i[d·k + j]`` at the origin, writes ``o[r·k + j]`` at the destination and
+    parks chunks in ``s`` slots (one per chunk per NPU, numbered in arrival order) on
+    the way. Buffers int8, offsets int32 while they fit.
     """
-    t = len(sched)
-    c = sched.chunk
-    if coll != "alltoall":
-        buf = np.full(t, _O if coll == "allgather" else _I, dtype=np.int64)
-        return buf, c, buf, c
+    t = len(s)
+    c = s.chunk.astype(np.int64)
+    src, dst = s.src, s.dst
     r = c // (n * k)
     d = (c // k) % n
     j = c % k
-    from_origin = sched.src == r
-    to_final = sched.dst == d
+    from_origin = src == r
+    to_final = dst == d
     # scratch slot at the NPU where a hop lands short of its destination, numbered in arrival order
     inter = np.flatnonzero(~to_final)
-    slot_key = sched.dst[inter].astype(np.int64) * (n * n * k) + c[inter]
-    o = np.lexsort((sched.end_ns[inter], sched.dst[inter]))
+    slot_key = dst[inter].astype(np.int64) * (n * n * k) + c[inter]
+    o = np.lexsort((_end_ns(s, inter), dst[inter]))
     slot = np.empty(len(inter), dtype=np.int64)
-    slot[o] = _group_rank(sched.dst[inter][o])[1] if len(inter) else slot
+    slot[o] = _group_rank(dst[inter][o])[1] if len(inter) else slot
     lookup = np.argsort(slot_key)
     send_slot = np.zeros(t, dtype=np.int64)
     fwd = np.flatnonzero(~from_origin)
     if len(fwd):
-        want = sched.src[fwd].astype(np.int64) * (n * n * k) + c[fwd]
+        want = src[fwd].astype(np.int64) * (n * n * k) + c[fwd]
         send_slot[fwd] = slot[lookup[np.searchsorted(slot_key[lookup], want)]]
     recv_slot = np.zeros(t, dtype=np.int64)
     recv_slot[inter] = slot
-    sbuf = np.where(from_origin, _I, _S)
-    soff = np.where(from_origin, d * k + j, send_slot)
-    dbuf = np.where(to_final, _O, _S)
-    doff = np.where(to_final, r * k + j, recv_slot)
+    off = _index_type(max(n * k, len(inter)))
+    sbuf = np.where(from_origin, _I, _S).astype(np.int8)
+    soff = np.where(from_origin, d * k + j, send_slot).astype(off)
+    dbuf = np.where(to_final, _O, _S).astype(np.int8)
+    doff = np.where(to_final, r * k + j, recv_slot).astype(off)
     return sbuf, soff, dbuf, doff

@@ -36,8 +36,9 @@ from etstore.collectives._placement import Placed, place_ops
 from etstore.collectives._rewire import rewire
 from etstore.collectives.generators import generate
 from etstore.collectives.specs import AlgorithmSpec, algorithms_by_type, parse_by_type, parse_generator
+from etstore.digest import content_hash
 from etstore.errors import EtstoreError, ExpansionError, OptionError
-from etstore.model import Trace, content_hash
+from etstore.model import Trace
 from etstore.progress import ProgressFn
 
 __all__ = [

@@ -39,7 +39,7 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
@@ -50,7 +50,7 @@ from etstore.collective import ALGORITHM_COLLECTIVES, short_name
 from etstore.collectives._synth_bounds import alltoall_bound, flood_bound, flood_holders
 from etstore.collectives._synth_engine import Engine, Raw
 from etstore.collectives._synth_schedule import Flow, Schedule, assemble, flow, reverse, reverse_links
-from etstore.collectives._synth_trace import build_trace
+from etstore.collectives._synth_trace import build_parts, build_trace
 from etstore.errors import UnsatisfiableError
 from etstore.model import Trace
 from etstore.progress import ProgressFn
@@ -96,17 +96,50 @@ class SynthResult:
     def trace(self) -> Trace:
         """The algorithm trace (kind ``algorithm``), built on first access; O(T log T) for T transfers."""
         coll, n, k = self.collective, self.num_npus, self.chunks_per_npu
-        total_chunks = k if coll in ("broadcast", "reduce") else n * k
-        trace = build_trace(self.network, self.schedule, coll, n, k, total_chunks)
+        trace = build_trace(self.network, self.schedule, coll, n, k, self._total_chunks)
+        return trace.replace(params=self._params())
+
+    def trace_parts(self, max_ops: int = 1 << 21) -> Iterator[Trace]:
+        """:attr:`trace` as consecutive rank ranges, built one at a time (nothing is cached).
+
+        Each part is a :class:`~etstore.model.Trace` with the name, kind, source and
+        params of :attr:`trace`, holding whole ranks ``[a, b)`` (ascending, disjoint,
+        covering every rank): at most ``max_ops`` ops unless one rank alone has more.
+        Its ops are :attr:`trace`'s rows of those ranks in their order (ids per rank as
+        there); its deps are :attr:`trace`'s deps of those ranks in their order (which
+        lists deps by kind, then rank: concatenated parts hold them stably sorted by
+        part). Memory is one part's (about 400 bytes per op at its peak) plus 8 bytes
+        per transfer of index; stream these into a store instead of building
+        :attr:`trace` whole.
+
+        Raises
+        ------
+        OptionError
+            If ``max_ops`` < 1.
+        """
+        coll, n, k = self.collective, self.num_npus, self.chunks_per_npu
+        parts = build_parts(self.network, self.schedule, coll, n, k, self._total_chunks, max_ops=max_ops)
+        params = self._params()
+        # map, not a generator expression: that would hold the previous part while building the next
+        return map(lambda part: part.replace(params=params), parts)
+
+    @property
+    def _total_chunks(self) -> int:
+        k = self.chunks_per_npu
+        return k if self.collective in ("broadcast", "reduce") else self.num_npus * k
+
+    def _params(self) -> dict[str, Any]:
+        """The trace's params (what :attr:`trace` and every part of :meth:`trace_parts` carry)."""
+        coll = self.collective
         params: dict[str, Any] = {
             "collective": coll,
-            "ngpus": n,
-            "nchunksperloop": total_chunks,
+            "ngpus": self.num_npus,
+            "nchunksperloop": self._total_chunks,
             "inplace": coll != "alltoall",
             "producer": "synth",
             "topology": self.topology,
             "seed": self.seed,
-            "chunks_per_npu": k,
+            "chunks_per_npu": self.chunks_per_npu,
             "trials": self.trials,
             "buffer_bytes": self.buffer_bytes,
             "time_ns": self.time_ns,
@@ -115,7 +148,7 @@ class SynthResult:
         }
         if self.network.labels is not None:
             params["npu_labels"] = [int(x) for x in self.network.labels]
-        return trace.replace(params=params)
+        return params
 
     @property
     def num_ops(self) -> int:

@@ -17,8 +17,9 @@ import json
 from collections.abc import Iterable, Mapping
 from typing import Any, Protocol
 
+from etstore.digest import content_hash
 from etstore.errors import StoreError
-from etstore.model import Trace, TraceKind, content_hash
+from etstore.model import Trace, TraceKind
 
 __all__ = ["HEADER_PARAMS", "Counted", "choose_name", "identity", "may_be_stored", "upgraded_identity"]
 

@@ -24,7 +24,9 @@ __all__ = [
     "delete_name",
     "insert_content",
     "insert_lineage",
+    "insert_messages",
     "insert_name",
+    "insert_part",
 ]
 
 
@@ -70,15 +72,43 @@ def insert_content(
     -----
     O(ops + deps + messages), columnar inserts.
     """
-    n = trace.num_ops
-    ops = trace.ops.add_column(0, "uid", pa.array(np.arange(base, base + n, dtype=np.int64)))
-    deps = trace.deps.append_column("src_uid", dep_uids["from"]).append_column("dst_uid", dep_uids["to"])
-    deps = deps.add_column(0, "edge", pa.array(np.arange(deps.num_rows, dtype=np.int64)))
-    missing = trace.missing.add_column(0, "edge", pa.array(np.arange(trace.num_missing, dtype=np.int64)))
-    messages = msgs.rename_columns(["send_uid", "recv_uid", "tag", "comm_size"])
+    insert_part(wh, trace, trace_id, base, dep_uids)
+    insert_messages(wh, trace_id, msgs)
+
+
+def insert_part(
+    wh: Warehouse,
+    part: Trace,
+    trace_id: int,
+    base: int,
+    dep_uids: pa.Table,
+    first_dep: int = 0,
+    first_missing: int = 0,
+) -> None:
+    """Insert the ops, deps, missing deps and metadata of one part of a content (a whole trace,
+    or one rank range of one streamed in): its ops get uids from ``base``, its deps and missing
+    deps edge numbers from ``first_dep`` and ``first_missing``."""
+    n = part.num_ops
+    ops = part.ops.add_column(0, "uid", pa.array(np.arange(base, base + n, dtype=np.int64)))
+    deps = part.deps.append_column("src_uid", dep_uids["from"]).append_column("dst_uid", dep_uids["to"])
+    edge = np.arange(first_dep, first_dep + deps.num_rows, dtype=np.int64)
+    deps = deps.add_column(0, "edge", pa.array(edge))
+    edge = np.arange(first_missing, first_missing + part.num_missing, dtype=np.int64)
+    missing = part.missing.add_column(0, "edge", pa.array(edge))
     key = {"trace_id": trace_id}
-    for table, rows in zip(CONTENT_TABLES, (ops, deps, missing, trace.meta, messages), strict=True):
+    for table, rows in zip(CONTENT_TABLES[:4], (ops, deps, missing, part.meta), strict=True):
         _append(wh, table, rows, key)
+
+
+def insert_messages(wh: Warehouse, trace_id: int, msgs: pa.Table) -> None:
+    """Insert message rows (:func:`~etstore.store.graph.message_edges`: send uid, receive uid,
+    tag, size) of content ``trace_id``."""
+    _append(
+        wh,
+        CONTENT_TABLES[4],
+        msgs.rename_columns(["send_uid", "recv_uid", "tag", "comm_size"]),
+        {"trace_id": trace_id},
+    )
 
 
 def insert_lineage(wh: Warehouse, trace_id: int, parent_trace_id: int, rows: pa.Table) -> None:

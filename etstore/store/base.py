@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -131,6 +131,52 @@ class Store(Protocol):
         partial write left by a crash is removed at the next writable open.
         O(ops + deps) columnar work in both engines; known content costs one content
         hash (see :mod:`etstore.store._identity` for what counts as content).
+        """
+        ...
+
+    def ingest_parts(
+        self,
+        parts: Iterable[Trace],
+        *,
+        name: str | None = None,
+        ops: int | None = None,
+        progress: ProgressFn | None = None,
+    ) -> IngestReport:
+        """Store a trace too large to hold at once, given as consecutive rank ranges.
+
+        Parameters
+        ----------
+        parts
+            :class:`~etstore.model.Trace` parts in ascending rank order, none sharing a
+            rank with another, each holding its ranks' ops, deps, missing deps and
+            metadata, and all with the name, kind, source and params of the first (e.g.
+            :meth:`SynthResult.trace_parts <etstore.collectives.synth.SynthResult.trace_parts>`).
+            Read once.
+        name
+            As for :meth:`ingest`.
+        ops
+            How many ops the parts hold, when the producer knows (the ``parts`` phase of
+            ``progress`` then counts ops against it; otherwise its total is 0).
+        progress
+            Called as ``progress(stage, done, total)``: ``parts`` (ops staged), ``graph``.
+
+        Returns
+        -------
+        IngestReport
+            As :meth:`ingest` returns for the whole trace: the same identity, counts,
+            rows, messages and cycles as if the parts had been one trace.
+
+        Raises
+        ------
+        StoreError
+            As for :meth:`ingest`, or a part does not continue the trace (nothing is
+            left behind).
+
+        Notes
+        -----
+        The embedded store holds one part at a time plus about 24 bytes per send and
+        receive; its graph loads from files it spools beside the store, with a bounded
+        buffer pool. The Neo4j backend gathers the parts into one trace first.
         """
         ...
 

@@ -123,6 +123,19 @@ class NameRecord:
     created: datetime = field(default_factory=_now)
     id: int | None = None  # creation order
 
+    @classmethod
+    def new(
+        cls,
+        name: str,
+        source: str,
+        params: Mapping[str, Any],
+        parent: str | None,
+        parent_trace_id: int | None,
+    ) -> NameRecord:
+        """A name about to be stored (its content's id is set once the content is claimed)."""
+        text = json.dumps(dict(params), sort_keys=True, default=str)
+        return cls(name, 0, source, parent, parent_trace_id, text)
+
     def info(self, content: ContentRecord) -> TraceInfo:
         """The name as the store interface shows it."""
         return TraceInfo(

@@ -32,7 +32,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -42,6 +42,7 @@ import pyarrow as pa
 from etstore.dag import cycle_members
 from etstore.errors import QueryError, StoreError, UnknownTraceError
 from etstore.model import DEPS_SCHEMA, META_SCHEMA, OPS_SCHEMA, Trace, TraceKind
+from etstore.store import _streamed as streamed
 from etstore.store import _trace_rows as rows
 from etstore.store._copy import copy_arrow
 from etstore.store._cypher import check_parameters, resolve_names
@@ -50,6 +51,7 @@ from etstore.store._graph_purge import Step, discard_rebuild, remove_range, ware
 from etstore.store._graph_reader import SandboxedGraph
 from etstore.store._identity import choose_name, identity, may_be_stored
 from etstore.store._journal import JournalEntry
+from etstore.store._ladybug import LadybugGraph, buffer_pool_bytes, first_line
 from etstore.store._lock import WaitFn
 from etstore.store._session import Session
 from etstore.store.base import IngestReport, ProgressFn, Store, TraceInfo, checked_kind
@@ -73,25 +75,7 @@ __all__ = ["EmbeddedStore"]
 log = logging.getLogger(__name__)
 
 
-def _buffer_pool_bytes(graph: Path, incoming: int) -> int:
-    """Ladybug's buffer pool: 16x the graph file plus what is about to be loaded, at
-    least 1 GiB, at most Ladybug's own default of 80% of RAM. Ladybug maps the whole
-    pool when it opens (about 1.2 ms per GiB here: 25 ms at its default on 24 GiB,
-    paid by every command that opens the graph)."""
-    try:
-        ram = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):  # pragma: no cover - not POSIX
-        return 0  # Ladybug's default
-    held = graph.stat().st_size if graph.exists() else 0
-    return int(min(0.8 * ram, max(1 << 30, 16 * (held + incoming))))
-
-
 _PURGE_STEPS = 7  # stages a removal reports: warehouse, then the graph's (see _graph_purge)
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
 
 
 class EmbeddedStore:
@@ -145,9 +129,9 @@ class EmbeddedStore:
         self.path.mkdir(parents=True, exist_ok=True)
         self._read_only_engines = self.read_only and read_only
         self._warehouse: Warehouse | None = None
-        self._graph_conn: Any = None
-        self._graph_db: Any = None
-        self._graph_columns: tuple[str, ...] = GRAPH_OP_COLUMNS
+        self._graph = LadybugGraph(
+            self.path / "graph", read_only=self.read_only, engines_read_only=self._read_only_engines
+        )
         self._aliases: tuple[tuple[int, ...], dict[str, str]] | None = None
         self.session = Session(
             self.path,
@@ -185,74 +169,27 @@ class EmbeddedStore:
     @property
     def graph(self) -> Any:
         """The Ladybug connection (opened on first use)."""
-        return self._open_graph()
+        return self._graph.open()
 
     def _open_graph(self, incoming: int = 0) -> Any:
-        """Open the graph once, with a buffer pool sized for what it holds plus
-        ``incoming`` bytes of Arrow about to be loaded.
-
-        A read-only store's graph is served by a process the kernel keeps from touching
-        files (:mod:`etstore.store._graph_reader`); where the kernel cannot, it is opened
-        read-only here. A store this read-only open created gets its empty graph first."""
-        if self._graph_conn is None and self.read_only:
-            graph = self.path / "graph"
-            if not self._read_only_engines and not graph.exists():
-                self._open_ladybug(0, read_only=False)
-                self._release_graph()
-            self._graph_db = self._graph_conn = SandboxedGraph.start(
-                graph, buffer_pool_bytes=_buffer_pool_bytes(graph, 0)
-            )  # closing either ends the process
-            if self._graph_conn is None:
-                self._open_ladybug(0, read_only=True)
-        if self._graph_conn is None:
-            self._open_ladybug(incoming, read_only=self._read_only_engines)
-        return self._graph_conn
-
-    def _open_ladybug(self, incoming: int, *, read_only: bool) -> None:
-        """Open the graph in this process (writable ones get the schema)."""
-        import ladybug  # imported lazily: SQL-only commands never pay for it
-
-        try:
-            # checkpoints are ours: one per ingest or removal instead of one per COPY
-            # statement (each commit of a bulk load would otherwise checkpoint by itself)
-            self._graph_db = ladybug.Database(
-                str(self.path / "graph"),
-                read_only=read_only,
-                auto_checkpoint=read_only,
-                buffer_pool_size=_buffer_pool_bytes(self.path / "graph", incoming),
-            )
-            conn: Any = ladybug.Connection(self._graph_db)  # typed loosely, as _graph_conn
-        except RuntimeError as exc:
-            raise StoreError(f"{self.path}: cannot open the Ladybug graph: {_first_line(exc)}") from exc
-        if not read_only:
-            for ddl in graph_ddl():
-                conn.execute(ddl)
-            # a store made by an older etstore may carry more op properties: load what it has
-            info = conn.execute("CALL table_info('Op') RETURN name").get_as_arrow(0)
-            self._graph_columns = tuple(info["name"].to_pylist())
-        self._graph_conn = conn
+        return self._graph.open(incoming)
 
     def _release_graph(self) -> None:
-        """Close the graph after a bulk load; the next use reopens it (a few ms).
-
-        Ladybug keeps what a load brought into its buffer pool until the database closes,
-        so a process that ingests many traces would otherwise fill the pool and fail.
-        """
-        if self._graph_conn is not None:
-            self._graph_conn.close()
-            self._graph_conn = None
-            self._graph_db.close()
-            self._graph_db = None
+        self._graph.release()
 
     def close(self) -> None:
         """Close the engines, then (the writer) remove the journal and unlock (idempotent)."""
         self._close_engines()
         self.session.close()
 
-    def _close_engines(self) -> None:
+    def _close_warehouse(self) -> None:
+        """Close DuckDB (the next use reopens it)."""
         if self._warehouse is not None:
             self._warehouse.close()
             self._warehouse = None
+
+    def _close_engines(self) -> None:
+        self._close_warehouse()
         self._release_graph()
         catalog: Catalog | None = getattr(self, "catalog", None)  # absent if the open failed early
         if catalog is not None:
@@ -266,6 +203,7 @@ class EmbeddedStore:
         point), and Ladybug and DuckDB replay their logs so read-only opens need nothing."""
         flags = (self.read_only, self._read_only_engines)
         self.read_only = self._read_only_engines = False  # writable for the time it takes
+        self._graph.read_only = self._graph.engines_read_only = False
         discard_rebuild(self.path / "graph.rebuild")  # a removal's copy cut short; the graph is intact
         try:
             self.catalog = Catalog(self.path / "catalog.sqlite", create=True)
@@ -284,6 +222,7 @@ class EmbeddedStore:
             self._close_engines()
             self.__dict__.pop("catalog", None)  # the open makes its own, read-only or not
             self.read_only, self._read_only_engines = flags
+            self._graph.read_only, self._graph.engines_read_only = flags
 
     def __enter__(self) -> EmbeddedStore:
         """The store itself; leaving the block closes it."""
@@ -339,26 +278,9 @@ class EmbeddedStore:
         final, same = self._choose_name(
             name or trace.name, name is not None, existing.seq if existing else None
         )
-        name_rec = NameRecord(
-            name=final,
-            trace_id=0,
-            source=trace.source,
-            parent=parent,
-            parent_trace_id=parent_id,
-            params=json.dumps(dict(trace.params), sort_keys=True, default=str),
-        )
+        name_rec = NameRecord.new(final, trace.source, trace.params, parent, parent_id)
         if existing is not None:
-            assert existing.seq is not None
-            if same:
-                n, c = self._lookup(final)
-                return IngestReport(n.info(c), created=False, seconds=time.perf_counter() - started)
-            name_rec.trace_id = existing.seq
-            others = self.catalog.names_of(existing.seq)
-            self.session.doing("name", final, existing.seq)
-            info = self._add_name(name_rec, existing, trace, lineage)
-            self.session.done()
-            first = others[0].name if others else None
-            return IngestReport(info, created=True, same_as=first, seconds=time.perf_counter() - started)
+            return self._name_known(existing, name_rec, same, trace, lineage, started)
         self.session.doing("ingest", final)
         rec = self.catalog.add_content(
             ContentRecord(content_hash=digest, kind=kind.value, ranks=trace.num_ranks, graph_name=final)
@@ -385,6 +307,113 @@ class EmbeddedStore:
             unmatched_recvs=unmatched_recvs,
             seconds=time.perf_counter() - started,
         )
+
+    def ingest_parts(
+        self,
+        parts: Iterable[Trace],
+        *,
+        name: str | None = None,
+        ops: int | None = None,
+        progress: ProgressFn | None = None,
+    ) -> IngestReport:
+        """See :meth:`Store.ingest_parts <etstore.store.base.Store.ingest_parts>`."""
+        if self.read_only:
+            raise StoreError(f"{self.location} is open read-only")
+        started = time.perf_counter()
+        first, whole, parts = streamed.first_part(parts, f"trace {name!r}" if name else "a streamed trace")
+        if whole is not None:  # one part is a whole trace
+            return self.ingest(whole, name=name, progress=progress)
+        kind = checked_kind(first)
+        # a name already taken may name this very content: known only once every part is hashed
+        taken = name is not None and self.catalog.name(name) is not None
+        final = name if taken and name else self._choose_name(name or first.name, name is not None, None)[0]
+        name_rec = NameRecord.new(final, first.source, first.params, None, None)
+        self.session.doing("ingest", final)
+        rec = self.catalog.add_content(
+            ContentRecord(content_hash="", kind=kind.value, ranks=0, graph_name=final)
+        )
+        seq = rec.seq
+        assert seq is not None
+        name_rec.trace_id = seq
+        self.session.doing("ingest", final, seq)
+        spool, known = streamed.spool_dir(self.path, seq), None
+        try:
+            # each part's rows commit on their own (one transaction would hold them all in
+            # memory); the content stays ``loading`` in the catalog, its rows out of every view
+            # until its name row lands, and any failure purges them
+            self._open_graph()  # the graph's own op columns
+            staged = streamed.stage_parts(
+                self.warehouse,
+                parts,
+                seq=seq,
+                base=uid_base(seq),
+                name=final,
+                graph_columns=self._graph.columns,
+                spool=spool,
+                ops=ops,
+                progress=progress,
+            )
+            known = self.catalog.by_identity(staged.digest, kind.value)
+            if known is None and taken:
+                self._choose_name(final, True, None)  # raises: other content holds the name
+            if known is None:
+                for k, v in {**staged.counts(), "content_hash": staged.digest}.items():
+                    setattr(rec, k, v)
+                if progress:
+                    progress("graph", 0, 1)
+                self._close_warehouse()  # its cache of what was just written: the graph needs the room
+                streamed.load_spool(self._graph, spool)  # reopens it with a pool for these rows
+                if progress:
+                    progress("graph", 1, 1)
+                with self.warehouse.transaction():
+                    rows.insert_name(
+                        self.warehouse, final, seq, None, self._warehouse_row(rec, name_rec, first.params)
+                    )
+        except BaseException:
+            self._purge(seq)
+            raise
+        finally:
+            streamed.discard_spool(spool)
+            self._release_graph()
+        if known is not None:  # the same content is stored: drop these rows, point the name at it
+            self._purge(seq)
+            self.session.done()
+            final, same = self._choose_name(name or first.name, name is not None, known.seq)
+            name_rec.name = final
+            return self._name_known(known, name_rec, same, first, None, started)
+        ready = self.catalog.commit_content(seq, name_rec, content_hash=staged.digest, **staged.counts())
+        self._aliases = None
+        self.session.done()
+        return IngestReport(
+            name_rec.info(ready),
+            created=True,
+            cycles=staged.cycles,
+            unmatched_sends=staged.unmatched_sends,
+            unmatched_recvs=staged.unmatched_recvs,
+            seconds=time.perf_counter() - started,
+        )
+
+    def _name_known(
+        self,
+        existing: ContentRecord,
+        name_rec: NameRecord,
+        same: bool,
+        trace: Trace,
+        lineage: pa.Table | None,
+        started: float,
+    ) -> IngestReport:
+        """Point ``name_rec`` at stored content (a no-op when it already does: ``same``)."""
+        assert existing.seq is not None
+        if same:
+            n, c = self._lookup(name_rec.name)
+            return IngestReport(n.info(c), created=False, seconds=time.perf_counter() - started)
+        name_rec.trace_id = existing.seq
+        others = self.catalog.names_of(existing.seq)
+        self.session.doing("name", name_rec.name, existing.seq)
+        info = self._add_name(name_rec, existing, trace, lineage)
+        self.session.done()
+        first = others[0].name if others else None
+        return IngestReport(info, created=True, same_as=first, seconds=time.perf_counter() - started)
 
     def _warehouse_row(self, rec: ContentRecord, name: NameRecord, params: Any) -> dict[str, Any]:
         """The ``traces`` row of ``name`` (see :func:`etstore.store._trace_rows.insert_name`)."""
@@ -423,7 +452,7 @@ class EmbeddedStore:
             hashed = pool.submit(identity, trace) if not rec.content_hash else None
             if progress:
                 progress("graph nodes", 0, trace.num_ops)
-            nodes = op_nodes(trace, name.name, base, self._graph_columns)  # the graph's own columns
+            nodes = op_nodes(trace, name.name, base, self._graph.columns)  # the graph's own columns
             copy_arrow(g, "Op", nodes)
             if progress:
                 progress("graph nodes", trace.num_ops, trace.num_ops)
@@ -596,7 +625,8 @@ class EmbeddedStore:
             self._purge_graph(lo, lo + (1 << UID_SHIFT), last=self.catalog.content_count() == 1, step=step)
         except RuntimeError as exc:  # pragma: no cover - engine failure while cleaning up
             log.error("could not remove graph data of trace id %d: %s", seq, exc)
-            raise StoreError(f"could not remove trace id {seq} from the graph: {_first_line(exc)}") from exc
+            raise StoreError(f"could not remove trace id {seq} from the graph: {first_line(exc)}") from exc
+        streamed.discard_spool(streamed.spool_dir(self.path, seq))  # what a streamed ingest cut short left
         self.catalog.delete_content(seq)
         self._aliases = None
         if progress is not None:
@@ -618,12 +648,12 @@ class EmbeddedStore:
             for ddl in graph_ddl():
                 g.execute(ddl)
             g.execute("CHECKPOINT")
-            self._graph_columns = GRAPH_OP_COLUMNS
+            self._graph.columns = GRAPH_OP_COLUMNS
             return
         graph, seq = self.path / "graph", lo >> UID_SHIFT
         keep = {n.trace_id: c.graph_name for n, c in self.catalog.names() if n.trace_id != seq}
         source = warehouse_rows(self.warehouse, keep)  # DuckDB reads the kept rows faster than Ladybug
-        pool = _buffer_pool_bytes(graph, 0)
+        pool = buffer_pool_bytes(graph, 0)
         remove_range(g, graph, lo, hi, step, pool=pool, release=self._release_graph, source=source)
 
     def _rename_graph(self, seq: int, name: str) -> None:
@@ -764,7 +794,7 @@ class EmbeddedStore:
             # its buffers for millions of rows, which costs ~1 ms on every small query.
             table = res.get_as_arrow(0)
         except (RuntimeError, QueryError) as exc:
-            raise QueryError(f"Cypher error: {_first_line(exc)} (query: {query!r})") from exc
+            raise QueryError(f"Cypher error: {first_line(exc)} (query: {query!r})") from exc
         return Result(table, query)
 
     def sql(self, query: str, params: Mapping[str, Any] | None = None) -> Result:

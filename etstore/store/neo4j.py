@@ -31,7 +31,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
@@ -49,6 +49,7 @@ from etstore.store._neo4j_catalog import SCHEMA, check_format, upgrade_format1
 from etstore.store._neo4j_dialect import column, driver, message, plain, translate_cypher
 from etstore.store._neo4j_load import decode_payload, edge_batches, encode_payload, node_batches
 from etstore.store._neo4j_target import Neo4jTarget, default_warehouse, parse_url
+from etstore.store._streamed import gather
 from etstore.store.base import IngestReport, ProgressFn, Store, TraceInfo, checked_kind
 from etstore.store.catalog import FORMAT_VERSION
 from etstore.store.graph import (
@@ -391,6 +392,20 @@ class Neo4jStore:
             unmatched_recvs=unmatched[1],
             seconds=time.perf_counter() - started,
         )
+
+    def ingest_parts(
+        self,
+        parts: Iterable[Trace],
+        *,
+        name: str | None = None,
+        ops: int | None = None,
+        progress: ProgressFn | None = None,
+    ) -> IngestReport:
+        """See :meth:`Store.ingest_parts <etstore.store.base.Store.ingest_parts>`: the parts
+        are gathered into one trace, which is ingested as a whole (``ops`` is not needed)."""
+        self._require_writable()
+        trace = gather(parts, f"trace {name!r}" if name else "a streamed trace")
+        return self.ingest(trace, name=name, progress=progress)
 
     def _write(
         self,

@@ -191,3 +191,33 @@ def test_removal_rebuilds_or_deletes_and_keeps_every_other_edge(tmp_path: Path) 
     stages = [st for st, _, _ in steps]
     assert stages[0] == "warehouse" and "copy Op" in stages and stages[-1] == "done"
     assert all(total == 7 and 1 <= done <= 7 for _, done, total in steps)
+
+
+_KILLED_MID_STREAM = """
+import os, sys
+from etstore.collectives.synth import synthesize
+from etstore.store import EmbeddedStore
+
+r = synthesize("mesh2d:3x3", coll="allgather", trials=1, seed=0)
+def parts():
+    for i, part in enumerate(r.trace_parts(max_ops=20)):
+        if i == 3:  # two parts' rows committed and spooled: the process dies
+            os._exit(9)
+        yield part
+with EmbeddedStore(sys.argv[1]) as s:
+    s.ingest_parts(parts(), name="streamed")
+"""
+
+
+def test_streamed_ingest_killed_midway_is_swept(tmp_path: Path) -> None:
+    store = tmp_path / "s"
+    with EmbeddedStore(store) as s:
+        s.ingest(transformer(ranks=2, layers=1, tp=1), name="kept")
+    done = subprocess.run([sys.executable, "-c", _KILLED_MID_STREAM, str(store)], check=False)
+    assert done.returncode == 9
+    assert list(store.glob("spool-*/*.parquet"))  # what the dead writer left
+    with EmbeddedStore(store) as s:  # the next open removes it
+        assert [t.name for t in s.traces()] == ["kept"]
+        assert s.sql("SELECT count(DISTINCT trace_id) FROM trace_ops").scalar() == 1
+        assert s.cypher("MATCH (o:Op) RETURN DISTINCT o.trace AS t").to_pylist() == [{"t": "kept"}]
+    assert not list(store.glob("spool-*"))

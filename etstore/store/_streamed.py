@@ -1,0 +1,313 @@
+"""A trace too large to hold at once, staged part by part for the embedded store.
+
+The parts are consecutive rank ranges (:meth:`Store.ingest_parts
+<etstore.store.base.Store.ingest_parts>`). Each part's rows go into the warehouse (inside
+the caller's DuckDB transaction) and its graph rows into Parquet files in a spool
+directory, then the part is dropped: what stays in memory across parts is the digest's
+state and the compact endpoints of the sends and receives (about 24 bytes each), which are
+paired once every part is in. The graph engine then loads each table once from the spool,
+as its bulk loader wants it: appending to a Ladybug table part by part costs time and
+memory that grow with the table (measured: each further ``COPY`` of 8M edges into a table
+of 33.5M nodes peaked 3 GB above the first). That load is the one step whose memory grows
+with the whole trace: Ladybug's, which spills to disk only part of it.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from itertools import chain
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from etstore.dag import Endpoints, cycle_members, message_endpoints, pair_endpoints
+from etstore.digest import ContentDigest
+from etstore.errors import StoreError
+from etstore.model import Trace
+from etstore.progress import ProgressFn
+from etstore.store import _trace_rows as rows
+from etstore.store._identity import upgraded_identity
+from etstore.store._ladybug import LadybugGraph, max_pool_bytes
+from etstore.store.base import checked_kind
+from etstore.store.graph import UID_SHIFT, dep_edges, op_nodes
+from etstore.store.warehouse import Warehouse
+
+__all__ = [
+    "Staged",
+    "discard_spool",
+    "first_part",
+    "gather",
+    "load_spool",
+    "spool_dir",
+    "stage_parts",
+]
+
+_GRAPH_TABLES = ("Op", "DEP", "MSG")
+
+
+def spool_dir(store: Path, seq: int) -> Path:
+    """Where content ``seq``'s graph rows wait for the graph's bulk load (removed with it)."""
+    return store / f"spool-{seq}"
+
+
+def head(trace: Trace) -> Trace:
+    """The trace without its rows: what names it (name, kind, source, params)."""
+    return trace.replace(**{t: getattr(trace, t).slice(0, 0) for t in ("ops", "deps", "missing", "meta")})
+
+
+def first_part(parts: Iterable[Trace], what: str) -> tuple[Trace, Trace | None, Iterator[Trace]]:
+    """The head of the trace (:func:`head` of the first part), the first part itself when it is
+    the only one (a whole trace), and an iterator over all parts.
+
+    Raises
+    ------
+    StoreError
+        There is no part.
+    """
+    it = iter(parts)
+    first = next(it, None)
+    if first is None:
+        raise StoreError(f"{what}: no parts to store")
+    second = next(it, None)
+    if second is None:
+        return head(first), first, iter([first])
+    return head(first), None, chain([first, second], it)
+
+
+@dataclass
+class Staged:
+    """What staging found: the counts, the content digest, the cycles and unmatched messages."""
+
+    ops: int = 0
+    deps: int = 0
+    missing: int = 0
+    messages: int = 0
+    ranks: int = 0
+    cycles: int = 0
+    unmatched_sends: int = 0
+    unmatched_recvs: int = 0
+    digest: str = ""  # the store's identity of the content (etstore.store._identity)
+    sends: list[Endpoints] = field(default_factory=list)
+    recvs: list[Endpoints] = field(default_factory=list)
+    comm_sizes: list[pa.Array] = field(default_factory=list)
+
+    def counts(self) -> dict[str, int]:
+        return {k: getattr(self, k) for k in ("ops", "deps", "missing", "messages", "ranks")}
+
+
+def _check(part: Trace, first: Trace, index: int, last_rank: int, what: str) -> int:
+    """The part's last rank; refuses a part that does not continue the trace (``first`` is its
+    head) or holds an unknown dependency kind."""
+    if (part.name, part.kind, part.source, dict(part.params)) != (
+        first.name,
+        first.kind,
+        first.source,
+        dict(first.params),
+    ):
+        raise StoreError(f"{what}: part {index} has another name, kind, source or params than part 0")
+    checked_kind(part)
+    if part.num_ops == 0:
+        raise StoreError(f"{what}: part {index} has no ops")
+    ranks = part.ops["rank"].to_numpy()
+    lo, hi = int(ranks[0]), int(ranks[-1])
+    if lo <= last_rank:
+        raise StoreError(
+            f"{what}: part {index} starts at rank {lo}, not after the previous part's last rank {last_rank}"
+        )
+    for table in ("deps", "missing", "meta"):
+        r = getattr(part, table)["rank"].to_numpy()
+        if len(r) and (int(r.min()) < lo or int(r.max()) > hi):
+            raise StoreError(f"{what}: part {index} has {table} rows outside its ranks {lo}..{hi}")
+    return hi
+
+
+def gather(parts: Iterable[Trace], what: str) -> Trace:
+    """The parts as one trace, checked as :func:`stage_parts` checks them (for a backend that
+    loads a whole trace at once)."""
+    first, _, it = first_part(parts, what)
+    kept, last_rank = [], -1
+    for index, part in enumerate(it):
+        last_rank = _check(part, first, index, last_rank, what)
+        kept.append(part)
+    tables = {t: pa.concat_tables([getattr(p, t) for p in kept]) for t in ("ops", "deps", "missing", "meta")}
+    return first.replace(**tables)
+
+
+def stage_parts(
+    wh: Warehouse,
+    parts: Iterable[Trace],
+    *,
+    seq: int,
+    base: int,
+    name: str,
+    graph_columns: Any,
+    spool: Path,
+    ops: int | None = None,
+    progress: ProgressFn | None = None,
+) -> Staged:
+    """Write every part's warehouse rows (one transaction each: the caller removes them on
+    failure) and graph rows (into ``spool``), then the messages; returns what was found.
+
+    Raises
+    ------
+    StoreError
+        A part does not continue the trace (another kind or name, ranks not after the
+        previous part's, rows outside its ranks), or the trace has more ops than a content
+        may hold.
+    """
+    spool.mkdir(parents=True, exist_ok=True)
+    with _memory_limit(wh, "512MB"):  # DuckDB would cache what it wrote up to 80% of RAM
+        return _stage(wh, parts, seq, base, name, graph_columns, spool, ops, progress)
+
+
+@contextmanager
+def _memory_limit(wh: Warehouse, limit: str) -> Iterator[None]:
+    wh.execute(f"SET memory_limit = '{limit}'")
+    try:
+        yield
+    finally:
+        wh.execute("RESET memory_limit")
+
+
+def _stage(
+    wh: Warehouse,
+    parts: Iterable[Trace],
+    seq: int,
+    base: int,
+    name: str,
+    graph_columns: Any,
+    spool: Path,
+    ops: int | None,
+    progress: ProgressFn | None,
+) -> Staged:
+    what = f"trace {name!r}"
+    first: Trace | None = None  # the head: every part is checked against it
+    staged = Staged()
+    digest: ContentDigest | None = None
+    last_rank = -1
+    for index, part in enumerate(parts):
+        first = first or head(part)
+        digest = digest or ContentDigest(str(part.kind))
+        last_rank = _check(part, first, index, last_rank, what)
+        off = staged.ops
+        if off + part.num_ops >= 1 << UID_SHIFT:
+            raise StoreError(f"{what}: more than 2^40 ops, the per-trace limit")
+        digest.update(part)
+        nodes = op_nodes(part, name, base + off, graph_columns)
+        _spool(nodes, spool, "Op", index)
+        deps = dep_edges(part, base + off)
+        _spool(deps, spool, "DEP", index)
+        with wh.transaction():
+            rows.insert_part(wh, part, seq, base + off, deps, staged.deps, staged.missing)
+        pairs = (deps["from"].to_numpy() - base - off, deps["to"].to_numpy() - base - off)
+        staged.cycles += len(cycle_members(part, pairs))
+        sends, recvs, n_sends, n_recvs = message_endpoints(part, off)
+        staged.sends.append(sends)
+        staged.recvs.append(recvs)
+        staged.comm_sizes.append(part.ops["comm_size"].combine_chunks().take(pa.array(sends.row - off)))
+        staged.unmatched_sends += n_sends
+        staged.unmatched_recvs += n_recvs
+        staged.ops += part.num_ops
+        staged.deps += part.num_deps
+        staged.missing += part.num_missing
+        staged.ranks += len(np.unique(part.ops["rank"].to_numpy()))
+        del nodes, deps, part
+        if progress:
+            progress("parts", staged.ops, max(ops or 0, staged.ops) if ops else 0)
+    if digest is None or first is None:
+        raise StoreError(f"{what}: no parts to store")
+    staged.digest = upgraded_identity(digest.hexdigest(), str(first.kind), first.params)
+    _stage_messages(wh, staged, seq, base, spool)
+    return staged
+
+
+def _stage_messages(wh: Warehouse, staged: Staged, seq: int, base: int, spool: Path) -> None:
+    """Pair the sends of each part with the receives from its ranks (the receives sorted by
+    source rank once), in send order: the same messages, in the same order, as one pairing
+    of the whole trace."""
+    recvs = Endpoints(*(np.concatenate(cols) for cols in zip(*staged.recvs, strict=True)))
+    staged.recvs.clear()
+    order = np.argsort(recvs.src, kind="stable")
+    recvs = Endpoints(*(col[order] for col in recvs))
+    del order
+    for index, (sends, sizes) in enumerate(zip(staged.sends, staged.comm_sizes, strict=True)):
+        if len(sends.row):
+            lo, hi = int(sends.src.min()), int(sends.src.max())
+            a, b = np.searchsorted(recvs.src, [lo, hi + 1])
+            mine = Endpoints(*(col[a:b] for col in recvs))
+            send_row, recv_row, tag = pair_endpoints(sends, mine)
+            size = sizes.take(pa.array(np.searchsorted(sends.row, send_row)))
+        else:
+            send_row = recv_row = tag = np.zeros(0, dtype=np.int64)
+            size = pa.array([], pa.int64())
+        msgs = pa.table(
+            {
+                "from": pa.array(base + send_row, pa.int64()),
+                "to": pa.array(base + recv_row, pa.int64()),
+                "tag": pa.array(tag.astype(np.int32)),
+                "comm_size": size,
+            }
+        )
+        _spool(msgs, spool, "MSG", index)
+        with wh.transaction():
+            rows.insert_messages(wh, seq, msgs)
+        staged.messages += msgs.num_rows
+    staged.unmatched_sends -= staged.messages
+    staged.unmatched_recvs -= staged.messages
+    staged.sends.clear()
+    staged.comm_sizes.clear()
+    pa.default_memory_pool().release_unused()  # hand the endpoints' pages back before the graph load
+
+
+def _spool(table: pa.Table, spool: Path, graph_table: str, index: int) -> None:
+    """One part's rows of a graph table as a Parquet file (none when it has no rows)."""
+    import pyarrow.parquet as pq  # loaded by the streamed ingest only
+
+    if table.num_rows:
+        pq.write_table(table, spool / f"{graph_table}-{index:06d}.parquet")
+
+
+def _pool_for(spool: Path) -> int:
+    """A first buffer pool for loading the spool: Ladybug's bulk load of a relationship table
+    needs about 30-45 bytes per edge in its pool (measured here: 67M edges onto 33.5M nodes
+    fail with 2 GiB and load with 3 GiB), plus room for the nodes."""
+    import pyarrow.parquet as pq  # loaded by the streamed ingest only
+
+    rows = {t: sum(pq.read_metadata(f).num_rows for f in spool.glob(f"{t}-*.parquet")) for t in _GRAPH_TABLES}
+    return max(1 << 30, 48 * max(rows["DEP"], rows["MSG"]) + 16 * rows["Op"])
+
+
+def load_spool(graph: LadybugGraph, spool: Path) -> None:
+    """Bulk-load the spooled graph rows (nodes, then edges) and checkpoint once.
+
+    The pool starts at :func:`_pool_for`'s estimate and doubles, up to Ladybug's own default,
+    each time Ladybug reports it full (a failed ``COPY`` leaves its table as it was): the
+    peak memory stays near what the load needs instead of Ladybug's 80% of RAM.
+    """
+    pool = min(_pool_for(spool), max_pool_bytes() or 1 << 62)
+    graph.release()
+    for table in _GRAPH_TABLES:
+        if not any(spool.glob(f"{table}-*.parquet")):
+            continue
+        pattern = (spool / f"{table}-*.parquet").as_posix().replace("'", "\\'")
+        while True:
+            try:
+                graph.open(pool=pool).execute(f"COPY `{table}` FROM '{pattern}'")
+                break
+            except RuntimeError as exc:
+                ceiling = max_pool_bytes()
+                if "buffer pool is full" not in str(exc) or not ceiling or pool >= ceiling:
+                    raise
+                graph.release()
+                pool = min(2 * pool, ceiling)
+    graph.open(pool=pool).execute("CHECKPOINT")
+
+
+def discard_spool(spool: Path) -> None:
+    """Remove a spool directory (none is fine)."""
+    shutil.rmtree(spool, ignore_errors=True)

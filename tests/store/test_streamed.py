@@ -1,0 +1,37 @@
+"""The embedded store's streamed ingest loads its spooled graph with a pool that grows when
+Ladybug reports it full, and leaves no spool behind."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from etstore.collectives.synth import synthesize
+from etstore.dag import match_messages
+from etstore.store import EmbeddedStore
+from etstore.store import _streamed as streamed
+from etstore.store._ladybug import LadybugGraph
+
+
+def test_a_full_pool_is_doubled_and_the_load_retried(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pools: list[int] = []
+    real_open = LadybugGraph.open
+
+    def recording_open(self: LadybugGraph, incoming: int = 0, *, pool: int | None = None) -> Any:
+        if pool:
+            pools.append(pool)
+        return real_open(self, incoming, pool=pool)
+
+    monkeypatch.setattr(LadybugGraph, "open", recording_open)
+    monkeypatch.setattr(streamed, "_pool_for", lambda spool: 16 << 20)  # too small for these edges
+    r = synthesize("mesh2d:8x8", coll="allgather", trials=1, seed=0)
+    with EmbeddedStore(tmp_path / "s") as s:
+        report = s.ingest_parts(r.trace_parts(max_ops=2000), name="x")
+        assert report.trace.ops == r.num_ops == 8064
+        messages = len(match_messages(r.trace).send_row)
+        assert s.cypher("MATCH (:Op)-[m:MSG]->(:Op) RETURN count(m)").scalar() == messages == 4032
+        assert s.cypher("MATCH (:Op)-[d:DEP]->(:Op) RETURN count(d)").scalar() == r.trace.num_deps
+    assert pools[0] == 16 << 20 and 32 << 20 in pools  # Ladybug refused 16 MiB: the load went on in 32
+    assert not list((tmp_path / "s").glob("spool-*"))
