@@ -14,6 +14,7 @@ with the whole trace: Ladybug's, which spills to disk only part of it.
 
 from __future__ import annotations
 
+import logging
 import shutil
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -48,6 +49,8 @@ __all__ = [
 ]
 
 _GRAPH_TABLES = ("Op", "DEP", "MSG")
+
+log = logging.getLogger(__name__)
 
 
 def spool_dir(store: Path, seq: int) -> Path:
@@ -304,6 +307,7 @@ def load_spool(graph: LadybugGraph, spool: Path) -> None:
                 if "buffer pool is full" not in str(exc) or not ceiling or pool >= ceiling:
                     raise
                 graph.release()
+                log.info("Ladybug's pool of %d MiB was too small to load %s; retrying", pool >> 20, table)
                 pool = min(2 * pool, ceiling)
     graph.open(pool=pool).execute("CHECKPOINT")
 
