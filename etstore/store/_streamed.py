@@ -33,7 +33,7 @@ from etstore.model import Trace
 from etstore.progress import ProgressFn
 from etstore.store import _trace_rows as rows
 from etstore.store._identity import upgraded_identity
-from etstore.store._ladybug import LadybugGraph, max_pool_bytes
+from etstore.store._ladybug import LadybugGraph, first_line, max_pool_bytes
 from etstore.store.base import checked_kind
 from etstore.store.graph import UID_SHIFT, dep_edges, op_nodes
 from etstore.store.warehouse import Warehouse
@@ -44,11 +44,13 @@ __all__ = [
     "first_part",
     "gather",
     "load_spool",
+    "memory_limit",
     "spool_dir",
     "stage_parts",
 ]
 
 _GRAPH_TABLES = ("Op", "DEP", "MSG")
+_TABLES = ("ops", "deps", "missing", "meta")
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +62,7 @@ def spool_dir(store: Path, seq: int) -> Path:
 
 def head(trace: Trace) -> Trace:
     """The trace without its rows: what names it (name, kind, source, params)."""
-    return trace.replace(**{t: getattr(trace, t).slice(0, 0) for t in ("ops", "deps", "missing", "meta")})
+    return trace.replace(**{t: getattr(trace, t).slice(0, 0) for t in _TABLES})
 
 
 def first_part(parts: Iterable[Trace], what: str) -> tuple[Trace, Trace | None, Iterator[Trace]]:
@@ -104,8 +106,9 @@ class Staged:
 
 
 def _check(part: Trace, first: Trace, index: int, last_rank: int, what: str) -> int:
-    """The part's last rank; refuses a part that does not continue the trace (``first`` is its
-    head) or holds an unknown dependency kind."""
+    """The last rank the part holds rows of (``last_rank`` for a part with none); refuses a part
+    that does not continue the trace (``first`` is its head: name, kind, source, params and
+    table schemas) or holds an unknown dependency kind."""
     if (part.name, part.kind, part.source, dict(part.params)) != (
         first.name,
         first.kind,
@@ -113,19 +116,19 @@ def _check(part: Trace, first: Trace, index: int, last_rank: int, what: str) -> 
         dict(first.params),
     ):
         raise StoreError(f"{what}: part {index} has another name, kind, source or params than part 0")
+    for table in _TABLES:
+        if getattr(part, table).schema != getattr(first, table).schema:
+            raise StoreError(f"{what}: part {index} has another {table} schema than part 0")
     checked_kind(part)
-    if part.num_ops == 0:
-        raise StoreError(f"{what}: part {index} has no ops")
-    ranks = part.ops["rank"].to_numpy()
-    lo, hi = int(ranks[0]), int(ranks[-1])
+    ranks = [getattr(part, t)["rank"].to_numpy() for t in _TABLES]
+    ranks = [r for r in ranks if len(r)]
+    if not ranks:
+        return last_rank
+    lo, hi = min(int(r.min()) for r in ranks), max(int(r.max()) for r in ranks)
     if lo <= last_rank:
         raise StoreError(
             f"{what}: part {index} starts at rank {lo}, not after the previous part's last rank {last_rank}"
         )
-    for table in ("deps", "missing", "meta"):
-        r = getattr(part, table)["rank"].to_numpy()
-        if len(r) and (int(r.min()) < lo or int(r.max()) > hi):
-            raise StoreError(f"{what}: part {index} has {table} rows outside its ranks {lo}..{hi}")
     return hi
 
 
@@ -137,7 +140,7 @@ def gather(parts: Iterable[Trace], what: str) -> Trace:
     for index, part in enumerate(it):
         last_rank = _check(part, first, index, last_rank, what)
         kept.append(part)
-    tables = {t: pa.concat_tables([getattr(p, t) for p in kept]) for t in ("ops", "deps", "missing", "meta")}
+    tables = {t: pa.concat_tables([getattr(p, t) for p in kept]) for t in _TABLES}
     return first.replace(**tables)
 
 
@@ -164,12 +167,13 @@ def stage_parts(
         may hold.
     """
     spool.mkdir(parents=True, exist_ok=True)
-    with _memory_limit(wh, "512MB"):  # DuckDB would cache what it wrote up to 80% of RAM
+    with memory_limit(wh, "512MB"):  # DuckDB would cache what it wrote up to 80% of RAM
         return _stage(wh, parts, seq, base, name, graph_columns, spool, ops, progress)
 
 
 @contextmanager
-def _memory_limit(wh: Warehouse, limit: str) -> Iterator[None]:
+def memory_limit(wh: Warehouse, limit: str) -> Iterator[None]:
+    """DuckDB's memory limit set to ``limit`` for the block (it caches what it wrote up to it)."""
     wh.execute(f"SET memory_limit = '{limit}'")
     try:
         yield
@@ -285,6 +289,13 @@ def _pool_for(spool: Path) -> int:
     return max(1 << 30, 48 * max(rows["DEP"], rows["MSG"]) + 16 * rows["Op"])
 
 
+def _literal(path: Path) -> str:
+    """``path`` as a Cypher string literal naming that one file: Ladybug expands glob characters
+    in the paths it copies from, so the store's own path is escaped as a glob as well."""
+    glob = "".join(f"[{c}]" if c in "[]*?" else c for c in path.as_posix())
+    return "'" + glob.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
 def load_spool(graph: LadybugGraph, spool: Path) -> None:
     """Bulk-load the spooled graph rows (nodes, then edges) and checkpoint once.
 
@@ -295,17 +306,20 @@ def load_spool(graph: LadybugGraph, spool: Path) -> None:
     pool = min(_pool_for(spool), max_pool_bytes() or 1 << 62)
     graph.release()
     for table in _GRAPH_TABLES:
-        if not any(spool.glob(f"{table}-*.parquet")):
+        files = sorted(spool.glob(f"{table}-*.parquet"))
+        if not files:
             continue
-        pattern = (spool / f"{table}-*.parquet").as_posix().replace("'", "\\'")
+        listed = ", ".join(_literal(f) for f in files)
         while True:
             try:
-                graph.open(pool=pool).execute(f"COPY `{table}` FROM '{pattern}'")
+                graph.open(pool=pool).execute(f"COPY `{table}` FROM [{listed}]")
                 break
             except RuntimeError as exc:
                 ceiling = max_pool_bytes()
                 if "buffer pool is full" not in str(exc) or not ceiling or pool >= ceiling:
-                    raise
+                    raise StoreError(
+                        f"{spool.parent}: the graph could not load {table}: {first_line(exc)}"
+                    ) from exc
                 graph.release()
                 log.info("Ladybug's pool of %d MiB was too small to load %s; retrying", pool >> 20, table)
                 pool = min(2 * pool, ceiling)

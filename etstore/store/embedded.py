@@ -182,14 +182,10 @@ class EmbeddedStore:
         self._close_engines()
         self.session.close()
 
-    def _close_warehouse(self) -> None:
-        """Close DuckDB (the next use reopens it)."""
+    def _close_engines(self) -> None:
         if self._warehouse is not None:
             self._warehouse.close()
             self._warehouse = None
-
-    def _close_engines(self) -> None:
-        self._close_warehouse()
         self._release_graph()
         catalog: Catalog | None = getattr(self, "catalog", None)  # absent if the open failed early
         if catalog is not None:
@@ -361,14 +357,17 @@ class EmbeddedStore:
                     setattr(rec, k, v)
                 if progress:
                     progress("graph", 0, 1)
-                self._close_warehouse()  # its cache of what was just written: the graph needs the room
-                streamed.load_spool(self._graph, spool)  # reopens it with a pool for these rows
+                with streamed.memory_limit(self.warehouse, "64MB"):  # DuckDB's cache makes room
+                    streamed.load_spool(self._graph, spool)  # reopens it with a pool for these rows
                 if progress:
                     progress("graph", 1, 1)
                 with self.warehouse.transaction():
                     rows.insert_name(
                         self.warehouse, final, seq, None, self._warehouse_row(rec, name_rec, first.params)
                     )
+                ready = self.catalog.commit_content(
+                    seq, name_rec, content_hash=staged.digest, **staged.counts()
+                )
         except BaseException:
             self._purge(seq)
             raise
@@ -381,7 +380,6 @@ class EmbeddedStore:
             final, same = self._choose_name(name or first.name, name is not None, known.seq)
             name_rec.name = final
             return self._name_known(known, name_rec, same, first, None, started)
-        ready = self.catalog.commit_content(seq, name_rec, content_hash=staged.digest, **staged.counts())
         self._aliases = None
         self.session.done()
         return IngestReport(

@@ -35,3 +35,13 @@ def test_a_full_pool_is_doubled_and_the_load_retried(tmp_path: Path, monkeypatch
         assert s.cypher("MATCH (:Op)-[d:DEP]->(:Op) RETURN count(d)").scalar() == r.trace.num_deps
     assert pools[0] == 16 << 20 and 32 << 20 in pools  # Ladybug refused 16 MiB: the load went on in 32
     assert not list((tmp_path / "s").glob("spool-*"))
+
+
+def test_a_store_path_with_glob_characters(tmp_path: Path) -> None:
+    r = synthesize("mesh2d:3x3", coll="allgather", trials=1, seed=0)
+    with EmbeddedStore(tmp_path / "st[1]" / "s") as s:
+        held = s.warehouse  # a warehouse the caller holds keeps working across the ingest
+        report = s.ingest_parts(r.trace_parts(max_ops=30), name="x")
+        assert report.trace.ops == r.num_ops
+        assert held.query("SELECT count(*) FROM ops WHERE trace = 'x'").scalar() == r.num_ops
+        assert s.cypher("MATCH (o:Op) RETURN count(o)").scalar() == r.num_ops

@@ -80,13 +80,31 @@ def test_one_part_is_a_whole_ingest(backend_store: Store, custom_allreduce: Path
     assert report.trace.name == trace.name and report.trace.ops == trace.num_ops
 
 
+def test_ranks_without_ops_and_empty_parts(backend_store: Store) -> None:
+    # ops on ranks 0 and 2, metadata also on rank 1 (which has no op): cut anywhere, even into
+    # a part of metadata alone, or an empty part, it is the trace stored whole
+    whole = synthesize("ring:3", coll="allgather", trials=1, seed=0).trace
+    keep = whole.ops["rank"].to_numpy() != 1
+    ops = whole.ops.filter(pa.array(keep))
+    deps = whole.deps.filter(pa.array(whole.deps["rank"].to_numpy() != 1))
+    meta = pa.table({"rank": pa.array([0, 1, 2], pa.int32()), "metadata": pa.array([b"a", b"b", b"c"])})
+    trace = whole.replace(ops=ops, deps=deps, meta=meta)
+    empty = rank_parts(trace, [0])[0]  # no rank below 0: every table empty
+    parts = [*rank_parts(trace, [1, 2]), empty]
+    assert parts[1].num_ops == 0 and parts[1].meta.num_rows == 1
+    report = backend_store.ingest_parts(parts, name="gappy")
+    assert report.trace.ops == trace.num_ops and report.trace.ranks == 2
+    _same_tables(backend_store.load("gappy"), trace)
+    assert backend_store.ingest(trace, name="whole").same_as == "gappy"
+
+
 def _failing(parts: list[Trace]) -> Iterator[Trace]:
     yield parts[0]
     yield parts[1]
     raise RuntimeError("the producer failed")
 
 
-@pytest.mark.parametrize("case", ["overlap", "order", "kind", "empty", "producer"])
+@pytest.mark.parametrize("case", ["overlap", "order", "kind", "schema", "empty", "producer"])
 def test_bad_parts_leave_nothing(
     backend_store: Store, custom_allreduce: Path, tmp_path: Path, case: str
 ) -> None:
@@ -96,6 +114,10 @@ def test_bad_parts_leave_nothing(
         "overlap": [a, b, rank_parts(trace, [5])[1]],
         "order": [b, a],
         "kind": [a, b.replace(kind="expanded")],
+        "schema": [
+            a,
+            b.replace(meta=b.meta.cast(pa.schema([("rank", pa.int64()), ("metadata", pa.binary())]))),
+        ],
         "empty": [],
         "producer": _failing([a, b, c]),
     }[case]
@@ -104,6 +126,7 @@ def test_bad_parts_leave_nothing(
         "overlap": "starts at rank 5",
         "order": "starts at rank 0",
         "kind": "part 1 has another",
+        "schema": "another meta schema",
         "empty": "no parts",
         "producer": "producer failed",
     }[case]
