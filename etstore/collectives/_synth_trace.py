@@ -32,7 +32,7 @@ from etstore.ir.steps import BUF_CODE, BUFFERS, COPY, KIND_NAMES, KIND_NODE_TYPE
 from etstore.model import Trace, deps_table, encode_attrs, ops_table
 from etstore.topology import Topology
 
-__all__ = ["build_parts", "build_trace"]
+__all__ = ["build_parts", "build_trace", "op_count"]
 
 # node kinds are the IR's (SEND, RECV, REDUCE, COPY = 0..3); at equal times: recv, reduce, copy, send
 _ORDER = np.array([3, 0, 1, 2], dtype=np.int8)
@@ -64,6 +64,12 @@ def _group_rank(keys_sorted: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return new, np.arange(m) - start
 
 
+def op_count(schedule: Schedule, coll: str, n: int, k: int) -> int:
+    """Ops of the algorithm trace, from the schedule alone: a send and a receive per transfer,
+    a reduction per transfer of a reduction phase, and All-to-All's one local copy per own chunk."""
+    return 2 * len(schedule) + int((schedule.phase == 0).sum()) + (n * k if coll == "alltoall" else 0)
+
+
 def build_trace(topo: Topology, schedule: Schedule, coll: str, n: int, k: int, total_chunks: int) -> Trace:
     """The algorithm trace of a schedule (docs/algorithms.md). O(T log T) for T transfers.
 
@@ -85,8 +91,7 @@ def build_parts(
     holds whole ranks, at least one, and at most ``max_ops`` ops unless one rank alone
     has more. A part's ops are exactly the whole trace's rows of its ranks (same order,
     same per-rank ids) and its deps the whole trace's deps of those ranks in their
-    order. The whole trace lists deps by kind (chains, then data deps) and each kind by
-    rank, so concatenated parts equal its ops, and its deps stably sorted by part.
+    order; the whole trace lists deps rank by rank, so it is its parts end to end.
 
     Raises
     ------
@@ -148,11 +153,6 @@ class _Plan:
         """Transfers by receiving NPU (see :func:`_by_rank`)."""
         return _by_rank(self.sched.dst, self.n)
 
-    def num_ops(self) -> int:
-        """Ops of the whole trace, from the schedule alone."""
-        s = self.sched
-        return 2 * len(s) + int((s.phase == 0).sum()) + (self.n * self.k if self.coll == "alltoall" else 0)
-
     def ops_per_rank(self) -> np.ndarray:
         """Ops of each rank: its sends, receives, reductions and copies."""
         s = self.sched
@@ -166,7 +166,7 @@ class _Plan:
 
     def ranges(self, max_ops: int) -> Iterator[tuple[int, int]]:
         """Consecutive ``[a, b)`` with at most ``max_ops`` ops each (or one rank that has more)."""
-        if self.num_ops() <= max_ops:
+        if op_count(self.sched, self.coll, self.n, self.k) <= max_ops:
             yield 0, self.n
             return
         cum = np.zeros(self.n + 1, dtype=np.int64)

@@ -50,7 +50,7 @@ from etstore.collective import ALGORITHM_COLLECTIVES, short_name
 from etstore.collectives._synth_bounds import alltoall_bound, flood_bound, flood_holders
 from etstore.collectives._synth_engine import Engine, Raw
 from etstore.collectives._synth_schedule import Flow, Schedule, assemble, flow, reverse, reverse_links
-from etstore.collectives._synth_trace import build_parts, build_trace
+from etstore.collectives._synth_trace import build_parts, build_trace, op_count
 from etstore.errors import UnsatisfiableError
 from etstore.model import Trace
 from etstore.progress import ProgressFn
@@ -106,11 +106,10 @@ class SynthResult:
         params of :attr:`trace`, holding whole ranks ``[a, b)`` (ascending, disjoint,
         covering every rank): at most ``max_ops`` ops unless one rank alone has more.
         Its ops are :attr:`trace`'s rows of those ranks in their order (ids per rank as
-        there); its deps are :attr:`trace`'s deps of those ranks in their order (which
-        lists deps by kind, then rank: concatenated parts hold them stably sorted by
-        part). Memory is one part's (about 400 bytes per op at its peak) plus 8 bytes
-        per transfer of index; stream these into a store instead of building
-        :attr:`trace` whole.
+        there); its deps are :attr:`trace`'s deps of those ranks in their order, so the
+        parts end to end are :attr:`trace`. Memory is one part's (about 400 bytes per op
+        at its peak) plus 8 bytes per transfer of index; stream these into a store
+        instead of building :attr:`trace` whole.
 
         Raises
         ------
@@ -155,10 +154,7 @@ class SynthResult:
         """Ops of :attr:`trace`, counted from the schedule without building it: a send and a
         receive per transfer, a reduction per transfer of a reduction phase, and All-to-All's
         one local copy per own chunk."""
-        n = 2 * len(self.schedule) + int((self.schedule.phase == 0).sum())
-        if self.collective == "alltoall":
-            n += self.num_npus * self.chunks_per_npu
-        return n
+        return op_count(self.schedule, self.collective, self.num_npus, self.chunks_per_npu)
 
     @property
     def ratio(self) -> float:

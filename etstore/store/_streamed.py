@@ -35,7 +35,7 @@ from etstore.store import _trace_rows as rows
 from etstore.store._identity import upgraded_identity
 from etstore.store._ladybug import LadybugGraph, first_line, max_pool_bytes
 from etstore.store.base import checked_kind
-from etstore.store.graph import UID_SHIFT, dep_edges, op_nodes
+from etstore.store.graph import UID_SHIFT, dep_edges, message_rows, op_nodes
 from etstore.store.warehouse import Warehouse
 
 __all__ = [
@@ -157,41 +157,17 @@ def stage_parts(
     progress: ProgressFn | None = None,
 ) -> Staged:
     """Write every part's warehouse rows (one transaction each: the caller removes them on
-    failure) and graph rows (into ``spool``), then the messages; returns what was found.
+    failure, and bounds DuckDB's cache with :func:`memory_limit`) and graph rows (into
+    ``spool``), then the messages; returns what was found.
 
     Raises
     ------
     StoreError
-        A part does not continue the trace (another kind or name, ranks not after the
-        previous part's, rows outside its ranks), or the trace has more ops than a content
-        may hold.
+        A part does not continue the trace (another name, kind, source, params or table
+        schema, ranks not after the previous part's), or the trace has more ops than a
+        content may hold.
     """
     spool.mkdir(parents=True, exist_ok=True)
-    with memory_limit(wh, "512MB"):  # DuckDB would cache what it wrote up to 80% of RAM
-        return _stage(wh, parts, seq, base, name, graph_columns, spool, ops, progress)
-
-
-@contextmanager
-def memory_limit(wh: Warehouse, limit: str) -> Iterator[None]:
-    """DuckDB's memory limit set to ``limit`` for the block (it caches what it wrote up to it)."""
-    wh.execute(f"SET memory_limit = '{limit}'")
-    try:
-        yield
-    finally:
-        wh.execute("RESET memory_limit")
-
-
-def _stage(
-    wh: Warehouse,
-    parts: Iterable[Trace],
-    seq: int,
-    base: int,
-    name: str,
-    graph_columns: Any,
-    spool: Path,
-    ops: int | None,
-    progress: ProgressFn | None,
-) -> Staged:
     what = f"trace {name!r}"
     first: Trace | None = None  # the head: every part is checked against it
     staged = Staged()
@@ -233,6 +209,16 @@ def _stage(
     return staged
 
 
+@contextmanager
+def memory_limit(wh: Warehouse, limit: str) -> Iterator[None]:
+    """DuckDB's memory limit set to ``limit`` for the block (it caches what it wrote up to it)."""
+    wh.execute(f"SET memory_limit = '{limit}'")
+    try:
+        yield
+    finally:
+        wh.execute("RESET memory_limit")
+
+
 def _stage_messages(wh: Warehouse, staged: Staged, seq: int, base: int, spool: Path) -> None:
     """Pair the sends of each part with the receives from its ranks (the receives sorted by
     source rank once), in send order: the same messages, in the same order, as one pairing
@@ -252,14 +238,7 @@ def _stage_messages(wh: Warehouse, staged: Staged, seq: int, base: int, spool: P
         else:
             send_row = recv_row = tag = np.zeros(0, dtype=np.int64)
             size = pa.array([], pa.int64())
-        msgs = pa.table(
-            {
-                "from": pa.array(base + send_row, pa.int64()),
-                "to": pa.array(base + recv_row, pa.int64()),
-                "tag": pa.array(tag.astype(np.int32)),
-                "comm_size": size,
-            }
-        )
+        msgs = message_rows(base, send_row, recv_row, tag, size)
         _spool(msgs, spool, "MSG", index)
         with wh.transaction():
             rows.insert_messages(wh, seq, msgs)

@@ -338,17 +338,18 @@ class EmbeddedStore:
             # memory); the content stays ``loading`` in the catalog, its rows out of every view
             # until its name row lands, and any failure purges them
             self._open_graph()  # the graph's own op columns
-            staged = streamed.stage_parts(
-                self.warehouse,
-                parts,
-                seq=seq,
-                base=uid_base(seq),
-                name=final,
-                graph_columns=self._graph.columns,
-                spool=spool,
-                ops=ops,
-                progress=progress,
-            )
+            with streamed.memory_limit(self.warehouse, "512MB"):  # else DuckDB caches up to 80% of RAM
+                staged = streamed.stage_parts(
+                    self.warehouse,
+                    parts,
+                    seq=seq,
+                    base=uid_base(seq),
+                    name=final,
+                    graph_columns=self._graph.columns,
+                    spool=spool,
+                    ops=ops,
+                    progress=progress,
+                )
             known = self.catalog.by_identity(staged.digest, kind.value)
             if known is None and taken:
                 self._choose_name(final, True, None)  # raises: other content holds the name

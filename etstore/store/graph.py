@@ -28,6 +28,7 @@ __all__ = [
     "graph_ddl",
     "lineage_edges",
     "message_edges",
+    "message_rows",
     "op_nodes",
     "uid_base",
 ]
@@ -117,15 +118,26 @@ def message_edges(trace: Trace, base: int) -> tuple[pa.Table, int, int]:
     """``MSG`` edge rows (``from`` send uid, ``to`` recv uid, ``tag``, ``comm_size``)
     plus the counts of unmatched sends and receives (see :func:`etstore.dag.match_messages`)."""
     m = match_messages(trace)
-    edges = pa.table(
+    sizes = trace.ops["comm_size"].take(pa.array(m.send_row))
+    return message_rows(base, m.send_row, m.recv_row, m.tag, sizes), m.unmatched_sends, m.unmatched_recvs
+
+
+def message_rows(
+    base: int,
+    send_row: np.ndarray,
+    recv_row: np.ndarray,
+    tag: np.ndarray,
+    comm_size: pa.Array | pa.ChunkedArray,
+) -> pa.Table:
+    """``MSG`` edge rows for matched pairs of op rows (the send's ``comm_size`` each)."""
+    return pa.table(
         {
-            "from": pa.array(base + m.send_row, pa.int64()),
-            "to": pa.array(base + m.recv_row, pa.int64()),
-            "tag": pa.array(m.tag.astype(np.int32)),
-            "comm_size": trace.ops["comm_size"].take(pa.array(m.send_row)),
+            "from": pa.array(base + send_row, pa.int64()),
+            "to": pa.array(base + recv_row, pa.int64()),
+            "tag": pa.array(np.asarray(tag).astype(np.int32)),
+            "comm_size": comm_size,
         }
     )
-    return edges, m.unmatched_sends, m.unmatched_recvs
 
 
 def lineage_edges(lineage: pa.Table, child: pa.Table, parent: pa.Table, *, what: str) -> pa.Table:
