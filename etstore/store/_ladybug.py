@@ -17,7 +17,7 @@ from etstore.errors import StoreError
 from etstore.store._graph_reader import SandboxedGraph
 from etstore.store.graph import GRAPH_OP_COLUMNS, graph_ddl
 
-__all__ = ["LadybugGraph", "buffer_pool_bytes", "first_line", "max_pool_bytes"]
+__all__ = ["LadybugGraph", "buffer_pool_bytes", "first_line", "max_pool_bytes", "trim_heap"]
 
 
 def max_pool_bytes() -> int:
@@ -112,3 +112,20 @@ class LadybugGraph:
             self.conn = None
             self.db.close()
             self.db = None
+            trim_heap()
+
+
+def trim_heap() -> None:
+    """Hand the C heap's free pages back to the system. Ladybug frees what a bulk load
+    allocated outside its pool when the database closes, but glibc keeps those pages in
+    the process (measured: 1.6 GB still resident after closing a 67M-edge load, 0.1 GB
+    after trimming), so the next load would stack on top of the last. A no-op without
+    glibc."""
+    import ctypes  # only where a database closes
+
+    try:
+        libc = ctypes.CDLL(None)
+        trim = libc.malloc_trim
+    except (OSError, AttributeError):  # not glibc
+        return
+    trim(0)

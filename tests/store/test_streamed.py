@@ -3,6 +3,7 @@ Ladybug reports it full, and leaves no spool behind."""
 
 from __future__ import annotations
 
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,7 @@ def test_a_full_pool_is_doubled_and_the_load_retried(tmp_path: Path, monkeypatch
         return real_open(self, incoming, pool=pool)
 
     monkeypatch.setattr(LadybugGraph, "open", recording_open)
-    monkeypatch.setattr(streamed, "_pool_for", lambda spool: 16 << 20)  # too small for these edges
+    monkeypatch.setattr(streamed, "_pool_for", lambda table, files: 16 << 20)  # too small for these edges
     r = synthesize("mesh2d:8x8", coll="allgather", trials=1, seed=0)
     with EmbeddedStore(tmp_path / "s") as s:
         report = s.ingest_parts(r.trace_parts(max_ops=2000), name="x")
@@ -35,6 +36,36 @@ def test_a_full_pool_is_doubled_and_the_load_retried(tmp_path: Path, monkeypatch
         assert s.cypher("MATCH (:Op)-[d:DEP]->(:Op) RETURN count(d)").scalar() == r.trace.num_deps
     assert pools[0] == 16 << 20 and 32 << 20 in pools  # Ladybug refused 16 MiB: the load went on in 32
     assert not list((tmp_path / "s").glob("spool-*"))
+
+
+def test_each_graph_table_loads_in_its_own_pool(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Nodes, then each edge table, each in a database opened with a pool sized for its own
+    rows and closed after its checkpoint (so one load's memory is not under the next)."""
+    opened: list[int] = []
+    real_open, real_release = LadybugGraph.open, LadybugGraph.release
+    released: list[int] = []
+
+    def recording_open(self: LadybugGraph, incoming: int = 0, *, pool: int | None = None) -> Any:
+        if self.conn is None:
+            opened.append(pool or 0)
+        return real_open(self, incoming, pool=pool)
+
+    def recording_release(self: LadybugGraph) -> None:
+        released.append(len(opened))
+        real_release(self)
+
+    monkeypatch.setattr(LadybugGraph, "open", recording_open)
+    monkeypatch.setattr(LadybugGraph, "release", recording_release)
+    sizes = {"Op": 64 << 20, "DEP": 96 << 20, "MSG": 128 << 20}
+    monkeypatch.setattr(streamed, "_pool_for", lambda table, files: sizes[table])
+    r = synthesize("mesh2d:4x4", coll="allgather", trials=1, seed=0)
+    with EmbeddedStore(tmp_path / "s") as s:
+        s.ingest_parts(r.trace_parts(max_ops=100), name="x")
+        loads = [p for p in opened if p in sizes.values()]
+        assert loads == [64 << 20, 96 << 20, 128 << 20]
+        at = [opened.index(p) + 1 for p in loads]  # each load's opening is released before the next
+        assert all(any(a <= n < b for n in released) for a, b in pairwise(at))
+        assert s.cypher("MATCH (:Op)-[d:DEP]->(:Op) RETURN count(d)").scalar() == r.trace.num_deps
 
 
 def test_a_store_path_with_glob_characters(tmp_path: Path) -> None:
