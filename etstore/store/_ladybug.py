@@ -9,6 +9,7 @@ store's graph is served by a process the kernel keeps from touching files
 
 from __future__ import annotations
 
+import ctypes
 import os
 from pathlib import Path
 from typing import Any
@@ -121,8 +122,6 @@ def trim_heap() -> None:
     the process (measured: 1.6 GB still resident after closing a 67M-edge load, 0.1 GB
     after trimming), so the next load would stack on top of the last. A no-op without
     glibc."""
-    import ctypes  # only where a database closes
-
     try:
         libc = ctypes.CDLL(None)
         trim = libc.malloc_trim
