@@ -69,25 +69,25 @@ def _synth(args: argparse.Namespace, console: Console) -> int:
             root=args.root,
             progress=step,
         )
+        doc = res.to_dict(deps=False)  # the trace itself is never held whole
         if not args.no_store:
             name = args.name or default_name(res, args.size, args.trials)
+            # built and stored rank range by rank range: a 4,096-NPU trace never whole in memory;
+            # the parts hold the schedule until the last is built, so the graph load runs without it
+            parts, ops = res.trace_parts(PART_OPS), res.num_ops
+            del res
             with open_from_args(args) as store:
                 stored = (lambda ph, done, total: step(f"store {ph}", done, total)) if step else None
-                # built and stored rank range by rank range: a 4,096-NPU trace never whole in memory
-                report = store.ingest_parts(
-                    res.trace_parts(PART_OPS), name=name, ops=res.num_ops, progress=stored
-                )
-    doc = res.to_dict(deps=False)  # the trace itself is never held whole
-    if not args.no_store:
-        items = list(doc.items())
-        at = list(doc).index("ops") + 1  # deps beside ops, as the stored trace counts them
-        doc = {
-            "trace": report.trace.name,
-            "status": "new" if report.created else "already stored",
-            **dict(items[:at]),
-            "deps": report.trace.deps,
-            **dict(items[at:]),
-        }
+                report = store.ingest_parts(parts, name=name, ops=ops, progress=stored)
+            items = list(doc.items())
+            at = list(doc).index("ops") + 1  # deps beside ops, as the stored trace counts them
+            doc = {
+                "trace": report.trace.name,
+                "status": "new" if report.created else "already stored",
+                **dict(items[:at]),
+                "deps": report.trace.deps,
+                **dict(items[at:]),
+            }
     if args.format == "json":
         print_json(doc)
         return 0
@@ -96,12 +96,12 @@ def _synth(args: argparse.Namespace, console: Console) -> int:
         return 0
     where = f" → stored as [bold]{doc['trace']}[/]" if "trace" in doc else ""
     console.print(
-        f"{res.collective} on {topo.name} ({res.num_npus} NPUs, {res.chunks_per_npu} chunk(s)/NPU, "
-        f"{res.buffer_bytes:,} B){where}\n"
-        f"  collective time {res.time_ns / 1e3:,.2f} µs, lower bound {res.lower_bound_ns / 1e3:,.2f} µs, "
-        f"ratio {res.ratio:.4f}\n"
-        f"  {len(res.schedule):,} transfers, {res.num_ops:,} ops; best of {res.trials} trial(s) "
-        f"(seed {res.seed}), synthesized in {res.synthesis_s:.3f} s",
+        f"{doc['collective']} on {topo.name} ({doc['npus']} NPUs, "
+        f"{doc['chunks_per_npu']} chunk(s)/NPU, {doc['buffer_bytes']:,} B){where}\n"
+        f"  collective time {doc['time_ns'] / 1e3:,.2f} µs, "
+        f"lower bound {doc['lower_bound_ns'] / 1e3:,.2f} µs, ratio {doc['ratio']:.4f}\n"
+        f"  {doc['transfers']:,} transfers, {doc['ops']:,} ops; best of {doc['trials']} trial(s) "
+        f"(seed {doc['seed']}), synthesized in {doc['synthesis_s']:.3f} s",
         highlight=False,
         soft_wrap=True,
     )
