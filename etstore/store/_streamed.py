@@ -146,6 +146,7 @@ def gather(parts: Iterable[Trace], what: str) -> Trace:
 
 def stage_parts(
     wh: Warehouse,
+    first: Trace,
     parts: Iterable[Trace],
     *,
     seq: int,
@@ -158,7 +159,8 @@ def stage_parts(
 ) -> Staged:
     """Write every part's warehouse rows (one transaction each: the caller removes them on
     failure, and bounds DuckDB's cache with :func:`memory_limit`) and graph rows (into
-    ``spool``), then the messages; returns what was found.
+    ``spool``), then the messages; returns what was found. ``first`` is the trace's head
+    (:func:`first_part`), which every part is checked against.
 
     Raises
     ------
@@ -169,13 +171,10 @@ def stage_parts(
     """
     spool.mkdir(parents=True, exist_ok=True)
     what = f"trace {name!r}"
-    first: Trace | None = None  # the head: every part is checked against it
     staged = Staged()
-    digest: ContentDigest | None = None
+    digest = ContentDigest(str(first.kind))
     last_rank = -1
     for index, part in enumerate(parts):
-        first = first or head(part)
-        digest = digest or ContentDigest(str(part.kind))
         last_rank = _check(part, first, index, last_rank, what)
         off = staged.ops
         if off + part.num_ops >= 1 << UID_SHIFT:
@@ -202,8 +201,6 @@ def stage_parts(
         del nodes, deps, part
         if progress:
             progress("parts", staged.ops, max(ops or 0, staged.ops) if ops else 0)
-    if digest is None or first is None:
-        raise StoreError(f"{what}: no parts to store")
     staged.digest = upgraded_identity(digest.hexdigest(), str(first.kind), first.params)
     _stage_messages(wh, staged, seq, base, spool)
     return staged

@@ -175,8 +175,9 @@ class Store(Protocol):
         Notes
         -----
         The embedded store holds one part at a time plus about 24 bytes per send and
-        receive; its graph loads from files it spools beside the store, with a bounded
-        buffer pool. The Neo4j backend gathers the parts into one trace first.
+        receive; its graph loads table by table from files it spools inside the store,
+        each table with a buffer pool sized from its rows. The Neo4j backend gathers the
+        parts into one trace first.
         """
         ...
 

@@ -341,6 +341,7 @@ class EmbeddedStore:
             with streamed.memory_limit(self.warehouse, "512MB"):  # else DuckDB caches up to 80% of RAM
                 staged = streamed.stage_parts(
                     self.warehouse,
+                    first,
                     parts,
                     seq=seq,
                     base=uid_base(seq),
