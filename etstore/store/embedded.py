@@ -171,12 +171,6 @@ class EmbeddedStore:
         """The Ladybug connection (opened on first use)."""
         return self._graph.open()
 
-    def _open_graph(self, incoming: int = 0) -> Any:
-        return self._graph.open(incoming)
-
-    def _release_graph(self) -> None:
-        self._graph.release()
-
     def close(self) -> None:
         """Close the engines, then (the writer) remove the journal and unlock (idempotent)."""
         self._close_engines()
@@ -186,7 +180,7 @@ class EmbeddedStore:
         if self._warehouse is not None:
             self._warehouse.close()
             self._warehouse = None
-        self._release_graph()
+        self._graph.release()
         catalog: Catalog | None = getattr(self, "catalog", None)  # absent if the open failed early
         if catalog is not None:
             catalog.close()
@@ -293,7 +287,7 @@ class EmbeddedStore:
             self._purge(seq)
             raise
         finally:
-            self._release_graph()
+            self._graph.release()
         self.session.done()
         return IngestReport(
             name_rec.info(rec),
@@ -337,7 +331,7 @@ class EmbeddedStore:
             # each part's rows commit on their own (one transaction would hold them all in
             # memory); the content stays ``loading`` in the catalog, its rows out of every view
             # until its name row lands, and any failure purges them
-            self._open_graph()  # the graph's own op columns
+            self._graph.open()  # the graph's own op columns
             with streamed.memory_limit(self.warehouse, "512MB"):  # else DuckDB caches up to 80% of RAM
                 staged = streamed.stage_parts(
                     self.warehouse,
@@ -375,7 +369,7 @@ class EmbeddedStore:
             raise
         finally:
             streamed.discard_spool(spool)
-            self._release_graph()
+            self._graph.release()
         if known is not None:  # the same content is stored: drop these rows, point the name at it
             self._purge(seq)
             self.session.done()
@@ -447,7 +441,7 @@ class EmbeddedStore:
         # the identity while Ladybug loads the nodes, then writes DuckDB while Ladybug loads
         # the edges (hashlib and both engines release the GIL in their bulk paths).
         with ThreadPoolExecutor(max_workers=1) as pool:
-            g = self._open_graph(incoming=trace.ops.nbytes + trace.deps.nbytes)
+            g = self._graph.open(incoming=trace.ops.nbytes + trace.deps.nbytes)
             edge_rows = pool.submit(lambda: (dep_edges(trace, base), message_edges(trace, base)))
             hashed = pool.submit(identity, trace) if not rec.content_hash else None
             if progress:
@@ -654,7 +648,7 @@ class EmbeddedStore:
         keep = {n.trace_id: c.graph_name for n, c in self.catalog.names() if n.trace_id != seq}
         source = warehouse_rows(self.warehouse, keep)  # DuckDB reads the kept rows faster than Ladybug
         pool = buffer_pool_bytes(graph, 0)
-        remove_range(g, graph, lo, hi, step, pool=pool, release=self._release_graph, source=source)
+        remove_range(g, graph, lo, hi, step, pool=pool, release=self._graph.release, source=source)
 
     def _rename_graph(self, seq: int, name: str) -> None:
         """Make content ``seq``'s graph nodes carry ``name`` (its old one was removed)."""
@@ -784,7 +778,7 @@ class EmbeddedStore:
         text, values = resolve_names(query, params, self._second_names())
         graph = self.graph
         try:
-            if isinstance(graph, SandboxedGraph):  # a read-only store (see _open_graph)
+            if isinstance(graph, SandboxedGraph):  # a read-only store (see LadybugGraph.open)
                 got = graph.query(text, values)
                 return Result(pa.table({}) if got is None else got, query)
             res = graph.execute(text, values)
