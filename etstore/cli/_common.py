@@ -40,6 +40,7 @@ if TYPE_CHECKING:
 __all__ = [
     "add_format",
     "listed_traces",
+    "open_for_reading",
     "open_from_args",
     "params",
     "phase_step",
@@ -98,6 +99,20 @@ def open_from_args(args: argparse.Namespace, *, read_only: bool = False) -> Stor
     if not read_only and isinstance(store, stores.EmbeddedStore):  # a server serializes writers itself
         _guard_interrupts(store)
     return store
+
+
+@contextmanager
+def open_for_reading(args: argparse.Namespace) -> Iterator[Store | None]:
+    """The store ``--store`` names, opened read-only, or None where no store exists yet.
+
+    Why: opening a directory creates a store there; a command that records nothing
+    (``sim --no-record`` on trace files) must leave nothing behind.
+    """
+    if not stores.store_exists(args.store):
+        yield None
+        return
+    with open_from_args(args, read_only=True) as store:
+        yield store
 
 
 def listed_traces(args: argparse.Namespace) -> list[TraceInfo]:

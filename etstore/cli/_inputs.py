@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from etstore.errors import UnknownTraceError
 from etstore.ingest import read_trace
 from etstore.ingest.files import names_rank_files
 from etstore.model import Trace
@@ -16,13 +17,13 @@ from etstore.store import Store
 __all__ = ["trace_from"]
 
 
-def trace_from(store: Store, spec: str) -> Trace:
+def trace_from(store: Store | None, spec: str) -> Trace:
     """A stored trace by name, or, when ``spec`` names an existing file or directory, read it.
 
     Parameters
     ----------
     store
-        The open store whose names are looked up first.
+        The open store whose names are looked up first; None where no store exists yet.
     spec
         A stored trace's name, or a path, glob or ``[<dir>/]<prefix>`` of trace files.
 
@@ -42,8 +43,10 @@ def trace_from(store: Store, spec: str) -> Trace:
     -----
     One catalog listing, then one load or one read.
     """
-    if spec in {t.name for t in store.traces()}:
+    if store is not None and spec in {t.name for t in store.traces()}:
         return store.load(spec)
     if Path(spec).exists() or "/" in spec or any(ch in spec for ch in "*?[") or names_rank_files(spec):
         return read_trace(spec)
+    if store is None:
+        raise UnknownTraceError(f"no trace named {spec!r}: no such file, and no store exists yet (--store)")
     return store.load(spec)  # raises UnknownTraceError naming what is stored

@@ -9,7 +9,14 @@ from typing import Any
 from rich.console import Console
 
 from etstore import collectives
-from etstore.cli._common import add_format, open_from_args, print_json, progress, progress_to
+from etstore.cli._common import (
+    add_format,
+    open_for_reading,
+    open_from_args,
+    print_json,
+    progress,
+    progress_to,
+)
 from etstore.cli._inputs import trace_from
 from etstore.cli._render import render
 from etstore.cli._topology_args import add_topology_options, topology_from
@@ -26,7 +33,7 @@ from etstore.store import Store
 __all__ = ["register"]
 
 
-def _algorithm(store: Store, spec: str) -> Any:
+def _algorithm(store: Store | None, spec: str) -> Any:
     """A built-in name stays a name; anything else is a stored algorithm (or an error naming both)."""
     if spec in BUILTIN_ALGORITHMS:
         return spec
@@ -37,7 +44,7 @@ def _algorithm(store: Store, spec: str) -> Any:
     return algo
 
 
-def _algorithms(store: Store, specs: list[str] | None) -> dict[str, Any] | None:
+def _algorithms(store: Store | None, specs: list[str] | None) -> dict[str, Any] | None:
     """``--algo ring`` (every collective it implements; ``native``/``replay``: every type) or
     ``--algo allreduce=ring,allgather=NAME``, parsed and resolved as ``expand`` does."""
     if not specs:
@@ -87,7 +94,8 @@ def _sim(args: argparse.Namespace, console: Console) -> int:
     topo, dims = _network(args)
     config = _config(args)
     groups = read_comm_groups(args.comm_groups) if args.comm_groups else None
-    with open_from_args(args, read_only=args.no_record) as store:
+    opened = open_for_reading(args) if args.no_record else open_from_args(args)
+    with opened as store:
         trace = trace_from(store, args.trace)
         algorithms = _algorithms(store, args.algo)
         run_id = None
@@ -95,7 +103,7 @@ def _sim(args: argparse.Namespace, console: Console) -> int:
             result = simulate(
                 trace, topo, config=config, algorithms=algorithms, groups=groups, dims=dims, progress=step
             )
-            if not args.no_record:
+            if store is not None and not args.no_record:
                 if step:
                     step("record", 0, result.sim_ops)
                 run_id = record_run(
@@ -164,7 +172,8 @@ def _sweep(args: argparse.Namespace, console: Console) -> int:
     sizes = parse_sizes(args.sizes)
     config = _config(args)
     topos = [topology_from(args, spec) for spec in args.topo]
-    with open_from_args(args, read_only=args.no_record) as store:
+    opened = open_for_reading(args) if args.no_record else open_from_args(args)
+    with opened as store:
         algos: dict[str, Any] = {}
         for item in (p.strip() for spec in args.algo for p in spec.split(",") if p.strip()):
             if item == "synth":
@@ -186,7 +195,7 @@ def _sweep(args: argparse.Namespace, console: Console) -> int:
         else:
             points = sweep(sizes, algos, topos, collective=args.coll, config=config)
         sweep_id = None
-        if not args.no_record:
+        if store is not None and not args.no_record:
             sweep_id = record_sweep(store.warehouse, points, params={"algo": args.algo, "topo": args.topo})
     if args.format == "json":
         print_json({"sweep_id": sweep_id, "points": points.to_pylist()})

@@ -31,13 +31,15 @@ class StoredExpansion:
     algorithm_names: Mapping[str, str]
 
 
-def resolve_algorithm(store: Store, spec: str | Trace, loaded: dict[str, Trace] | None = None) -> str | Trace:
+def resolve_algorithm(
+    store: Store | None, spec: str | Trace, loaded: dict[str, Trace] | None = None
+) -> str | Trace:
     """A stored algorithm trace by name, else a generator spec (``ring``, ``ring:2``), checked.
 
     Parameters
     ----------
     store
-        An open store.
+        An open store; None where there is none (only generators resolve).
     spec
         A trace (returned as it is) or a name.
     loaded
@@ -54,7 +56,7 @@ def resolve_algorithm(store: Store, spec: str | Trace, loaded: dict[str, Trace] 
     loaded = {} if loaded is None else loaded
     if spec in loaded:
         return loaded[spec]
-    if spec in {t.name for t in store.traces()}:
+    if store is not None and spec in {t.name for t in store.traces()}:
         trace = store.load(spec)
         if trace.kind != "algorithm":
             raise OptionError(f"{spec!r} is a {trace.kind} trace, not an algorithm")

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from etstore.lazy import lazy_exports
-from etstore.store._location import DEFAULT_STORE, ENV_VAR
+from etstore.store._location import DEFAULT_STORE, ENV_VAR, store_exists
 from etstore.store.info import TraceInfo
 
 if TYPE_CHECKING:
@@ -32,6 +32,7 @@ __all__ = [
     "TraceInfo",
     "Warehouse",
     "open_store",
+    "store_exists",
 ]
 
 # name → the module that defines it; imported by __getattr__ on first access

@@ -8,12 +8,13 @@ embedded store from its catalog alone) loads neither backend.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Literal
 
 from etstore.errors import StoreError
 from etstore.store._neo4j_target import NEO4J_SCHEMES
 
-__all__ = ["DEFAULT_STORE", "ENV_VAR", "resolve_location"]
+__all__ = ["DEFAULT_STORE", "ENV_VAR", "resolve_location", "store_exists"]
 
 DEFAULT_STORE = ".etstore"
 """The store directory used when neither a location nor :data:`ENV_VAR` is given."""
@@ -51,3 +52,19 @@ def resolve_location(location: str | os.PathLike[str] | None) -> tuple[str, Lite
     if scheme:
         raise StoreError(f"unknown store URL scheme {scheme!r}; use a directory path or neo4j:// / bolt://")
     return loc, "directory"
+
+
+def store_exists(location: str | os.PathLike[str] | None) -> bool:
+    """Whether ``location`` holds a store already: a server always does; a directory once an
+    etstore has created its catalog there.
+
+    Why: opening a directory that holds no store creates one, so a command that only reads
+    (``etstore sim --no-record`` on trace files) asks first and leaves nothing behind.
+
+    Raises
+    ------
+    StoreError
+        The location is a URL of a scheme no backend serves.
+    """
+    loc, backend = resolve_location(location)
+    return backend == "neo4j" or (Path(loc) / "catalog.sqlite").is_file()

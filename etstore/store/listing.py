@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from etstore.store._location import resolve_location
+from etstore.store._location import resolve_location, store_exists
 from etstore.store._lock import WaitFn
 from etstore.store._session import Session
 from etstore.store.catalog import FORMAT_VERSION, Catalog
@@ -91,9 +91,9 @@ def list_traces(
     Reads the journal and one SQLite query, O(names); writes nothing.
     """
     loc, backend = resolve_location(location)
-    path = Path(loc)
-    if backend != "directory" or not path.is_dir() or not (path / "catalog.sqlite").is_file():
+    if backend != "directory" or not store_exists(loc):
         return None
+    path = Path(loc)
     session = Session(path, write=False, purpose=purpose, wait_s=wait_s, notify=notify)
     try:
         if session.interrupted() is not None:

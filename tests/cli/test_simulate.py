@@ -234,7 +234,8 @@ def test_sim_reads_a_bare_prefix_in_the_working_directory(
     rt_inputs: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """`etstore sim chakra_trace` beside chakra_trace.<rank>.et, as ASTRA-sim names a workload."""
+    """`etstore sim chakra_trace` beside chakra_trace.<rank>.et, as ASTRA-sim names a workload;
+    with --no-record and no store there yet, none is created."""
     for f in rt_template.glob("chakra_trace.*.et"):
         (tmp_path / f.name).write_bytes(f.read_bytes())
     monkeypatch.chdir(tmp_path)
@@ -251,3 +252,22 @@ def test_sim_reads_a_bare_prefix_in_the_working_directory(
     assert json.loads(out)["total_ns"] == 117780  # ASTRA-sim's own reference, as when stored first
     code, _, err = run(capsys, tmp_path / "s", "sim", "chakra", *net, "--no-record")
     assert code == 1 and err.startswith("etstore: error: no trace named 'chakra'")
+    assert "no store exists yet" in err
+    code, _, err = run(
+        capsys,
+        tmp_path / "s",
+        "sweep",
+        "--topo",
+        "ring:4",
+        "--algo",
+        "ring",
+        "--sizes",
+        "1MiB",
+        "--no-record",
+    )
+    assert code == 0, err
+    assert not (tmp_path / "s").exists()
+    # once a store exists, its names come first, as without --no-record
+    assert run(capsys, tmp_path / "s", "ingest", "chakra_trace", "--name", "chakra")[0] == 0
+    code, out, err = run(capsys, tmp_path / "s", "sim", "chakra", *net, "--no-record", "--format", "json")
+    assert code == 0 and json.loads(out)["total_ns"] == 117780, err
