@@ -10,6 +10,8 @@ load on a shared machine, wall is what the user waits.
 Commands (issue 16 items 3 and 5) and their budgets on this machine:
 
 - ``python -c pass``: the interpreter alone, the floor under everything below;
+- ``python -c "import numpy, pyarrow, pyarrow.compute"``: the array libraries every command
+  that reads, builds or simulates a trace loads (the floor under ``synth`` and ``sim``);
 - ``etstore --version`` and ``etstore --help``: ≤ 0.1 s;
 - ``etstore ls`` on a small store (one 2-rank workload): ≤ 0.3 s;
 - ``etstore synth --topo mesh2d:16x8 --coll allreduce`` with the default trials, the result
@@ -120,6 +122,8 @@ def main() -> None:
             shutil.copytree(small, run_store)
 
         _measure("python -c pass (interpreter floor)", [sys.executable, "-c", "pass"], args.runs, None, env)
+        arrays = "import numpy, pyarrow, pyarrow.compute"
+        _measure(f"python -c {arrays!r} (array floor)", [sys.executable, "-c", arrays], args.runs, None, env)
         _measure("etstore --version", [*et, "--version"], args.runs, 0.1, env)
         _measure("etstore --help", [*et, "--help"], args.runs, 0.1, env)
         _measure("etstore ls (small store)", [*et, "ls"], args.runs, 0.3, env)

@@ -298,23 +298,29 @@ def load_spool(graph: LadybugGraph, spool: Path) -> None:
             continue
         listed = ", ".join(_literal(f) for f in files)
         pool = min(_pool_for(table, files), ceiling)
-        while True:
-            try:
-                graph.open(pool=pool).execute(f"COPY `{table}` FROM [{listed}]")
-                break
-            except RuntimeError as exc:
-                if "buffer pool is full" not in str(exc) or pool >= ceiling:
-                    raise StoreError(
-                        f"{spool.parent}: the graph could not load {table}: {first_line(exc)}"
-                    ) from exc
-                graph.release()
-                log.info("Ladybug's pool of %d MiB was too small to load %s; retrying", pool >> 20, table)
-                pool = min(2 * pool, ceiling)
-        try:
-            graph.open().execute("CHECKPOINT")
-        except RuntimeError as exc:
-            raise StoreError(f"{spool.parent}: the graph could not write {table}: {first_line(exc)}") from exc
+        pool = _run_growing(graph, f"COPY `{table}` FROM [{listed}]", pool, ceiling, f"load {table}", spool)
+        _run_growing(graph, "CHECKPOINT", pool, ceiling, f"write {table}", spool)
         graph.release()
+
+
+def _run_growing(graph: LadybugGraph, statement: str, pool: int, ceiling: int, what: str, spool: Path) -> int:
+    """Run ``statement`` on the open database (or one opened with ``pool`` bytes), doubling
+    the pool up to ``ceiling`` each time Ladybug reports it full; the pool it ran in.
+
+    Why both the ``COPY`` and the ``CHECKPOINT`` after it: a failed ``COPY`` leaves its table
+    as it was, and a committed one waits in the write-ahead log that the next opening
+    replays, so either is simply run again in a larger pool.
+    """
+    while True:
+        try:
+            graph.open(pool=pool).execute(statement)
+            return pool
+        except RuntimeError as exc:
+            if "buffer pool is full" not in str(exc) or pool >= ceiling:
+                raise StoreError(f"{spool.parent}: the graph could not {what}: {first_line(exc)}") from exc
+            graph.release()
+            log.info("Ladybug's pool of %d MiB was too small to %s; retrying", pool >> 20, what)
+            pool = min(2 * pool, ceiling)
 
 
 def discard_spool(spool: Path) -> None:
