@@ -62,7 +62,7 @@ LAZY_ALLOWED = (
     "networkx",
     "pandas",
     "polars",
-    "rich.progress",
+    "rich",  # the console, tables and bars: JSON and CSV output, --help and --version never draw
 )
 
 

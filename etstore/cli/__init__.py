@@ -59,9 +59,8 @@ import importlib  # noqa: E402
 from collections.abc import Sequence  # noqa: E402
 from typing import NamedTuple  # noqa: E402
 
-from rich.console import Console  # noqa: E402  (after the interrupt handler, on purpose)
-
 from etstore import __version__  # noqa: E402
+from etstore.cli._console import DeferredConsole  # noqa: E402
 from etstore.errors import EtstoreError  # noqa: E402
 
 __all__ = ["COMMANDS", "Command", "main"]
@@ -185,7 +184,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if signal.getsignal(signal.SIGINT) is _interrupted_while_starting:
             signal.signal(signal.SIGINT, signal.default_int_handler)
         # piped output is read by scripts and wide terminals alike: do not fold tables at 80 columns
-        console = Console(soft_wrap=False, width=None if sys.stdout.isatty() else 200)
+        console = DeferredConsole(soft_wrap=False, width=None if sys.stdout.isatty() else 200)
         return int(args.handler(args, console))
     except KeyboardInterrupt:  # whatever was being written has rolled back on its way out
         return _interrupted()

@@ -25,9 +25,8 @@ from contextlib import contextmanager
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
-from rich.console import Console
-
 from etstore import store as stores  # the package; its backends load on first use (see above)
+from etstore.cli._console import DeferredConsole
 from etstore.cli._render import FORMATS, json_text
 from etstore.errors import OptionError
 from etstore.progress import ProgressFn
@@ -35,6 +34,8 @@ from etstore.store import TraceInfo
 from etstore.store.listing import list_traces
 
 if TYPE_CHECKING:
+    from rich.console import Console
+
     from etstore.store import EmbeddedStore, Store
 
 __all__ = [
@@ -195,7 +196,7 @@ def _stop_writing() -> None:
             os._exit(130)
 
 
-def progress(console: Console) -> Any:
+def progress(console: Console | DeferredConsole) -> Any:
     """A rich progress bar on a terminal (``label (phase)``, bar, done/total, elapsed, ETA), nothing
     when piped or under CI: the one renderer every command's long steps draw with."""
     if not console.is_terminal or os.environ.get("CI"):
@@ -217,7 +218,7 @@ def progress(console: Console) -> Any:
         TimeElapsedColumn(),
         TextColumn("eta"),
         TimeRemainingColumn(),
-        console=console,
+        console=console.console if isinstance(console, DeferredConsole) else console,  # rich's own
         transient=True,
     )
 
@@ -241,7 +242,7 @@ def phase_step(bar: Any, label: str) -> ProgressFn:
 
 
 @contextmanager
-def progress_to(console: Console, label: str) -> Iterator[ProgressFn | None]:
+def progress_to(console: Console | DeferredConsole, label: str) -> Iterator[ProgressFn | None]:
     """``with progress_to(console, "simulate x") as step:`` a :func:`phase_step` callback
     drawing on a live bar, or None when :func:`progress` draws nothing."""
     bar = progress(console)

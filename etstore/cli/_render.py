@@ -15,11 +15,9 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple, TextIO
 
-from rich.console import Console
-from rich.table import Table
-
 if TYPE_CHECKING:
     import pyarrow as pa
+    from rich.console import Console
 
 __all__ = ["FORMATS", "Rows", "json_text", "recognised_line", "render", "to_json_value"]
 
@@ -144,6 +142,9 @@ def render(
             )
         out.write(buf.getvalue())
     else:
+        from rich.console import Console  # lazy: JSON and CSV output never load rich
+        from rich.table import Table
+
         cells = [[_cell(v) for v in r] for r in rows]
         t = Table(title=title, show_lines=False, header_style="bold")
         for i, name in enumerate(names):

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
-from rich.console import Console
 
 from etstore.cli._common import add_format, open_from_args, print_json
 from etstore.cli._inputs import trace_from
@@ -14,6 +13,9 @@ from etstore.cli._render import render
 from etstore.collectives.check import check_algorithm
 from etstore.collectives.generators import GENERATORS, generate
 from etstore.errors import OptionError
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 __all__ = ["register"]
 

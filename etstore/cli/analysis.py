@@ -5,10 +5,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
-from rich.console import Console
 
 from etstore.cli._common import add_format, open_from_args
 from etstore.cli._render import json_text, render
@@ -17,6 +16,9 @@ from etstore.query.overlap import explain, find_opportunities
 from etstore.query.rewrite import rewrite_stored
 from etstore.sim import SimConfig
 from etstore.sim.compare import compare
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 __all__ = ["register"]
 

@@ -5,11 +5,10 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from rich.console import Console
 
 from etstore.cli._common import add_format, open_from_args, print_json
 from etstore.cli._render import render
@@ -21,6 +20,9 @@ from etstore.sim.calibrate import Calibration, calibrate
 from etstore.store import Store
 from etstore.topology import DEFAULT_BANDWIDTH_GB_PER_S, DEFAULT_LATENCY_NS
 from etstore.units import parse_size
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 __all__ = ["register"]
 

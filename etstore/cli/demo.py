@@ -14,11 +14,10 @@ from __future__ import annotations
 import argparse
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from rich.console import Console
 
 from etstore.cli._render import recognised_line, render
 from etstore.collectives.check import check_algorithm
@@ -38,6 +37,9 @@ from etstore.sim.compare import Comparison, compare
 from etstore.store import open_store
 from etstore.store.base import Store
 from etstore.topology import parse_topology
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 __all__ = [
     "ALLTOALL_GENERATOR",

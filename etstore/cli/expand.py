@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
-from rich.console import Console
 
 from etstore.cli._common import add_format, open_from_args, progress_to
 from etstore.cli._render import render
 from etstore.collectives.specs import algorithms_by_type, parse_by_type
 from etstore.collectives.stored import expand_stored, resolve_algorithm
 from etstore.errors import OptionError
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 __all__ = ["register"]
 

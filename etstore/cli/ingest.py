@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
-from rich.console import Console
 
 from etstore.cli._common import add_format, open_from_args, phase_step, progress
 from etstore.cli._render import recognised_line, render
 from etstore.errors import OptionError
 from etstore.store.base import IngestReport
 from etstore.store.batch import BatchProgressFn, OnError, ingest_paths
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 __all__ = ["register"]
 

@@ -8,12 +8,13 @@ catalog (:mod:`etstore.store.listing`, stdlib ``sqlite3``) and render as plain r
 from __future__ import annotations
 
 import argparse
-from typing import Any
-
-from rich.console import Console
+from typing import TYPE_CHECKING, Any
 
 from etstore.cli._common import add_format, listed_traces
 from etstore.cli._render import Rows, render
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 __all__ = ["register"]
 

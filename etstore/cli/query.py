@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any
-
-from rich.console import Console
+from typing import TYPE_CHECKING, Any
 
 from etstore.cli._common import add_format, open_from_args, params
 from etstore.cli._render import render
 from etstore.query import critical_path
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 __all__ = ["register"]
 

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any
-
-from rich.console import Console
+from typing import TYPE_CHECKING, Any
 
 from etstore.cli._common import open_from_args
 from etstore.errors import OptionError
 from etstore.report import latest_run, write_report
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 __all__ = ["register"]
 

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-from typing import Any
-
-from rich.console import Console
+from typing import TYPE_CHECKING, Any
 
 from etstore import collectives
 from etstore.cli._common import (
@@ -17,6 +15,7 @@ from etstore.cli._common import (
     progress,
     progress_to,
 )
+from etstore.cli._console import warn
 from etstore.cli._inputs import trace_from
 from etstore.cli._render import render
 from etstore.cli._topology_args import add_topology_options, topology_from
@@ -29,6 +28,9 @@ from etstore.sim.config import SimConfig, read_comm_groups, read_network_config,
 from etstore.sim.metrics import record_run, record_sweep
 from etstore.sim.sweep import parse_sizes, sweep
 from etstore.store import Store
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 __all__ = ["register"]
 
@@ -119,7 +121,7 @@ def _sim(args: argparse.Namespace, console: Console) -> int:
         summary["ignored_system_keys"] = list(config.ignored)
     warning = result.overload_warning()
     if warning:  # on stderr, so json and csv output stay parseable
-        Console(stderr=True).print(f"warning: {warning}", style="yellow", highlight=False, soft_wrap=True)
+        warn(warning)
     if args.format == "json":
         print_json(
             {

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any
-
-from rich.console import Console
+from typing import TYPE_CHECKING, Any
 
 from etstore.cli._common import open_from_args
 from etstore.ingest.chrome_trace import write_chrome_trace
 from etstore.report.timeline import write_run_timeline
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 __all__ = ["register"]
 

@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import argparse
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
-from rich.console import Console
 
 from etstore.cli._common import add_format, open_from_args, print_json, progress_to
 from etstore.cli._render import render
 from etstore.cli._topology_args import add_topology_options, topology_from
 from etstore.collectives.synth import SynthResult, synthesize
 from etstore.units import parse_size
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 __all__ = ["default_name", "register"]
 

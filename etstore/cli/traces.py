@@ -5,9 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any
-
-from rich.console import Console
+from typing import TYPE_CHECKING, Any
 
 from etstore.cli._common import add_format, open_from_args, phase_step, progress
 from etstore.cli._render import render
@@ -17,6 +15,9 @@ from etstore.ingest.export import EXPORT_FORMATS, export_trace
 from etstore.query.summary import summarize
 from etstore.store.embedded import EmbeddedStore
 from etstore.workloads import transformer
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 __all__ = ["register"]
 

@@ -29,12 +29,13 @@ FORMAT1_STORE = Path(__file__).parents[1] / "store" / "data" / "format1-store.ta
 HEAVY = ("duckdb", "pyarrow", "sqlalchemy", "sqlmodel", "ladybug", "neo4j", "plotly")
 
 # runs the CLI in a fresh interpreter, then names on stderr the heavy and etstore.cli modules it loaded
+# (besides etstore.cli._console, which the package itself imports)
 _PROBE = """
 import atexit, sys
 heavy = {heavy!r}
 def loaded():
     names = [m for m in heavy if m in sys.modules]
-    names += sorted(m for m in sys.modules if m.startswith("etstore.cli."))
+    names += sorted(m for m in sys.modules if m.startswith("etstore.cli.") and m != "etstore.cli._console")
     print("loaded:" + ",".join(names), file=sys.stderr)
 atexit.register(loaded)
 from etstore.cli import _become_the_command, main
@@ -84,6 +85,33 @@ def test_version_and_help_load_no_engine_and_no_command_module() -> None:
     out, loaded = _run("--help")
     assert loaded == []
     assert all(f"    {name}" in out for name in COMMANDS) and "$ETSTORE_STORE" in out
+
+
+def test_only_output_that_draws_loads_rich(tmp_path: Path) -> None:
+    """rich's console costs ≈ 0.02 s to import: --version, --help and JSON to a pipe never
+    draw with it (the simulation's overload warning goes to stderr as plain text); a table does."""
+    prefix = str(Path(__file__).parents[2] / "examples" / "transformer_8r" / "transformer")
+    for argv in (
+        ("--version",),
+        ("--help",),
+        (
+            "--store",
+            str(tmp_path / "s"),
+            "sim",
+            prefix,
+            "--topo",
+            "ring:8,bw=1",
+            "--no-record",
+            "--format",
+            "json",
+        ),
+    ):
+        code, out, err, loaded = _probe(*argv, watch=("rich",))
+        assert code == 0 and "rich" not in loaded, (argv, err)
+    assert err.startswith("warning: physically impossible under the congestion-unaware model")
+    assert json.loads(out)["overloaded_links"] > 0
+    out, loaded = _run("topo", "show", "ring:4", watch=("rich",))
+    assert "rich" in loaded and "ring:4" in out
 
 
 def test_a_command_loads_its_own_module_only() -> None:
