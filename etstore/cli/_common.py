@@ -2,7 +2,7 @@
 
 Importing this module loads no backend: :mod:`etstore.store` imports its backends on
 first use, so ``etstore ls``, which lists an embedded store from its catalog alone
-(:func:`listed_traces`), starts without DuckDB, Ladybug, numpy or pyarrow.
+(:mod:`etstore.cli.listing`), starts without DuckDB, Ladybug, numpy or pyarrow.
 
 A command that writes an embedded store makes Ctrl-C end it at once (within a few
 milliseconds, whatever the engines are doing): what it was writing is rolled back, or,
@@ -30,8 +30,6 @@ from etstore.cli._console import DeferredConsole
 from etstore.cli._render import FORMATS, json_text
 from etstore.errors import OptionError
 from etstore.progress import ProgressFn
-from etstore.store import TraceInfo
-from etstore.store.listing import list_traces
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -40,7 +38,6 @@ if TYPE_CHECKING:
 
 __all__ = [
     "add_format",
-    "listed_traces",
     "open_for_reading",
     "open_from_args",
     "params",
@@ -114,21 +111,6 @@ def open_for_reading(args: argparse.Namespace) -> Iterator[Store | None]:
         return
     with open_from_args(args, read_only=True) as store:
         yield store
-
-
-def listed_traces(args: argparse.Namespace) -> list[TraceInfo]:
-    """The traces of the store ``--store`` names, as its ``traces()`` lists them.
-
-    An embedded store is read from its catalog alone (:mod:`etstore.store.listing`),
-    waiting ``--wait`` seconds for a writer like any reader; the store is opened
-    read-only instead where the catalog cannot answer alone (a server, a new store, a
-    write to recover, another format).
-    """
-    infos = list_traces(args.store, wait_s=getattr(args, "wait", None), notify=say, purpose=_purpose(args))
-    if infos is None:
-        with open_from_args(args, read_only=True) as store:
-            infos = store.traces()
-    return infos
 
 
 _writers: weakref.WeakSet[EmbeddedStore] = weakref.WeakSet()

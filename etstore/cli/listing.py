@@ -10,8 +10,10 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING, Any
 
-from etstore.cli._common import add_format, listed_traces
+from etstore.cli._common import add_format, open_from_args, say
 from etstore.cli._render import Rows, render
+from etstore.store import TraceInfo
+from etstore.store.listing import list_traces
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -23,8 +25,23 @@ _COLUMNS = ("name", "kind", "ranks", "ops", "deps", "missing", "messages", "pare
 """What the ls table and CSV show of each trace (JSON shows every field of its row)."""
 
 
+def _listed_traces(args: argparse.Namespace) -> list[TraceInfo]:
+    """The traces of the store ``--store`` names, as its ``traces()`` lists them.
+
+    An embedded store is read from its catalog alone (:mod:`etstore.store.listing`),
+    waiting ``--wait`` seconds for a writer like any reader; the store is opened
+    read-only instead where the catalog cannot answer alone (a server, a new store, a
+    write to recover, another format).
+    """
+    infos = list_traces(args.store, wait_s=args.wait, notify=say, purpose="ls")
+    if infos is None:
+        with open_from_args(args, read_only=True) as store:
+            infos = store.traces()
+    return infos
+
+
 def _ls(args: argparse.Namespace, console: Console) -> int:
-    rows = [t.as_row() for t in listed_traces(args)]
+    rows = [t.as_row() for t in _listed_traces(args)]
     # plain rows, not Arrow: the listing comes from SQLite, and converting it would load pyarrow's pandas
     if args.format == "json":
         columns = list(rows[0]) if rows else []
