@@ -296,31 +296,47 @@ def load_spool(graph: LadybugGraph, spool: Path) -> None:
         files = sorted(spool.glob(f"{table}-*.parquet"))
         if not files:
             continue
-        listed = ", ".join(_literal(f) for f in files)
-        pool = min(_pool_for(table, files), ceiling)
-        pool = _run_growing(graph, f"COPY `{table}` FROM [{listed}]", pool, ceiling, f"load {table}", spool)
-        _run_growing(graph, "CHECKPOINT", pool, ceiling, f"write {table}", spool)
+        _load_table(graph, table, files, min(_pool_for(table, files), ceiling), ceiling)
         graph.release()
 
 
-def _run_growing(graph: LadybugGraph, statement: str, pool: int, ceiling: int, what: str, spool: Path) -> int:
-    """Run ``statement`` on the open database (or one opened with ``pool`` bytes), doubling
-    the pool up to ``ceiling`` each time Ladybug reports it full; the pool it ran in.
+def _load_table(graph: LadybugGraph, table: str, files: list[Path], pool: int, ceiling: int) -> None:
+    """``COPY`` one table from its spooled files and ``CHECKPOINT`` it, both again in a pool
+    twice as large (up to ``ceiling``) each time Ladybug reports the pool full.
 
-    Why both the ``COPY`` and the ``CHECKPOINT`` after it: a failed ``COPY`` leaves its table
-    as it was, and a committed one waits in the write-ahead log that the next opening
-    replays, so either is simply run again in a larger pool.
+    Why both: a failed ``COPY`` leaves its table as it was, and so does a failed
+    ``CHECKPOINT`` once the database is reopened (the rows its ``COPY`` had committed are
+    gone), so the table's row count is checked back at its value before the load and the
+    load is made again whole. A count anywhere else (which no Ladybug failure has left)
+    stops the load with an error instead of loading rows twice.
     """
+    where = graph.path.parent
+    copy = f"COPY `{table}` FROM [{', '.join(_literal(f) for f in files)}]"
+    before = _rows(graph.open(pool=pool), table)
     while True:
         try:
-            graph.open(pool=pool).execute(statement)
-            return pool
+            conn = graph.open(pool=pool)
+            conn.execute(copy)
+            conn.execute("CHECKPOINT")
+            return
         except RuntimeError as exc:
             if "buffer pool is full" not in str(exc) or pool >= ceiling:
-                raise StoreError(f"{spool.parent}: the graph could not {what}: {first_line(exc)}") from exc
+                raise StoreError(f"{where}: the graph could not load {table}: {first_line(exc)}") from exc
             graph.release()
-            log.info("Ladybug's pool of %d MiB was too small to %s; retrying", pool >> 20, what)
             pool = min(2 * pool, ceiling)
+            now = _rows(graph.open(pool=pool), table)
+            if now != before:
+                raise StoreError(
+                    f"{where}: the graph could not load {table} ({first_line(exc)}), and {now - before:,} "
+                    "of its rows remain"
+                ) from exc
+            log.info("Ladybug's pool was too small to load %s; loading it again in %d MiB", table, pool >> 20)
+
+
+def _rows(conn: Any, table: str) -> int:
+    """How many rows graph table ``table`` holds (nodes for ``Op``, else edges)."""
+    pattern = "(n:Op)" if table == "Op" else f"()-[n:{table}]->()"
+    return int(conn.execute(f"MATCH {pattern} RETURN count(n)").get_next()[0])
 
 
 def discard_spool(spool: Path) -> None:
