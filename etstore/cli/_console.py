@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TextIO
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -22,6 +22,15 @@ __all__ = ["DeferredConsole", "warn"]
 def _forced_terminal() -> bool:
     """rich's own overrides that make piped output count as a terminal."""
     return "FORCE_COLOR" in os.environ or os.environ.get("TTY_COMPATIBLE", "") == "1"
+
+
+def _may_be_terminal(stream: TextIO | None) -> bool:
+    """Whether ``stream`` is, or rich would treat it as, a terminal (a closed or missing
+    stream is not, as rich has it)."""
+    try:
+        return _forced_terminal() or bool(stream is not None and stream.isatty())
+    except (AttributeError, ValueError):
+        return False
 
 
 class DeferredConsole:
@@ -43,7 +52,7 @@ class DeferredConsole:
     @property
     def is_terminal(self) -> bool:
         """rich's answer, asked only where stdout is a terminal or rich is told to treat it as one."""
-        if not sys.stdout.isatty() and not _forced_terminal():
+        if not _may_be_terminal(sys.stdout):
             return False
         return self.console.is_terminal
 
@@ -54,7 +63,7 @@ class DeferredConsole:
 def warn(line: str) -> None:
     """``warning: line`` on stderr (so JSON and CSV on stdout stay parseable), in yellow on a
     terminal."""
-    if not sys.stderr.isatty() and not _forced_terminal():
+    if not _may_be_terminal(sys.stderr):
         sys.stderr.write(f"warning: {line}\n")
         sys.stderr.flush()
         return

@@ -10,10 +10,10 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from etstore.cli._common import add_format, open_from_args, print_json
+from etstore.cli._common import add_format, open_for_reading, open_from_args, print_json
 from etstore.cli._render import render
 from etstore.collectives.stored import resolve_algorithm
-from etstore.errors import OptionError
+from etstore.errors import OptionError, UnknownTraceError
 from etstore.model import Trace
 from etstore.sim import BUILTIN_ALGORITHMS, SimConfig
 from etstore.sim.calibrate import Calibration, calibrate
@@ -74,7 +74,10 @@ def _write_system_config(path: str, cal: Calibration) -> None:
 
 def _calibrate(args: argparse.Namespace, console: Console) -> int:
     config = SimConfig(congestion=args.congestion) if args.congestion else SimConfig()
-    with open_from_args(args, read_only=args.no_record) as store:
+    opened = open_for_reading(args) if args.no_record else open_from_args(args)
+    with opened as store:
+        if store is None:  # --no-record where no store exists: nothing has been measured here
+            raise UnknownTraceError(f"no measured run {args.run!r}: no store exists yet (--store)")
         cal = calibrate(
             store.warehouse,
             args.run,

@@ -64,7 +64,12 @@ def store_exists(location: str | os.PathLike[str] | None) -> bool:
     Raises
     ------
     StoreError
-        The location is a URL of a scheme no backend serves.
+        The location is a URL of a scheme no backend serves, or a path that is not a directory.
     """
     loc, backend = resolve_location(location)
-    return backend == "neo4j" or (Path(loc) / "catalog.sqlite").is_file()
+    if backend == "neo4j":
+        return True
+    path = Path(loc)
+    if path.exists() and not path.is_dir():
+        raise StoreError(f"{path}: exists and is not a store directory")
+    return (path / "catalog.sqlite").is_file()

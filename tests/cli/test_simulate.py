@@ -266,7 +266,12 @@ def test_sim_reads_a_bare_prefix_in_the_working_directory(
         "--no-record",
     )
     assert code == 0, err
+    code, _, err = run(capsys, tmp_path / "s", "calibrate", "run1", "--topo", "ring:4", "--no-record")
+    assert (code, err) == (1, "etstore: error: no measured run 'run1': no store exists yet (--store)\n")
     assert not (tmp_path / "s").exists()
+    (tmp_path / "f").write_text("")  # a file where the store would be: said, not taken for "no store"
+    code, _, err = run(capsys, tmp_path / "f", "sim", "chakra_trace", *net, "--no-record")
+    assert (code, err) == (1, f"etstore: error: {tmp_path / 'f'}: exists and is not a store directory\n")
     # once a store exists, its names come first, as without --no-record
     assert run(capsys, tmp_path / "s", "ingest", "chakra_trace", "--name", "chakra")[0] == 0
     code, out, err = run(capsys, tmp_path / "s", "sim", "chakra", *net, "--no-record", "--format", "json")

@@ -87,9 +87,11 @@ def test_version_and_help_load_no_engine_and_no_command_module() -> None:
     assert all(f"    {name}" in out for name in COMMANDS) and "$ETSTORE_STORE" in out
 
 
-def test_only_output_that_draws_loads_rich(tmp_path: Path) -> None:
+def test_only_output_that_draws_loads_rich(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """rich's console costs ≈ 0.02 s to import: --version, --help and JSON to a pipe never
     draw with it (the simulation's overload warning goes to stderr as plain text); a table does."""
+    for forcing in ("FORCE_COLOR", "TTY_COMPATIBLE"):  # rich's own "this pipe is a terminal"
+        monkeypatch.delenv(forcing, raising=False)
     prefix = str(Path(__file__).parents[2] / "examples" / "transformer_8r" / "transformer")
     for argv in (
         ("--version",),
