@@ -312,24 +312,28 @@ def _load_table(graph: LadybugGraph, table: str, files: list[Path], pool: int, c
     """
     where = graph.path.parent
     copy = f"COPY `{table}` FROM [{', '.join(_literal(f) for f in files)}]"
-    before = _rows(graph.open(pool=pool), table)
+    before: int | None = None  # the table's rows before this load
+    refused = ""  # what Ladybug said when it last refused
     while True:
         try:
             conn = graph.open(pool=pool)
+            now = _rows(conn, table)
+            if before is None:
+                before = now
+            elif now != before:
+                raise StoreError(
+                    f"{where}: the graph could not load {table} ({refused}), and {now - before:,} "
+                    "of its rows remain"
+                )
             conn.execute(copy)
             conn.execute("CHECKPOINT")
             return
         except RuntimeError as exc:
             if "buffer pool is full" not in str(exc) or pool >= ceiling:
                 raise StoreError(f"{where}: the graph could not load {table}: {first_line(exc)}") from exc
+            refused = first_line(exc)
             graph.release()
             pool = min(2 * pool, ceiling)
-            now = _rows(graph.open(pool=pool), table)
-            if now != before:
-                raise StoreError(
-                    f"{where}: the graph could not load {table} ({first_line(exc)}), and {now - before:,} "
-                    "of its rows remain"
-                ) from exc
             log.info("Ladybug's pool was too small to load %s; loading it again in %d MiB", table, pool >> 20)
 
 
