@@ -38,8 +38,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "add_format",
-    "open_for_reading",
     "open_from_args",
+    "open_to_record",
     "params",
     "phase_step",
     "print_json",
@@ -100,17 +100,21 @@ def open_from_args(args: argparse.Namespace, *, read_only: bool = False) -> Stor
 
 
 @contextmanager
-def open_for_reading(args: argparse.Namespace) -> Iterator[Store | None]:
-    """The store ``--store`` names, opened read-only, or None where no store exists yet.
+def open_to_record(args: argparse.Namespace) -> Iterator[Store | None]:
+    """The store a command records into (``--store``), opened for writing; with
+    ``--no-record``, that store read-only, or None where no store exists yet.
 
     Why: opening a directory creates a store there; a command that records nothing
     (``sim --no-record`` on trace files) must leave nothing behind.
     """
-    if not stores.store_exists(args.store):
+    if not args.no_record:
+        with open_from_args(args) as store:
+            yield store
+    elif stores.store_exists(args.store):
+        with open_from_args(args, read_only=True) as store:
+            yield store
+    else:
         yield None
-        return
-    with open_from_args(args, read_only=True) as store:
-        yield store
 
 
 _writers: weakref.WeakSet[EmbeddedStore] = weakref.WeakSet()

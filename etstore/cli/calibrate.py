@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from etstore.cli._common import add_format, open_for_reading, open_from_args, print_json
+from etstore.cli._common import add_format, open_to_record, print_json
 from etstore.cli._render import render
 from etstore.collectives.stored import resolve_algorithm
 from etstore.errors import OptionError, UnknownTraceError
@@ -74,8 +74,7 @@ def _write_system_config(path: str, cal: Calibration) -> None:
 
 def _calibrate(args: argparse.Namespace, console: Console) -> int:
     config = SimConfig(congestion=args.congestion) if args.congestion else SimConfig()
-    opened = open_for_reading(args) if args.no_record else open_from_args(args)
-    with opened as store:
+    with open_to_record(args) as store:
         if store is None:  # --no-record where no store exists: nothing has been measured here
             raise UnknownTraceError(f"no measured run {args.run!r}: no store exists yet (--store)")
         cal = calibrate(

@@ -9,8 +9,7 @@ from typing import TYPE_CHECKING, Any
 from etstore import collectives
 from etstore.cli._common import (
     add_format,
-    open_for_reading,
-    open_from_args,
+    open_to_record,
     print_json,
     progress,
     progress_to,
@@ -96,8 +95,7 @@ def _sim(args: argparse.Namespace, console: Console) -> int:
     topo, dims = _network(args)
     config = _config(args)
     groups = read_comm_groups(args.comm_groups) if args.comm_groups else None
-    opened = open_for_reading(args) if args.no_record else open_from_args(args)
-    with opened as store:
+    with open_to_record(args) as store:
         trace = trace_from(store, args.trace)
         algorithms = _algorithms(store, args.algo)
         run_id = None
@@ -174,8 +172,7 @@ def _sweep(args: argparse.Namespace, console: Console) -> int:
     sizes = parse_sizes(args.sizes)
     config = _config(args)
     topos = [topology_from(args, spec) for spec in args.topo]
-    opened = open_for_reading(args) if args.no_record else open_from_args(args)
-    with opened as store:
+    with open_to_record(args) as store:
         algos: dict[str, Any] = {}
         for item in (p.strip() for spec in args.algo for p in spec.split(",") if p.strip()):
             if item == "synth":
