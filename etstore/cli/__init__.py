@@ -100,6 +100,9 @@ COMMANDS: dict[str, Command] = {
     "synth": Command("topology", "synthesize a topology-aware collective algorithm and store it"),
     "sim": Command("simulate", "replay a trace over a network; metrics into DuckDB"),
     "sweep": Command("simulate", "bus bandwidth over sizes x algorithms x topologies"),
+    "replay": Command(
+        "replay", "replay a recorded PyTorch trace (ET + Kineto) as it ran; measured beside simulated"
+    ),
     "calibrate": Command("calibrate", "fit a topology's latency and bandwidth to a measured nccl-tests run"),
     "expand": Command(
         "expand", "replace collective nodes by an algorithm's send/recv/reduce ops (stores a new trace)"

@@ -243,6 +243,8 @@ def expand(
     }
     if groups:
         params["comm_groups"] = {str(k): [int(r) for r in v] for k, v in groups.items()}
+    if "execution" in workload.params:  # a recording's threads and streams stay chains of dependencies
+        params["execution"] = workload.params["execution"]
     trace = Trace(
         ops=placed.ops,
         deps=deps,

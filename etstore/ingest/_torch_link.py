@@ -25,6 +25,7 @@ import orjson
 
 from etstore.errors import TraceFormatError
 from etstore.ingest._torch_comm import ProcessGroup, process_groups
+from etstore.ingest._torch_sync import HostWaits, device_waits, host_waits
 
 __all__ = ["KernelOps", "LinkResult", "dumps", "link_rank"]
 
@@ -57,6 +58,7 @@ class KernelOps(NamedTuple):
     launcher: np.ndarray  # int64 row of the launching ET node, -1 if unknown
     raw: list[bytes]  # each event's JSON
     args: list[Mapping[str, Any]]  # each event's args
+    held: tuple[np.ndarray, np.ndarray]  # (src, dst): dst waited on another stream for src
 
 
 class LinkResult(NamedTuple):
@@ -72,6 +74,8 @@ class LinkResult(NamedTuple):
     num_device_events: int  # all device activities in the file
     rank: int | None  # distributedInfo.rank
     groups: dict[str, ProcessGroup]  # distributedInfo.pg_config
+    waits: HostWaits  # blocking runtime calls inside linked ops, with what released them
+    steps: list[tuple[str, int, int]]  # ProfilerStep#N annotations: name, start, duration (µs)
 
 
 def _events(doc: Any, path: Path) -> list[dict[str, Any]]:
@@ -226,41 +230,68 @@ def _align(
                 break
 
 
-def _launchers(
-    gpu: list[dict[str, Any]],
-    runtime: list[dict[str, Any]],
-    tid_of_row: np.ndarray,
-    start: np.ndarray,
-    end: np.ndarray,
-    linked: np.ndarray,
-    parent_row: np.ndarray,
-) -> np.ndarray:
-    """ET row of the op that launched each device event (-1 if no linked op contains the call)."""
+class _Innermost:
+    """The innermost linked ET row whose interval holds a time on a thread (walked up the
+    ET's parent links, O(depth) per question)."""
+
+    def __init__(
+        self,
+        tid_of_row: np.ndarray,
+        start: np.ndarray,
+        end: np.ndarray,
+        linked: np.ndarray,
+        parent_row: np.ndarray,
+    ) -> None:
+        self.start, self.end, self.linked, self.parent_row = start, end, linked, parent_row
+        self.per_tid: dict[Any, tuple[np.ndarray, np.ndarray]] = {}
+        rows = np.flatnonzero(linked)
+        for tid in {tid_of_row[r] for r in rows.tolist()}:
+            mine = rows[[tid_of_row[r] == tid for r in rows.tolist()]]
+            order = np.lexsort((-(end[mine] - start[mine]), start[mine]))  # outer op first on equal start
+            self.per_tid[tid] = (mine[order], start[mine][order])
+
+    def __call__(self, tid: Any, t: int) -> int:
+        if tid not in self.per_tid:
+            return -1
+        cand_rows, cand_start = self.per_tid[tid]
+        i = int(np.searchsorted(cand_start, t, side="right")) - 1
+        row = int(cand_rows[i]) if i >= 0 else -1
+        while row >= 0 and not (self.linked[row] and self.start[row] <= t <= self.end[row]):
+            row = int(self.parent_row[row])
+        return row
+
+
+def _launch_calls(gpu: list[dict[str, Any]], runtime: list[dict[str, Any]]) -> list[dict[str, Any] | None]:
+    """The runtime call that launched each device event (joined by ``correlation``), or None."""
     call = {}
     for e in runtime:
         c = e.get("args", {}).get("correlation")
         if isinstance(c, int):
-            call[c] = (e.get("tid"), _us(e.get("ts")))
-    per_tid: dict[Any, tuple[np.ndarray, np.ndarray]] = {}
-    rows = np.flatnonzero(linked)
-    for tid in {tid_of_row[r] for r in rows.tolist()}:
-        mine = rows[[tid_of_row[r] == tid for r in rows.tolist()]]
-        order = np.lexsort((-(end[mine] - start[mine]), start[mine]))  # outer op first on equal start
-        per_tid[tid] = (mine[order], start[mine][order])
-    out = np.full(len(gpu), -1, dtype=np.int64)
-    for k, e in enumerate(gpu):
+            call[c] = e
+    out: list[dict[str, Any] | None] = []
+    for e in gpu:
         c = e.get("args", {}).get("correlation")
-        where = call.get(c) if isinstance(c, int) else None
-        if where is None or where[0] not in per_tid:
-            continue
-        tid, t = where
-        cand_rows, cand_start = per_tid[tid]
-        i = int(np.searchsorted(cand_start, t, side="right")) - 1
-        row = int(cand_rows[i]) if i >= 0 else -1
-        while row >= 0 and not (linked[row] and start[row] <= t <= end[row]):
-            row = int(parent_row[row])
-        out[k] = row
+        out.append(call.get(c) if isinstance(c, int) else None)
     return out
+
+
+def _launchers(calls: list[dict[str, Any] | None], innermost: _Innermost) -> np.ndarray:
+    """ET row of the op that launched each device event (-1 if no linked op contains the call)."""
+    out = np.full(len(calls), -1, dtype=np.int64)
+    for k, c in enumerate(calls):
+        if c is not None:
+            out[k] = innermost(c.get("tid"), _us(c.get("ts")))
+    return out
+
+
+def _steps(events: list[dict[str, Any]]) -> list[tuple[str, int, int]]:
+    """The profiler's step annotations (``ProfilerStep#N``): name, start and duration (µs)."""
+    out = [
+        (str(e.get("name")), _us(e.get("ts")), _us(e.get("dur")))
+        for e in events
+        if str(e.get("name", "")).startswith("ProfilerStep#") and e.get("ph") == "X"
+    ]
+    return sorted(out, key=lambda s: s[1])
 
 
 def link_rank(
@@ -324,12 +355,23 @@ def link_rank(
     np.add.at(children, parent_row[has_parent], incl[has_parent])
     self_us = np.where(linked, np.maximum(incl - children, 0), 0)
     runtime_keyed = [dict(e, tid=(e.get("pid"), e.get("tid"))) for e in runtime]
-    launcher = _launchers(gpu, runtime_keyed, tid_of_row, start, start + incl, linked, parent_row)
+    innermost = _Innermost(tid_of_row, start, start + incl, linked, parent_row)
+    calls = _launch_calls(gpu, runtime_keyed)
+    launcher = _launchers(calls, innermost)
     num_device = len(gpu)
     # only what the ET's ops launched: a Kineto trace often spans more iterations than the ET
     keep = np.flatnonzero(launcher >= 0)
     gpu = [gpu[i] for i in keep.tolist()]
+    calls = [calls[i] for i in keep.tolist()]
     launcher = launcher[keep]
+    by_corr = {
+        e["args"]["correlation"]: e
+        for e in runtime_keyed
+        if isinstance(e.get("args", {}).get("correlation"), int)
+    }
+    cuda_sync = [e for e in events if e.get("cat") == "cuda_sync"]
+    held = device_waits(gpu, calls, cuda_sync, by_corr)
+    waits = host_waits(runtime_keyed, gpu, calls, innermost)
     kernels = KernelOps(
         names=[str(e.get("name", "")) for e in gpu],
         start_us=np.array([_us(e.get("ts")) for e in gpu], dtype=np.int64),
@@ -340,6 +382,7 @@ def link_rank(
         launcher=launcher,
         raw=[dumps(e) for e in gpu],
         args=[e.get("args", {}) for e in gpu],
+        held=held,
     )
     info = doc.get("distributedInfo") if isinstance(doc, dict) else None
     rank = info.get("rank") if isinstance(info, dict) else None
@@ -354,4 +397,6 @@ def link_rank(
         num_device_events=num_device,
         rank=rank if isinstance(rank, int) else None,
         groups=process_groups(info if isinstance(info, dict) else None),
+        waits=waits,
+        steps=_steps(events),
     )

@@ -59,7 +59,7 @@ from etstore.ingest._torch_et_nodes import (
     parse_nodes,
     tensors,
 )
-from etstore.ingest._torch_link import LinkResult, link_rank
+from etstore.ingest._torch_link import LinkResult, dumps, link_rank
 from etstore.ingest.et import split_missing
 from etstore.model import ATTR_COLUMNS, META_SCHEMA, OPS_SCHEMA, Trace, deps_table, member_number
 from etstore.proto import GlobalMetadata
@@ -72,6 +72,8 @@ KINETO_ATTR = "kineto_event"
 
 _RANK_WORD = re.compile(r"(?:rank|worker)[_-]?(\d+)", re.IGNORECASE)  # rank3_et, worker3_step_12.<ts>
 _LAST_NUMBER = re.compile(r"(\d+)(?=\D*$)")  # dlrm_eg_3
+WAKE_US = 100
+"""A thread that resumes this long (µs) after another thread's op ended was waiting for it."""
 _STRING_VAL_TAG = write_varint((member_number("string_val") << 3) | 2)
 
 
@@ -163,9 +165,12 @@ def _rank_columns(nodes: EtNodes, comm: Comm, link: LinkResult | None) -> _Rank:
     )
     rank.edge(*_data_edges(nodes, comm), "data")
     executes = np.flatnonzero(np.asarray([t != "METADATA_NODE" for t in types]))
-    rank.edge(*_chain(executes, nodes.tids[executes]), "ctrl")
     if link is not None and link.kernels.names:
         _add_kernels(rank, nodes, link)
+    if link is not None:
+        _thread_lanes(rank, nodes, link, executes)
+    else:
+        rank.edge(*_chain(executes, nodes.tids[executes]), "ctrl")
     comm_rows = np.asarray([r for r, k in enumerate(rank.comm.kind) if k is not None], dtype=np.int64)
     if len(comm_rows):
         pg_names = np.asarray([rank.comm.pg[r] or "" for r in comm_rows.tolist()], dtype=object)
@@ -216,6 +221,113 @@ def _add_kernels(rank: _Rank, nodes: EtNodes, link: LinkResult) -> None:
     launched = k.launcher >= 0
     rank.edge(k.launcher[launched], rows[launched], "ctrl")
     rank.edge(*_chain(rows, k.stream), "ctrl")
+    rank.edge(rows[k.held[0]], rows[k.held[1]], "ctrl")  # waits across streams
+
+
+def _thread_lanes(rank: _Rank, nodes: EtNodes, link: LinkResult, executes: np.ndarray) -> None:
+    """Each host thread as one chain of ops in the order it ran them, each lasting its thread
+    time; blocking runtime calls join the chain after the device work that released them.
+
+    A blocking call (``cudaStreamSynchronize``...) becomes an op of its thread placed after the
+    last op that started before it, so whatever followed the call waits for the release. An
+    op's thread time runs from its start to the start of the next op of its thread: a wrapper
+    holds the thread until its first child starts, a leaf until its next sibling does, so a
+    thread's chain adds up to its recorded wall time, untraced time between ops included; a
+    blocking call keeps only the part after its release, an op before a cross-thread wait
+    only its own time, and a communication call its own recorded time.
+    """
+    w = link.waits
+    n, m = len(rank.names), len(w.names)
+    first_kernel = len(nodes.names)
+    rows = np.arange(n, n + m, dtype=np.int64)
+    if m:
+        rank.ids = np.concatenate([rank.ids, int(rank.ids.max()) + 1 + np.arange(m, dtype=np.int64)])
+        rank.names += w.names
+        rank.types += ["COMP_NODE"] * m
+        rank.is_cpu += [True] * m
+        rank.dur = np.concatenate([rank.dur, w.own_us])
+        rank.start = np.concatenate([rank.start, w.start_us])
+        rank.extras += [[(KINETO_ATTR, dumps(raw))] for raw in w.raw]
+        c = rank.comm
+        for lst in (c.kind, c.size, c.pg, c.peer, c.tag):
+            lst.extend([None] * m)
+        released = w.releaser >= 0
+        rank.edge(first_kernel + w.releaser[released], rows[released], "ctrl")
+    tids = nodes.tids
+    timed = executes[link.linked[executes]]
+    timed = timed[np.lexsort((timed, rank.start[timed], tids[timed]))]  # by thread, then start, then entry
+    t_key, t_start = tids[timed], rank.start[timed]
+    order = np.concatenate([2 * executes, np.zeros(m, dtype=np.int64)])
+    for j in range(m):
+        tid = tids[w.row[j]]
+        lo, hi = np.searchsorted(t_key, tid, "left"), np.searchsorted(t_key, tid, "right")
+        i = lo + int(np.searchsorted(t_start[lo:hi], w.start_us[j], "right")) - 1
+        order[len(executes) + j] = 2 * (int(timed[i]) if i >= lo else int(w.row[j])) + 1
+    seq = np.concatenate([executes, rows])
+    keys = np.concatenate([tids[executes], tids[w.row]])
+    ts = np.concatenate([np.zeros(len(executes), dtype=np.int64), w.start_us])
+    by = np.lexsort((ts, order, keys))
+    s_seq, s_key = seq[by], keys[by]
+    same = s_key[1:] == s_key[:-1]
+    rank.edge(s_seq[:-1][same], s_seq[1:][same], "ctrl")
+    # thread time: from each timed op's start to the next timed op's start on its thread
+    is_timed = np.concatenate([link.linked[executes], np.ones(m, dtype=bool)])[by]
+    t_seq, t_k = s_seq[is_timed], s_key[is_timed]
+    if not len(t_seq):
+        return
+    start = rank.start[t_seq]
+    end = start + np.concatenate([link.incl_us, np.zeros(n - first_kernel, dtype=np.int64), w.dur_us])[t_seq]
+    nxt = np.empty_like(start)
+    nxt[:-1] = start[1:]
+    last = np.ones(len(t_seq), dtype=bool)
+    last[:-1] = t_k[1:] != t_k[:-1]
+    thread_end = np.maximum.reduceat(end, np.flatnonzero(np.r_[True, last[:-1]]))
+    nxt[last] = np.maximum(thread_end, start[last])
+    dur = np.maximum(nxt - start, 0)
+    is_wait = t_seq >= n
+    if m:
+        k_end = link.kernels.start_us + link.kernels.dur_us
+        rel = w.releaser[t_seq[is_wait] - n]
+        released_at = np.where(rel >= 0, k_end[np.maximum(rel, 0)], start[is_wait])
+        dur[is_wait] = np.maximum(nxt[is_wait] - np.maximum(start[is_wait], released_at), 0)
+    is_comm = np.asarray([rank.comm.kind[i] is not None for i in t_seq.tolist()], dtype=bool)
+    dur[is_comm] = (end - start)[is_comm]  # a communication call keeps its own recorded time
+    a, b = _cross_thread_waits(t_seq, t_k, start, end)
+    rank.edge(t_seq[a], t_seq[b], "ctrl")
+    waited = b - 1  # the op before the wait keeps its own time, not the wait
+    dur[waited] = np.minimum(dur[waited], end[waited] - start[waited])
+    rank.dur[t_seq] = dur
+
+
+def _cross_thread_waits(
+    seq: np.ndarray, key: np.ndarray, start: np.ndarray, end: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Positions ``(a, b)`` in ``seq`` (threads' ops in run order): ``b``'s thread was idle before
+    ``b`` until ``a``, an op of another thread, ended (within :data:`WAKE_US`).
+
+    A thread that records nothing and resumes right after another thread's op ended was
+    blocked on it: the caller of ``backward()`` waits for the autograd engine's thread, a
+    ``wait()`` for the gloo worker. The op that released it is the latest-ending op of
+    another thread inside the gap.
+    """
+    n = len(seq)
+    src: list[int] = []
+    dst: list[int] = []
+    if n < 2:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    same = key[1:] == key[:-1]
+    b_pos = np.flatnonzero(same) + 1
+    gap_lo, gap_hi = end[b_pos - 1], start[b_pos]
+    b_pos, gap_lo, gap_hi = b_pos[gap_hi > gap_lo], gap_lo[gap_hi > gap_lo], gap_hi[gap_hi > gap_lo]
+    by_end = np.argsort(end, kind="stable")
+    for j, lo, hi in zip(b_pos.tolist(), gap_lo.tolist(), gap_hi.tolist(), strict=True):
+        i = int(np.searchsorted(end[by_end], hi, "right")) - 1
+        while i >= 0 and key[by_end[i]] == key[j]:
+            i -= 1
+        if i >= 0 and end[by_end[i]] > lo and hi - end[by_end[i]] <= WAKE_US:
+            src.append(int(by_end[i]))
+            dst.append(j)
+    return np.asarray(src, dtype=np.int64), np.asarray(dst, dtype=np.int64)
 
 
 def _extras_blob(extras: list[tuple[str, bytes]]) -> bytes:
@@ -483,6 +595,7 @@ def _assemble(
     linked = linkable = 0
     device = [0, 0]  # device activities kept (launched by linked ops), and in the Kineto files
     schemas = set()
+    steps: dict[str, list[list[Any]]] = {}  # rank → its ProfilerStep#N annotations [name, start µs, dur µs]
     for rank_no in sorted(ranks):
         path = ranks[rank_no][0]
         nodes, groups, comm = parsed[path]
@@ -495,6 +608,7 @@ def _assemble(
             linkable += link.num_linkable
             device[0] += len(link.kernels.names)
             device[1] += link.num_device_events
+            steps[str(rank_no)] = [list(x) for x in link.steps]
             for pg in link.groups.values():
                 comm_groups.setdefault(pg.name, list(pg.ranks))
         for pg_name, pg_ranks in [*groups.ranks.items(), *comm.group_ranks.items()]:
@@ -515,6 +629,7 @@ def _assemble(
     meta = pa.Table.from_pydict({"rank": sorted(ranks), "metadata": metas}, schema=META_SCHEMA)
     params: dict[str, Any] = {
         "durations": "kineto" if links else "absent",
+        **({"execution": "recorded", "profiler_steps": steps} if links else {}),
         "recognised": {
             "format": FORMAT,
             "ops": ops.num_rows,

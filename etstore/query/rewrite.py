@@ -180,6 +180,8 @@ def _rewrite(
     }
     if kind == "chunk-split":
         params["max_pieces"] = max_pieces
+    if "execution" in trace.params:  # a recording's threads and streams stay chains of dependencies
+        params["execution"] = trace.params["execution"]
     out = out.replace(name=name or f"{trace.name}-{kind}", kind="rewritten", params=params)
     check_rewrite(trace, out)
     lineage = pa.table(

@@ -60,6 +60,10 @@ __all__ = ["simulate"]
 
 log = logging.getLogger(__name__)
 
+RECORDED = "recorded"
+"""``trace.params["execution"]`` of a trace recorded as it ran (PyTorch ET + Kineto): each op's
+host thread or GPU stream is in its dependencies, so no per-NPU slot caps apply."""
+
 DEFER_COLLECTIVES = True
 """With the native loop, leave template-run collectives for the loop to expand as they
 start (:mod:`._defer`); False expands them all up front (the reference the tests compare)."""
@@ -161,6 +165,10 @@ def _simulate(
 ) -> SimResult:
     """:func:`simulate` with the garbage collector paused: build, loop, tables."""
     t0 = time.perf_counter()
+    if trace.params.get("execution") == RECORDED:
+        # a recorded trace's threads and streams are chains of dependencies already; a per-NPU
+        # cap would serialise work that ran side by side (host threads, compute and NCCL streams)
+        config = config.replace(max_comp_ops=None, max_cpu_ops=None, max_comm_ops=None)
     if progress is not None:
         progress("build", 0, trace.num_ops)
     defer = DEFER_COLLECTIVES and native_loop()

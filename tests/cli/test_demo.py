@@ -52,7 +52,7 @@ def test_demo_runs_on_the_recorded_dlrm_trace(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     out = done.stdout
     text = " ".join(out.split())  # the console wraps long lines
-    assert "dlrm_8r: pytorch-et; 15,516 ops; collectives: ALL_REDUCE 24, ALL_TO_ALL 40; linked 100.0%" in text
+    assert "dlrm_8r: pytorch-et; 15,596 ops; collectives: ALL_REDUCE 24, ALL_TO_ALL 40; linked 100.0%" in text
     assert "over 8 ranks" in text
     # step 3: per rank, the all-reduce bytes counted from the execution trace
     assert text.count("ALL_REDUCE │ 3 │ 2485252 │ 1576964") == 8
@@ -73,12 +73,16 @@ def test_demo_runs_on_the_recorded_dlrm_trace(tmp_path: Path) -> None:
     assert "with ASTRA-sim's native ring collectives instead" in text and "not the expansion" in text
     # step 6: all three finders ran; the expanded sends could issue ahead of compute they never read
     assert "opportunities (overlap, chunk, reorder finders) recorded" in text and "│ reorder │" in text
-    # step 7 cannot apply: no compute consumes a collective's output in this trace
-    assert "does not apply to this trace: chunk-split finds nothing to change" in text
+    # step 7: the chunk-split is applied and compared; it changes no time on this trace
+    seven = re.search(r"dlrm_8r-expanded: ([\d,.]+) µs → dlrm_8r-expanded-chunk-split: ([\d,.]+) µs", text)
+    assert seven is not None and seven.group(1) == seven.group(2)
+    # step 8: the recorded step replayed as it ran, every rank within 5% of its measured step
+    eight = re.search(r"every rank's simulated step within ([\d.]+)% of its measured one", text)
+    assert eight is not None and float(eight.group(1)) <= 5.0
     html = out_dir / "report.html"
     assert html.is_file() and html.stat().st_size > 20_000
     assert "dlrm_8r" in html.read_text(encoding="utf-8")
-    assert len(list(out_dir.glob("dlrm_8r-expanded.*.et"))) == 8
+    assert len(list(out_dir.glob("dlrm_8r-expanded-chunk-split.*.et"))) == 8  # the last trace of the demo
 
 
 def test_demo_without_its_trace_names_the_missing_directory(

@@ -1,0 +1,69 @@
+"""``etstore replay``: a recorded step replayed as it ran, simulated beside measured per rank."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import TYPE_CHECKING, Any
+
+from etstore.cli._common import add_format, json_text
+from etstore.cli._inputs import trace_from
+from etstore.cli._render import render
+from etstore.cli._topology_args import topology_from
+from etstore.sim.replay import replay
+from etstore.store import open_store, store_exists
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+__all__ = ["register"]
+
+
+def _replay(args: argparse.Namespace, console: Console) -> int:
+    if store_exists(args.store):
+        with open_store(args.store, read_only=True) as store:
+            trace = trace_from(store, args.trace)
+    else:
+        trace = trace_from(None, args.trace)
+    topo = topology_from(args) if args.topo else None
+    out = replay(trace, topo)
+    table = out.collectives if args.collectives else out.steps
+    network = f"{out.topology.name} ({'fitted to its collectives' if out.fitted else 'given'})"
+    if args.format == "json":
+        sys.stdout.write(json_text(table.to_pylist()) + "\n")
+        sys.stderr.write(f"network: {network}\n")
+        return 0
+    render(table, args.format, title=f"{trace.name} replayed on {network}", console=console)
+    if args.format == "table":
+        errors = [abs(e) for e in out.steps["error_pct"].to_pylist() if e is not None]
+        worst = f"; worst rank error {max(errors):.1f}%" if errors else ""
+        console.print(f"network: {network}{worst}")
+    else:
+        sys.stderr.write(f"network: {network}\n")
+    return 0
+
+
+def register(sub: Any) -> None:
+    """Add ``replay`` to the subparsers ``sub``."""
+    sp = sub.add_parser(
+        "replay",
+        help="replay a recorded PyTorch trace (ET + Kineto) as it ran; measured beside simulated",
+    )
+    sp.add_argument("trace", help="stored trace, or the directory / files of a recording")
+    sp.add_argument(
+        "--topo",
+        default=None,
+        metavar="SPEC",
+        help="network to replay on (default: switch:N fitted to the recording's own collective kernels)",
+    )
+    sp.add_argument(
+        "--bw", type=float, default=None, help="link bandwidth GB/s (GB = 2^30) where --topo leaves it unset"
+    )
+    sp.add_argument("--lat", type=float, default=None, help="link latency ns where --topo leaves it unset")
+    sp.add_argument(
+        "--collectives",
+        action="store_true",
+        help="one row per rank and collective kernel instead of per rank",
+    )
+    add_format(sp)
+    sp.set_defaults(handler=_replay)

@@ -1,0 +1,189 @@
+"""Recorded traces replay as they ran: the DLRM step (8 ranks, NCCL) against its own Kineto times."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow.compute as pc
+import pytest
+
+from etstore.cli import main
+from etstore.errors import OptionError
+from etstore.ingest.pytorch_et import read_pytorch_et
+from etstore.model import Trace, decode_attrs
+from etstore.sim import simulate
+from etstore.sim.replay import collective_transfers, fit_network, replay
+from etstore.sim.sweep import collective_workload
+from etstore.topology import Topology
+
+ROOT = Path(__file__).resolve().parents[2]
+DLRM = ROOT / "examples" / "dlrm_8r"
+_CACHE: dict[str, Trace] = {}
+
+
+@pytest.fixture
+def dlrm() -> Trace:
+    if "dlrm" not in _CACHE:
+        _CACHE["dlrm"] = read_pytorch_et(DLRM)
+    return _CACHE["dlrm"]
+
+
+def _rows(trace: Trace, rank: int) -> dict[int, dict[str, Any]]:
+    return {r["id"]: r for r in trace.ops.filter(pc.equal(trace.ops["rank"], rank)).to_pylist()}
+
+
+def _preds(trace: Trace, rank: int, op: int) -> list[int]:
+    d = trace.deps
+    mine = d.filter(pc.and_(pc.equal(d["rank"], rank), pc.equal(d["dst"], op)))
+    return [int(x) for x in mine["src"].to_pylist()]
+
+
+def _event(row: dict[str, Any]) -> dict[str, Any]:
+    return json.loads(decode_attrs(row["attrs"])["kineto_event"])
+
+
+def test_every_rank_replays_within_five_percent_of_its_measured_step(dlrm: Trace) -> None:
+    out = replay(dlrm)
+    steps = out.steps.to_pylist()
+    assert [s["rank"] for s in steps] == list(range(8))
+    assert {s["step"] for s in steps} == {"ProfilerStep#10"}
+    for s in steps:
+        assert abs(s["error_pct"]) <= 5.0, s
+        assert s["error_pct"] == pytest.approx(
+            100 * (s["simulated_us"] - s["measured_us"]) / s["measured_us"], abs=0.01
+        )
+    # measured: from the rank's ProfilerStep#10 start to the end of its last op, read from Kineto here
+    profiler = dlrm.params["profiler_steps"]
+    for s in steps:
+        name, _, dur = profiler[str(s["rank"])][0]
+        assert name == "ProfilerStep#10"
+        # the rank's ops end within 1% before the profiler's own step end (untraced Python at its tail)
+        assert 0.99 * dur <= s["measured_us"] <= dur
+    assert out.fitted and out.topology.name.startswith("switch:8,")
+
+
+def test_a_slower_network_moves_the_step_by_no_more_than_its_collectives_slow_down(dlrm: Trace) -> None:
+    fast = replay(dlrm, Topology.from_spec("switch:8,bw=500,lat=500"))
+    slow = replay(dlrm, Topology.from_spec("switch:8,bw=2,lat=500"))
+    f, s = fast.steps["simulated_us"].to_numpy(), slow.steps["simulated_us"].to_numpy()
+    assert (s > f).all()  # the network is exposed on every rank
+    # no rank can lose more than the time its own collectives took longer
+    fc, sc = fast.collectives.to_pandas(), slow.collectives.to_pandas()
+    for r in range(8):
+        more = sc[sc["rank"] == r]["simulated_us"].sum() - fc[fc["rank"] == r]["simulated_us"].sum()
+        assert 0 < s[r] - f[r] <= more + 1e-6
+
+
+def test_a_blocking_synchronize_waits_for_the_copy_it_blocked_on_instead_of_lasting(dlrm: Trace) -> None:
+    rows = _rows(dlrm, 1)
+    syncs = [r for r in rows.values() if r["name"] == "cudaStreamSynchronize"]
+    assert len(syncs) == 10
+    # rank 1 blocked 6,561 µs in the synchronize behind a pageable host-to-device `aten::copy_`,
+    # queued on the compute stream behind work that waited for the first all-to-all
+    big = max(syncs, key=lambda r: _event(r)["dur"])
+    assert round(_event(big)["dur"]) == 6561
+    assert big["duration_micros"] <= 10  # only the part after the copy finished
+    released = [rows[p] for p in _preds(dlrm, 1, big["id"]) if rows[p]["is_cpu_op"] is False]
+    assert [r["name"] for r in released] == ["Memcpy HtoD (Pageable -> Device)"]
+    copy_end = _event(released[0])["ts"] + _event(released[0])["dur"]
+    sync = _event(big)
+    assert sync["ts"] < copy_end <= sync["ts"] + sync["dur"] + 1
+    # and the op around it no longer carries the wait
+    copy_ops = [r for r in rows.values() if r["name"] == "aten::copy_" and _event(r)["dur"] > 6000]
+    assert len(copy_ops) == 1 and copy_ops[0]["duration_micros"] < 100
+
+
+def test_compute_waits_for_the_nccl_stream_it_was_held_by(dlrm: Trace) -> None:
+    """The first all-to-all's kernel (stream 84) releases a kernel of the compute stream."""
+    rows = _rows(dlrm, 1)
+    nccl = min(
+        (r for r in rows.values() if r["type"] == "COMM_COLL_NODE"), key=lambda r: r["start_time_micros"]
+    )
+    d = dlrm.deps
+    succ = d.filter(pc.and_(pc.equal(d["rank"], 1), pc.equal(d["src"], nccl["id"])))["dst"].to_pylist()
+    held = [
+        rows[s] for s in succ if rows[s]["is_cpu_op"] is False and _event(rows[s])["args"]["stream"] != 84
+    ]
+    assert held, "no compute-stream activity waits for the NCCL kernel"
+    end = _event(nccl)["ts"] + _event(nccl)["dur"]
+    for h in held:
+        assert end <= _event(h)["ts"] + 1 < end + 100
+
+
+def test_the_main_thread_waits_for_the_autograd_thread_during_backward(dlrm: Trace) -> None:
+    """The main thread records nothing for ≈ 3.4 ms inside `## backward ##` (it blocks in
+    backward()); the op it resumes with waits for the autograd thread's op that ended just before."""
+    rows = _rows(dlrm, 1)
+    timed = [r for r in rows.values() if r["is_cpu_op"] and "kineto_event" in decode_attrs(r["attrs"])]
+    main_tid = _event(next(r for r in timed if r["name"] == "## backward ##"))["tid"]
+    main = sorted(
+        (r for r in timed if _event(r)["tid"] == main_tid), key=lambda r: (r["start_time_micros"], r["id"])
+    )
+    ends = [_event(r)["ts"] + _event(r)["dur"] for r in main]
+    gaps = [main[i + 1]["start_time_micros"] - ends[i] for i in range(len(main) - 1)]
+    i = int(np.argmax(gaps))
+    assert gaps[i] > 3000
+    resumed = main[i + 1]
+    waited = [rows[p] for p in _preds(dlrm, 1, resumed["id"])]
+    other = [w for w in waited if "kineto_event" in decode_attrs(w["attrs"]) and _event(w)["tid"] != main_tid]
+    assert len(other) == 1
+    gap = _event(resumed)["ts"] - (_event(other[0])["ts"] + _event(other[0])["dur"])
+    assert 0 <= gap <= 100
+    # the op before the gap keeps its own time, not the 3.4 ms wait
+    before = main[i]
+    assert before["duration_micros"] <= round(_event(before)["dur"])
+
+
+def test_the_network_fit_recovers_a_known_network() -> None:
+    """Transfer parts simulated on a known switch are fitted back to its latency and bandwidth."""
+    truth = Topology.from_spec("switch:8,bw=120,lat=2000")
+    rows: dict[str, list[Any]] = {"comm_type": [], "size_bytes": [], "transfer_us": []}
+    for coll, size in (
+        ("ALL_REDUCE", 1 << 20),
+        ("ALL_REDUCE", 4096),
+        ("ALL_TO_ALL", 1 << 16),
+        ("ALL_TO_ALL", 1 << 22),
+    ):
+        t = simulate(collective_workload(coll, 8, size), truth).total_ns / 1e3
+        rows["comm_type"].append(coll)
+        rows["size_bytes"].append(size)
+        rows["transfer_us"].append(t)
+    import pyarrow as pa
+
+    fitted = fit_network(pa.table(rows), 8)
+    (dim,) = fitted.dims
+    assert dim.bandwidth_gb_per_s == pytest.approx(120, rel=0.01)
+    assert dim.latency_ns == pytest.approx(2000, rel=0.01)
+
+
+def test_transfer_parts_start_when_the_last_peer_arrived(dlrm: Trace) -> None:
+    t = collective_transfers(dlrm).to_pandas()
+    assert len(t) == 64 and set(t["seq"]) == set(range(8))
+    first = t[t["seq"] == 0]
+    # rank 7 arrived last at the first all-to-all: its kernel is almost all transfer
+    assert first.set_index("rank")["measured_us"].idxmin() == 7
+    assert (first["transfer_us"] <= first["measured_us"].min() + 1).all()
+    assert np.all(t["transfer_us"] >= 1)
+
+
+def test_a_trace_without_recorded_times_is_refused(dlrm: Trace) -> None:
+    et_only = read_pytorch_et(sorted(DLRM.glob("dlrm_eg_*.json.gz")))
+    with pytest.raises(OptionError, match="not recorded with timings"):
+        replay(et_only)
+
+
+def test_replay_command_json_rows(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    code = main(["--store", str(tmp_path / "s"), "replay", str(DLRM), "--format", "json"])
+    out = capsys.readouterr()
+    assert code == 0
+    rows = json.loads(out.out)
+    assert [set(r) for r in rows] == [{"rank", "step", "measured_us", "simulated_us", "error_pct"}] * 8
+    assert "fitted to its collectives" in out.err
+    assert not (tmp_path / "s").exists()  # replaying files creates no store
+    code = main(["--store", str(tmp_path / "s"), "replay", str(DLRM), "--collectives", "--format", "json"])
+    per = json.loads(capsys.readouterr().out)
+    assert code == 0 and len(per) == 64
+    assert {"measured_us", "transfer_us", "simulated_us", "comm_type", "size_bytes"} <= set(per[0])
