@@ -6,12 +6,11 @@ import argparse
 import sys
 from typing import TYPE_CHECKING, Any
 
-from etstore.cli._common import add_format, json_text
+from etstore.cli._common import add_format, open_to_record
 from etstore.cli._inputs import trace_from
-from etstore.cli._render import render
+from etstore.cli._render import json_text, render
 from etstore.cli._topology_args import topology_from
 from etstore.sim.replay import replay
-from etstore.store import open_store, store_exists
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -20,11 +19,8 @@ __all__ = ["register"]
 
 
 def _replay(args: argparse.Namespace, console: Console) -> int:
-    if store_exists(args.store):
-        with open_store(args.store, read_only=True) as store:
-            trace = trace_from(store, args.trace)
-    else:
-        trace = trace_from(None, args.trace)
+    with open_to_record(args) as store:  # records nothing: the store read-only, or none
+        trace = trace_from(store, args.trace)
     topo = topology_from(args) if args.topo else None
     out = replay(trace, topo)
     table = out.collectives if args.collectives else out.steps
@@ -66,4 +62,4 @@ def register(sub: Any) -> None:
         help="one row per rank and collective kernel instead of per rank",
     )
     add_format(sp)
-    sp.set_defaults(handler=_replay)
+    sp.set_defaults(handler=_replay, no_record=True)

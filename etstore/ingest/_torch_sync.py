@@ -23,7 +23,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-__all__ = ["SYNC_CALLS", "HostWaits", "device_waits", "host_waits"]
+__all__ = ["SYNC_CALLS", "HostWaits", "Lanes", "device_waits", "host_waits"]
 
 # runtime calls that block the calling host thread until device work ends
 SYNC_CALLS = frozenset(
@@ -63,6 +63,48 @@ def _us(value: Any) -> int:
     return round(float(value or 0))
 
 
+class Lanes:
+    """Items grouped by lane (a stream, a thread), each lane sorted by a key (an end time):
+    the last item of a lane at or before a time, of one lane or of every other lane.
+
+    O(n log n) to build, O(log n) per lane and question, so a trace with many waits asks in
+    O(w · lanes · log n) instead of scanning every item per wait.
+
+    >>> lanes = Lanes(np.array([7, 7, 9]), np.array([10, 30, 20]))
+    >>> lanes.last(7, 25), lanes.last(9, 19), lanes.last_besides(7, 25)
+    (0, -1, 2)
+    """
+
+    def __init__(self, lane: np.ndarray, key: np.ndarray) -> None:
+        self.key = key
+        order = np.lexsort((np.arange(len(lane)), key, lane))
+        self._lanes: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        ordered = lane[order]
+        cut = np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]]) if len(lane) else np.zeros(0, np.int64)
+        for lo, hi in zip(cut.tolist(), [*cut[1:].tolist(), len(lane)][: len(cut)], strict=True):
+            rows = order[lo:hi]
+            self._lanes[int(lane[rows[0]])] = (rows, key[rows])
+
+    def last(self, lane: int, t: int, skip: Callable[[int], bool] | None = None) -> int:
+        """The item of ``lane`` with the greatest key ≤ ``t`` (passing over items ``skip``
+        refuses), or -1."""
+        rows, keys = self._lanes.get(lane, (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)))
+        i = int(np.searchsorted(keys, t, "right")) - 1
+        while i >= 0 and skip is not None and skip(int(rows[i])):
+            i -= 1
+        return int(rows[i]) if i >= 0 else -1
+
+    def last_besides(self, lane: int | None, t: int, skip: Callable[[int], bool] | None = None) -> int:
+        """:meth:`last` over every lane but ``lane`` (every lane when None): the latest of them."""
+        best = -1
+        for other in self._lanes:
+            if other != lane:
+                i = self.last(other, t, skip)
+                if i >= 0 and (best < 0 or self.key[i] > self.key[best]):
+                    best = i
+        return best
+
+
 def host_waits(
     runtime: Sequence[Mapping[str, Any]],
     device: Sequence[Mapping[str, Any]],
@@ -72,16 +114,20 @@ def host_waits(
     """Each blocking runtime call inside a linked op, with the device activity that released it.
 
     ``runtime`` are the runtime calls with ``tid`` keyed as ``(pid, tid)``; ``device`` the
-    kept device activities (start-time order) and ``launch`` their launching runtime
-    calls; ``innermost(tid, t)`` gives the ET row holding time ``t`` on
-    thread ``tid`` (-1 when none). For a stream synchronize the awaited stream is the one
-    the thread launched on last; for the others any stream counts.
+    kept device activities (start-time order) and ``launch`` their launching runtime calls;
+    ``innermost(tid, t)`` gives the ET row holding time ``t`` on thread ``tid`` (-1 when
+    none). The releaser is the activity launched before the call that ended last inside it:
+    on the stream the thread launched on last for a stream synchronize, on any stream for
+    the others.
     """
     d_start = np.asarray([_us(e.get("ts")) for e in device], dtype=np.int64)
     d_end = d_start + np.asarray([_us(e.get("dur")) for e in device], dtype=np.int64)
     d_stream = np.asarray([_stream(e) for e in device], dtype=np.int64)
-    l_tid = [c.get("tid") if c is not None else None for c in launch]
     l_ts = np.asarray([_us(c.get("ts")) if c is not None else 1 << 62 for c in launch], dtype=np.int64)
+    tid_codes: dict[Any, int] = {}
+    l_tid = np.asarray([tid_codes.setdefault(c.get("tid") if c else None, len(tid_codes)) for c in launch])
+    by_end = Lanes(d_stream, d_end)
+    by_launch = Lanes(l_tid, l_ts)
     names: list[str] = []
     rows, starts, durs, owns, rels = [], [], [], [], []
     raws: list[dict[str, Any]] = []
@@ -90,14 +136,20 @@ def host_waits(
         row = innermost(call.get("tid"), ts)
         if row < 0 or dur <= 0:
             continue
-        before = l_ts < ts
-        if call.get("name") in _STREAM_SYNCS:
-            mine = np.flatnonzero(before & np.asarray([t == call.get("tid") for t in l_tid], dtype=bool))
-            if len(mine):
-                last = mine[np.argmax(l_ts[mine])]
-                before &= d_stream == d_stream[last]
-        cand = np.flatnonzero(before & (d_end <= ts + dur + 1) & (d_end > ts))
-        rel = int(cand[np.argmax(d_end[cand])]) if len(cand) else -1
+
+        def launched_later(i: int, ts: int = ts) -> bool:
+            return bool(l_ts[i] >= ts)
+
+        stream = None
+        if call.get("name") in _STREAM_SYNCS and call.get("tid") in tid_codes:
+            last = by_launch.last(tid_codes[call.get("tid")], ts - 1)
+            stream = int(d_stream[last]) if last >= 0 else None
+        if stream is not None:
+            rel = by_end.last(stream, ts + dur + 1, launched_later)
+        else:
+            rel = by_end.last_besides(None, ts + dur + 1, launched_later)
+        if rel >= 0 and d_end[rel] <= ts:
+            rel = -1  # done before the call: it did not block on it
         own = dur if rel < 0 else int(min(dur, max(0, ts + dur - int(d_end[rel]))))
         names.append(str(call.get("name")))
         rows.append(row)
@@ -140,8 +192,6 @@ def device_waits(
     n = len(device)
     src: list[int] = []
     dst: list[int] = []
-    if n == 0:
-        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
     start = np.asarray([_us(e.get("ts")) for e in device], dtype=np.int64)
     end = start + np.asarray([_us(e.get("dur")) for e in device], dtype=np.int64)
     stream = np.asarray([_stream(e) for e in device], dtype=np.int64)
@@ -149,7 +199,7 @@ def device_waits(
     l_end = l_ts + np.asarray([_us(c.get("dur")) if c is not None else 0 for c in launch], dtype=np.int64)
     recorded = [s for s in syncs if (s.get("args") or {}).get("wait_on_stream") is not None]
     if recorded and record_calls is not None:
-        return _recorded_waits(recorded, record_calls, start, end, stream, l_ts)
+        return _recorded_waits(recorded, record_calls, stream, l_ts)
     prev_end = np.full(n, -1, dtype=np.int64)
     last: dict[int, int] = {}
     for i in np.argsort(start, kind="stable").tolist():
@@ -157,15 +207,12 @@ def device_waits(
         if s in last:
             prev_end[i] = end[last[s]]
         last[s] = i
-    for i in range(n):
-        could = max(int(l_end[i]), int(prev_end[i]))
-        if l_ts[i] < 0 or start[i] - could < HELD_US:
-            continue
-        cand = np.flatnonzero(
-            (stream != stream[i]) & (end <= start[i] + 1) & (end >= could) & (start < start[i])
-        )
-        if len(cand):
-            src.append(int(cand[np.argmax(end[cand])]))
+    could = np.maximum(l_end, prev_end)
+    by_end = Lanes(stream, end)
+    for i in np.flatnonzero((l_ts >= 0) & (start - could >= HELD_US)).tolist():
+        j = by_end.last_besides(int(stream[i]), int(start[i]) + 1)
+        if j >= 0 and end[j] >= could[i] and start[j] < start[i]:
+            src.append(j)
             dst.append(i)
     return np.asarray(src, dtype=np.int64), np.asarray(dst, dtype=np.int64)
 
@@ -173,26 +220,24 @@ def device_waits(
 def _recorded_waits(
     syncs: Sequence[Mapping[str, Any]],
     record_calls: Mapping[int, Mapping[str, Any]],
-    start: np.ndarray,
-    end: np.ndarray,
     stream: np.ndarray,
     l_ts: np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Waits as Kineto recorded them: the waiting stream's next activity after the wait
-    depends on the awaited stream's last activity launched before the event's record."""
+    """Waits as Kineto recorded them: the waiting stream's first activity launched after the
+    wait depends on the awaited stream's last activity launched before the event's record."""
     src: list[int] = []
     dst: list[int] = []
+    by_launch = Lanes(stream, l_ts)
+    later = Lanes(stream, -l_ts)  # the first launched after t is the last at or before -t - 1 here
     for s in syncs:
         args = s.get("args") or {}
-        on = int(args.get("wait_on_stream", -1))
         rec = record_calls.get(int(args.get("wait_on_cuda_event_record_corr_id", -1)))
         call = record_calls.get(int(args.get("correlation", -1)))
         if rec is None or call is None:
             continue
-        r_ts, w_ts, waiting = _us(rec.get("ts")), _us(call.get("ts")), _stream(s)
-        before = np.flatnonzero((stream == on) & (l_ts >= 0) & (l_ts < r_ts))
-        after = np.flatnonzero((stream == waiting) & (l_ts > w_ts))
-        if len(before) and len(after):
-            src.append(int(before[np.argmax(l_ts[before])]))
-            dst.append(int(after[np.argmin(l_ts[after])]))
+        before = by_launch.last(int(args.get("wait_on_stream", -1)), _us(rec.get("ts")) - 1)
+        after = later.last(_stream(s), -_us(call.get("ts")) - 1)
+        if before >= 0 and after >= 0 and l_ts[before] >= 0:
+            src.append(before)
+            dst.append(after)
     return np.asarray(src, dtype=np.int64), np.asarray(dst, dtype=np.int64)

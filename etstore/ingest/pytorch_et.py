@@ -59,6 +59,7 @@ from etstore.ingest._torch_et_nodes import (
     parse_nodes,
     tensors,
 )
+from etstore.ingest._torch_lanes import thread_lanes
 from etstore.ingest._torch_link import LinkResult, dumps, link_rank
 from etstore.ingest.et import split_missing
 from etstore.model import ATTR_COLUMNS, META_SCHEMA, OPS_SCHEMA, Trace, deps_table, member_number
@@ -72,8 +73,6 @@ KINETO_ATTR = "kineto_event"
 
 _RANK_WORD = re.compile(r"(?:rank|worker)[_-]?(\d+)", re.IGNORECASE)  # rank3_et, worker3_step_12.<ts>
 _LAST_NUMBER = re.compile(r"(\d+)(?=\D*$)")  # dlrm_eg_3
-WAKE_US = 100
-"""A thread that resumes this long (µs) after another thread's op ended was waiting for it."""
 _STRING_VAL_TAG = write_varint((member_number("string_val") << 3) | 2)
 
 
@@ -95,6 +94,27 @@ class _Rank:
     src: list[np.ndarray] = field(default_factory=list)  # dependency rows, by kind below
     dst: list[np.ndarray] = field(default_factory=list)
     kinds: list[str] = field(default_factory=list)
+
+    def append(
+        self,
+        names: list[str],
+        is_cpu: bool,
+        dur: np.ndarray,
+        start: np.ndarray,
+        extras: list[list[tuple[str, bytes]]],
+    ) -> np.ndarray:
+        """Add compute ops after the existing ones (ids after the largest); returns their rows."""
+        n, m = len(self.names), len(names)
+        self.ids = np.concatenate([self.ids, int(self.ids.max(initial=0)) + 1 + np.arange(m, dtype=np.int64)])
+        self.names += names
+        self.types += ["COMP_NODE"] * m
+        self.is_cpu += [is_cpu] * m
+        self.dur = np.concatenate([self.dur, np.asarray(dur, dtype=np.int64)])
+        self.start = np.concatenate([self.start, np.asarray(start, dtype=np.int64)])
+        self.extras += extras
+        for lst in (self.comm.kind, self.comm.size, self.comm.pg, self.comm.peer, self.comm.tag):
+            lst.extend([None] * m)
+        return np.arange(n, n + m, dtype=np.int64)
 
     def edge(self, src: np.ndarray, dst: np.ndarray, kind: str) -> None:
         self.src.append(np.asarray(src, dtype=np.int64))
@@ -168,7 +188,7 @@ def _rank_columns(nodes: EtNodes, comm: Comm, link: LinkResult | None) -> _Rank:
     if link is not None and link.kernels.names:
         _add_kernels(rank, nodes, link)
     if link is not None:
-        _thread_lanes(rank, nodes, link, executes)
+        _add_host_waits(rank, nodes, link, executes)
     else:
         rank.edge(*_chain(executes, nodes.tids[executes]), "ctrl")
     comm_rows = np.asarray([r for r, k in enumerate(rank.comm.kind) if k is not None], dtype=np.int64)
@@ -183,18 +203,9 @@ def _add_kernels(rank: _Rank, nodes: EtNodes, link: LinkResult) -> None:
     """Device activities as ops: launch and stream-order edges; an NCCL/RCCL kernel becomes
     the communication node of the call that launched it."""
     k = link.kernels
-    n, m = len(rank.names), len(k.names)
-    rows = np.arange(n, n + m, dtype=np.int64)
-    rank.ids = np.concatenate([rank.ids, int(nodes.ids.max()) + 1 + np.arange(m, dtype=np.int64)])
-    rank.names += k.names
-    rank.types += ["COMP_NODE"] * m
-    rank.is_cpu += [False] * m
-    rank.dur = np.concatenate([rank.dur, k.dur_us])
-    rank.start = np.concatenate([rank.start, k.start_us])
-    rank.extras += [[(KINETO_ATTR, raw)] for raw in k.raw]
+    n = len(rank.names)
+    rows = rank.append(k.names, False, k.dur_us, k.start_us, [[(KINETO_ATTR, raw)] for raw in k.raw])
     c = rank.comm
-    for lst in (c.kind, c.size, c.pg, c.peer, c.tag):
-        lst.extend([None] * m)
     for j, name in enumerate(k.names):
         if not is_comm_kernel(name) and "nccl" not in name.lower():
             continue
@@ -224,110 +235,46 @@ def _add_kernels(rank: _Rank, nodes: EtNodes, link: LinkResult) -> None:
     rank.edge(rows[k.held[0]], rows[k.held[1]], "ctrl")  # waits across streams
 
 
-def _thread_lanes(rank: _Rank, nodes: EtNodes, link: LinkResult, executes: np.ndarray) -> None:
-    """Each host thread as one chain of ops in the order it ran them, each lasting its thread
-    time; blocking runtime calls join the chain after the device work that released them.
-
-    A blocking call (``cudaStreamSynchronize``...) becomes an op of its thread placed after the
-    last op that started before it, so whatever followed the call waits for the release. An
-    op's thread time runs from its start to the start of the next op of its thread: a wrapper
-    holds the thread until its first child starts, a leaf until its next sibling does, so a
-    thread's chain adds up to its recorded wall time, untraced time between ops included; a
-    blocking call keeps only the part after its release, an op before a cross-thread wait
-    only its own time, and a communication call its own recorded time.
-    """
+def _add_host_waits(rank: _Rank, nodes: EtNodes, link: LinkResult, executes: np.ndarray) -> None:
+    """Blocking runtime calls as ops after the device work that released them, and each host
+    thread as a chain of ops lasting their thread time (:mod:`._torch_lanes`)."""
     w = link.waits
     n, m = len(rank.names), len(w.names)
     first_kernel = len(nodes.names)
-    rows = np.arange(n, n + m, dtype=np.int64)
-    if m:
-        rank.ids = np.concatenate([rank.ids, int(rank.ids.max()) + 1 + np.arange(m, dtype=np.int64)])
-        rank.names += w.names
-        rank.types += ["COMP_NODE"] * m
-        rank.is_cpu += [True] * m
-        rank.dur = np.concatenate([rank.dur, w.own_us])
-        rank.start = np.concatenate([rank.start, w.start_us])
-        rank.extras += [[(KINETO_ATTR, dumps(raw))] for raw in w.raw]
-        c = rank.comm
-        for lst in (c.kind, c.size, c.pg, c.peer, c.tag):
-            lst.extend([None] * m)
-        released = w.releaser >= 0
-        rank.edge(first_kernel + w.releaser[released], rows[released], "ctrl")
+    rows = rank.append(w.names, True, w.own_us, w.start_us, [[(KINETO_ATTR, dumps(raw))] for raw in w.raw])
+    released = w.releaser >= 0
+    rank.edge(first_kernel + w.releaser[released], rows[released], "ctrl")
+    # where each call sits in its thread: just after the op of its thread that started last before it
     tids = nodes.tids
     timed = executes[link.linked[executes]]
     timed = timed[np.lexsort((timed, rank.start[timed], tids[timed]))]  # by thread, then start, then entry
-    t_key, t_start = tids[timed], rank.start[timed]
-    order = np.concatenate([2 * executes, np.zeros(m, dtype=np.int64)])
-    for j in range(m):
-        tid = tids[w.row[j]]
-        lo, hi = np.searchsorted(t_key, tid, "left"), np.searchsorted(t_key, tid, "right")
-        i = lo + int(np.searchsorted(t_start[lo:hi], w.start_us[j], "right")) - 1
-        order[len(executes) + j] = 2 * (int(timed[i]) if i >= lo else int(w.row[j])) + 1
+    at = np.searchsorted(
+        np.rec.fromarrays([tids[timed], rank.start[timed]]),
+        np.rec.fromarrays([tids[w.row], w.start_us]),
+        "right",
+    )
+    p = np.where(at > 0, timed[np.maximum(at - 1, 0)], w.row)
+    p = np.where(tids[p] == tids[w.row], p, w.row)
+    k_end = link.kernels.start_us + link.kernels.dur_us
+    incl = np.concatenate([link.incl_us, np.zeros(n - first_kernel, dtype=np.int64), w.dur_us])
     seq = np.concatenate([executes, rows])
-    keys = np.concatenate([tids[executes], tids[w.row]])
-    ts = np.concatenate([np.zeros(len(executes), dtype=np.int64), w.start_us])
-    by = np.lexsort((ts, order, keys))
-    s_seq, s_key = seq[by], keys[by]
-    same = s_key[1:] == s_key[:-1]
-    rank.edge(s_seq[:-1][same], s_seq[1:][same], "ctrl")
-    # thread time: from each timed op's start to the next timed op's start on its thread
-    is_timed = np.concatenate([link.linked[executes], np.ones(m, dtype=bool)])[by]
-    t_seq, t_k = s_seq[is_timed], s_key[is_timed]
-    if not len(t_seq):
-        return
-    start = rank.start[t_seq]
-    end = start + np.concatenate([link.incl_us, np.zeros(n - first_kernel, dtype=np.int64), w.dur_us])[t_seq]
-    nxt = np.empty_like(start)
-    nxt[:-1] = start[1:]
-    last = np.ones(len(t_seq), dtype=bool)
-    last[:-1] = t_k[1:] != t_k[:-1]
-    thread_end = np.maximum.reduceat(end, np.flatnonzero(np.r_[True, last[:-1]]))
-    nxt[last] = np.maximum(thread_end, start[last])
-    dur = np.maximum(nxt - start, 0)
-    is_wait = t_seq >= n
-    if m:
-        k_end = link.kernels.start_us + link.kernels.dur_us
-        rel = w.releaser[t_seq[is_wait] - n]
-        released_at = np.where(rel >= 0, k_end[np.maximum(rel, 0)], start[is_wait])
-        dur[is_wait] = np.maximum(nxt[is_wait] - np.maximum(start[is_wait], released_at), 0)
-    is_comm = np.asarray([rank.comm.kind[i] is not None for i in t_seq.tolist()], dtype=bool)
-    dur[is_comm] = (end - start)[is_comm]  # a communication call keeps its own recorded time
-    a, b = _cross_thread_waits(t_seq, t_k, start, end)
-    rank.edge(t_seq[a], t_seq[b], "ctrl")
-    waited = b - 1  # the op before the wait keeps its own time, not the wait
-    dur[waited] = np.minimum(dur[waited], end[waited] - start[waited])
-    rank.dur[t_seq] = dur
-
-
-def _cross_thread_waits(
-    seq: np.ndarray, key: np.ndarray, start: np.ndarray, end: np.ndarray
-) -> tuple[np.ndarray, np.ndarray]:
-    """Positions ``(a, b)`` in ``seq`` (threads' ops in run order): ``b``'s thread was idle before
-    ``b`` until ``a``, an op of another thread, ended (within :data:`WAKE_US`).
-
-    A thread that records nothing and resumes right after another thread's op ended was
-    blocked on it: the caller of ``backward()`` waits for the autograd engine's thread, a
-    ``wait()`` for the gloo worker. The op that released it is the latest-ending op of
-    another thread inside the gap.
-    """
-    n = len(seq)
-    src: list[int] = []
-    dst: list[int] = []
-    if n < 2:
-        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
-    same = key[1:] == key[:-1]
-    b_pos = np.flatnonzero(same) + 1
-    gap_lo, gap_hi = end[b_pos - 1], start[b_pos]
-    b_pos, gap_lo, gap_hi = b_pos[gap_hi > gap_lo], gap_lo[gap_hi > gap_lo], gap_hi[gap_hi > gap_lo]
-    by_end = np.argsort(end, kind="stable")
-    for j, lo, hi in zip(b_pos.tolist(), gap_lo.tolist(), gap_hi.tolist(), strict=True):
-        i = int(np.searchsorted(end[by_end], hi, "right")) - 1
-        while i >= 0 and key[by_end[i]] == key[j]:
-            i -= 1
-        if i >= 0 and end[by_end[i]] > lo and hi - end[by_end[i]] <= WAKE_US:
-            src.append(int(by_end[i]))
-            dst.append(j)
-    return np.asarray(src, dtype=np.int64), np.asarray(dst, dtype=np.int64)
+    lanes = thread_lanes(
+        rows=seq,
+        thread=np.concatenate([tids[executes], tids[w.row]]),
+        after=np.concatenate([2 * executes, 2 * p + 1]),
+        start=rank.start[seq],
+        end=rank.start[seq] + incl[seq],
+        timed=np.concatenate([link.linked[executes], np.ones(m, dtype=bool)]),
+        released_at=np.concatenate(
+            [
+                np.full(len(executes), -1, dtype=np.int64),
+                np.where(released, k_end[np.maximum(w.releaser, 0)], -1),
+            ]
+        ),
+        keep_own=np.asarray([rank.comm.kind[i] is not None for i in seq.tolist()], dtype=bool),
+    )
+    rank.edge(lanes.src, lanes.dst, "ctrl")
+    rank.dur[lanes.rows] = lanes.dur
 
 
 def _extras_blob(extras: list[tuple[str, bytes]]) -> bytes:

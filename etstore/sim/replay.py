@@ -107,15 +107,8 @@ def _with_entries(trace: Trace, entries: Mapping[int, tuple[str, int]]) -> tuple
         e_rank += [r] * len(roots)
     extra = pa.Table.from_pydict(new_rows, schema=ops.schema)
     new_deps = deps_table(np.asarray(e_rank, dtype=np.int32), e_src, e_dst, "ctrl")
-    out = Trace(
-        ops=pa.concat_tables([ops, extra]),
-        deps=pa.concat_tables([deps, new_deps.cast(deps.schema)]),
-        missing=trace.missing,
-        meta=trace.meta,
-        name=trace.name,
-        source=trace.source,
-        params=trace.params,
-        kind=trace.kind,
+    out = trace.replace(
+        ops=pa.concat_tables([ops, extra]), deps=pa.concat_tables([deps, new_deps.cast(deps.schema)])
     )
     return out, entry_id
 
@@ -171,26 +164,15 @@ def fit_network(transfers: pa.Table, num_npus: int, config: SimConfig | None = N
     then minimised over latency ≥ 0 and 1/bandwidth ≥ 0.
     """
     cfg = (config or SimConfig()).replace(integer_ns=False)
-    keys = sorted(
-        {
-            (str(c), int(s))
-            for c, s in zip(
-                transfers["comm_type"].to_pylist(), transfers["size_bytes"].to_pylist(), strict=True
-            )
-            if c and s
-        }
-    )
+    measured: dict[tuple[str, int], list[float]] = {}
+    for c, size, t in zip(
+        *(transfers[k].to_pylist() for k in ("comm_type", "size_bytes", "transfer_us")), strict=True
+    ):
+        if c and size:
+            measured.setdefault((str(c), int(size)), []).append(float(t))
+    keys = sorted(measured)
     if not keys:
         return Topology.from_spec(f"switch:{num_npus},bw={_BASE_BW:g},lat={_BASE_LAT_NS:g}")
-    measured: dict[tuple[str, int], list[float]] = {}
-    for c, s, t in zip(
-        transfers["comm_type"].to_pylist(),
-        transfers["size_bytes"].to_pylist(),
-        transfers["transfer_us"].to_pylist(),
-        strict=True,
-    ):
-        if c and s:
-            measured.setdefault((str(c), int(s)), []).append(float(t))
 
     def times(lat: float, bw: float) -> np.ndarray:
         topo = Topology.from_spec(f"switch:{num_npus},bw={bw!r},lat={lat!r}")
