@@ -118,12 +118,7 @@ def _cross_thread_waits(key: np.ndarray, start: np.ndarray, end: np.ndarray) -> 
     b_pos = b_pos[start[b_pos] > end[b_pos - 1]]
     if not len(b_pos):
         return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
-    by_end = Lanes(key, end)
-    src: list[int] = []
-    dst: list[int] = []
-    for j in b_pos.tolist():
-        i = by_end.last_besides(int(key[j]), int(start[j]))
-        if i >= 0 and end[i] > end[j - 1] and start[j] - end[i] <= WAKE_US:
-            src.append(i)
-            dst.append(j)
-    return np.asarray(src, dtype=np.int64), np.asarray(dst, dtype=np.int64)
+    i = Lanes(key, end).last_besides_many(key[b_pos], start[b_pos])
+    e = end[np.maximum(i, 0)]
+    ok = (i >= 0) & (e > end[b_pos - 1]) & (start[b_pos] - e <= WAKE_US)
+    return i[ok], b_pos[ok]

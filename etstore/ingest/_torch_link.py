@@ -261,17 +261,24 @@ class _Innermost:
         return row
 
 
-def _launch_calls(gpu: list[dict[str, Any]], runtime: list[dict[str, Any]]) -> list[dict[str, Any] | None]:
-    """The runtime call that launched each device event (joined by ``correlation``), or None."""
-    call = {}
+def _by_correlation(runtime: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
+    """Runtime calls by their ``correlation`` (what joins a call to the device event it launched)."""
+    out = {}
     for e in runtime:
         c = e.get("args", {}).get("correlation")
         if isinstance(c, int):
-            call[c] = e
+            out[c] = e
+    return out
+
+
+def _launch_calls(
+    gpu: list[dict[str, Any]], by_corr: Mapping[int, dict[str, Any]]
+) -> list[dict[str, Any] | None]:
+    """The runtime call that launched each device event, or None."""
     out: list[dict[str, Any] | None] = []
     for e in gpu:
         c = e.get("args", {}).get("correlation")
-        out.append(call.get(c) if isinstance(c, int) else None)
+        out.append(by_corr.get(c) if isinstance(c, int) else None)
     return out
 
 
@@ -356,7 +363,8 @@ def link_rank(
     self_us = np.where(linked, np.maximum(incl - children, 0), 0)
     runtime_keyed = [dict(e, tid=(e.get("pid"), e.get("tid"))) for e in runtime]
     innermost = _Innermost(tid_of_row, start, start + incl, linked, parent_row)
-    calls = _launch_calls(gpu, runtime_keyed)
+    by_corr = _by_correlation(runtime_keyed)
+    calls = _launch_calls(gpu, by_corr)
     launcher = _launchers(calls, innermost)
     num_device = len(gpu)
     # only what the ET's ops launched: a Kineto trace often spans more iterations than the ET
@@ -364,11 +372,6 @@ def link_rank(
     gpu = [gpu[i] for i in keep.tolist()]
     calls = [calls[i] for i in keep.tolist()]
     launcher = launcher[keep]
-    by_corr = {
-        e["args"]["correlation"]: e
-        for e in runtime_keyed
-        if isinstance(e.get("args", {}).get("correlation"), int)
-    }
     cuda_sync = [e for e in events if e.get("cat") == "cuda_sync"]
     held = device_waits(gpu, calls, cuda_sync, by_corr)
     waits = host_waits(runtime_keyed, gpu, calls, innermost)

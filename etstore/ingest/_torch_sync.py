@@ -94,6 +94,19 @@ class Lanes:
             i -= 1
         return int(rows[i]) if i >= 0 else -1
 
+    def last_besides_many(self, lane: np.ndarray, t: np.ndarray) -> np.ndarray:
+        """:meth:`last_besides` for many questions at once (no ``skip``): one search per lane."""
+        best = np.full(len(t), -1, dtype=np.int64)
+        best_key = np.zeros(len(t), dtype=self.key.dtype)
+        for other, (rows, keys) in self._lanes.items():
+            i = np.searchsorted(keys, t, "right") - 1
+            found = (i >= 0) & (lane != other)
+            cand = rows[np.maximum(i, 0)]
+            better = found & ((best < 0) | (self.key[cand] > best_key))
+            best = np.where(better, cand, best)
+            best_key = np.where(better, self.key[cand], best_key)
+        return best
+
     def last_besides(self, lane: int | None, t: int, skip: Callable[[int], bool] | None = None) -> int:
         """:meth:`last` over every lane but ``lane`` (every lane when None): the latest of them."""
         best = -1
@@ -190,8 +203,6 @@ def device_waits(
     given the wait is read from them, otherwise it is inferred from each activity's idle gap.
     """
     n = len(device)
-    src: list[int] = []
-    dst: list[int] = []
     start = np.asarray([_us(e.get("ts")) for e in device], dtype=np.int64)
     end = start + np.asarray([_us(e.get("dur")) for e in device], dtype=np.int64)
     stream = np.asarray([_stream(e) for e in device], dtype=np.int64)
@@ -208,13 +219,11 @@ def device_waits(
             prev_end[i] = end[last[s]]
         last[s] = i
     could = np.maximum(l_end, prev_end)
-    by_end = Lanes(stream, end)
-    for i in np.flatnonzero((l_ts >= 0) & (start - could >= HELD_US)).tolist():
-        j = by_end.last_besides(int(stream[i]), int(start[i]) + 1)
-        if j >= 0 and end[j] >= could[i] and start[j] < start[i]:
-            src.append(j)
-            dst.append(i)
-    return np.asarray(src, dtype=np.int64), np.asarray(dst, dtype=np.int64)
+    held = np.flatnonzero((l_ts >= 0) & (start - could >= HELD_US))
+    j = Lanes(stream, end).last_besides_many(stream[held], start[held] + 1)
+    k = np.maximum(j, 0)
+    ok = (j >= 0) & (end[k] >= could[held]) & (start[k] < start[held])
+    return j[ok], held[ok]
 
 
 def _recorded_waits(
