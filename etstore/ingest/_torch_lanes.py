@@ -1,19 +1,24 @@
 """Host threads of a recorded rank as lanes: the order each thread ran its ops, and their thread time.
 
 A thread runs one op at a time. Its ops (ET nodes linked with Kineto, plus the blocking
-runtime calls of :mod:`._torch_sync`) form one chain in the order they ran, and each lasts
-its *thread time*: from its start to the start of the next op of its thread. A wrapper
-holds the thread until its first child starts, a leaf until its next sibling does, so a
-thread's chain adds up to its recorded wall time, untraced time between ops (Python, the
-dispatcher) included. Where the thread waited on something the model represents, the
-wait is a dependency instead of a duration:
+runtime calls of :mod:`._torch_sync`) form one chain in the order they ran. Each op ends, in
+the replay, where its thread left it in the recording: a leaf at its own end, a wrapper
+where its first child starts (its trailing time after the children belongs to the last of
+them). Its *thread time* runs from where the previous op of its thread ended to that point,
+so the untraced time before an op (Python, the dispatcher) is part of it, the thread's chain
+adds up to its recorded wall time, and whatever depends on an op from another lane (a
+kernel it launched, gloo work it enqueued) waits for the op itself, not for the gap after it.
 
-* a blocking call keeps only the part after the device activity that released it ended;
+Where the thread waited on something the model represents, the wait is a dependency, not
+time: an op that was released by another lane starts its thread time at the release, not
+where the previous op ended. Releases come from
+
+* a blocking call: the device activity it waited for (:func:`._torch_sync.host_waits`);
 * a thread that recorded nothing and resumed within :data:`WAKE_US` of another thread's op
-  ending was blocked on it (the caller of ``backward()`` on the autograd engine's thread, a
-  ``wait()`` on gloo's worker): that op precedes the one the thread resumed with, and the op
-  before the gap keeps only its own time;
-* a communication call keeps its own recorded time.
+  ending: that op (the caller of ``backward()`` on the autograd engine's thread, a
+  ``wait()`` on gloo's worker thread).
+
+A communication call keeps its own recorded time.
 """
 
 from __future__ import annotations
@@ -80,7 +85,7 @@ def thread_lanes(
     ...     end=np.array([10, 5, 9, 170, 150]), timed=np.ones(5, bool),
     ...     released_at=np.full(5, -1), keep_own=np.zeros(5, bool))
     >>> lanes.dur.tolist(), list(zip(lanes.src.tolist(), lanes.dst.tolist()))
-    ([2, 6, 1, 10, 50], [(0, 1), (1, 2), (2, 3), (4, 3)])
+    ([2, 3, 4, 20, 50], [(0, 1), (1, 2), (2, 3), (4, 3)])
     """
     by = np.lexsort((start, after, thread))
     seq, key = rows[by], thread[by]
@@ -91,22 +96,22 @@ def thread_lanes(
     n = len(t)
     if not n:
         return ThreadLanes(src[0], dst[0], rows[t], np.zeros(0, dtype=np.int64))
-    nxt = np.empty_like(t_start)
-    nxt[:-1] = t_start[1:]
-    last = np.ones(n, dtype=bool)
-    last[:-1] = t_key[1:] != t_key[:-1]
-    thread_end = np.maximum.reduceat(t_end, np.flatnonzero(np.r_[True, last[:-1]]))
-    nxt[last] = np.maximum(thread_end, t_start[last])
-    dur = np.maximum(nxt - t_start, 0)
-    rel = released_at[t]
-    waits = rel >= 0
-    dur[waits] = np.maximum(nxt[waits] - np.maximum(t_start[waits], rel[waits]), 0)
+    first = np.ones(n, dtype=bool)
+    first[1:] = t_key[1:] != t_key[:-1]
+    last = np.r_[first[1:], True]
+    # where the thread leaves each op: its end, or the next op's start if that comes first
+    left = np.minimum(t_end, np.r_[t_start[1:], 0])
+    left[last] = np.maximum(np.maximum.reduceat(t_end, np.flatnonzero(first)), t_start[last])
+    begin = np.r_[0, left[:-1]]
+    begin[first] = t_start[first]
+    release = released_at[t].copy()
+    a, b = _cross_thread_waits(t_key, t_start, t_end)
+    release[b] = np.maximum(release[b], t_end[a])
+    dur = np.maximum(left - np.maximum(begin, release), 0)
     own = keep_own[t]
     dur[own] = (t_end - t_start)[own]
-    a, b = _cross_thread_waits(t_key, t_start, t_end)
     src.append(rows[t[a]])
     dst.append(rows[t[b]])
-    dur[b - 1] = np.minimum(dur[b - 1], (t_end - t_start)[b - 1])  # its own time, not the wait
     return ThreadLanes(np.concatenate(src), np.concatenate(dst), rows[t], dur)
 
 

@@ -75,6 +75,7 @@ class LinkResult(NamedTuple):
     rank: int | None  # distributedInfo.rank
     groups: dict[str, ProcessGroup]  # distributedInfo.pg_config
     waits: HostWaits  # blocking runtime calls inside linked ops, with what released them
+    thread: np.ndarray  # int64 per ET row: the Kineto thread (pid, tid) it ran on, as a code; -1 unlinked
     steps: list[tuple[str, int, int]]  # ProfilerStep#N annotations: name, start, duration (µs)
 
 
@@ -291,6 +292,14 @@ def _launchers(calls: list[dict[str, Any] | None], innermost: _Innermost) -> np.
     return out
 
 
+def _thread_codes(tid_of_row: np.ndarray) -> np.ndarray:
+    """Each row's Kineto thread as a small integer (-1 where unlinked)."""
+    codes: dict[Any, int] = {}
+    return np.asarray(
+        [-1 if t is None else codes.setdefault(t, len(codes)) for t in tid_of_row.tolist()], dtype=np.int64
+    )
+
+
 def _steps(events: list[dict[str, Any]]) -> list[tuple[str, int, int]]:
     """The profiler's step annotations (``ProfilerStep#N``): name, start and duration (µs)."""
     out = [
@@ -401,5 +410,6 @@ def link_rank(
         rank=rank if isinstance(rank, int) else None,
         groups=process_groups(info if isinstance(info, dict) else None),
         waits=waits,
+        thread=_thread_codes(tid_of_row),
         steps=_steps(events),
     )

@@ -245,7 +245,7 @@ def _add_host_waits(rank: _Rank, nodes: EtNodes, link: LinkResult, executes: np.
     released = w.releaser >= 0
     rank.edge(first_kernel + w.releaser[released], rows[released], "ctrl")
     # where each call sits in its thread: just after the op of its thread that started last before it
-    tids = nodes.tids
+    tids = _run_threads(nodes.tids, link.thread)
     timed = executes[link.linked[executes]]
     timed = timed[np.lexsort((timed, rank.start[timed], tids[timed]))]  # by thread, then start, then entry
     at = np.searchsorted(
@@ -275,6 +275,31 @@ def _add_host_waits(rank: _Rank, nodes: EtNodes, link: LinkResult, executes: np.
     )
     rank.edge(lanes.src, lanes.dst, "ctrl")
     rank.dur[lanes.rows] = lanes.dur
+
+
+def _window(link: LinkResult) -> list[int]:
+    """First start and last end (µs) of a rank's recorded ops: linked ET ops, device activities
+    and blocking calls, as Kineto timed them."""
+    k, w, on = link.kernels, link.waits, link.linked
+    starts = np.concatenate([link.start_us[on], k.start_us, w.start_us])
+    ends = np.concatenate([(link.start_us + link.incl_us)[on], k.start_us + k.dur_us, w.start_us + w.dur_us])
+    return [int(starts.min()), int(ends.max())] if len(starts) else [0, 0]
+
+
+def _run_threads(et_tids: np.ndarray, kineto: np.ndarray) -> np.ndarray:
+    """The thread each ET row ran on: its Kineto thread where linked (gloo runs its collectives
+    on a worker thread that the ET files under the caller's), else the Kineto thread most of
+    its ET thread's linked rows ran on, else its ET thread (codes after the Kineto ones)."""
+    out = kineto.copy()
+    spare = int(kineto.max(initial=-1)) + 1
+    for tid in np.unique(et_tids[kineto < 0]).tolist():
+        mine = (et_tids == tid) & (kineto >= 0)
+        free = (et_tids == tid) & (kineto < 0)
+        if mine.any():
+            out[free] = np.bincount(kineto[mine]).argmax()
+        else:
+            out[free], spare = spare, spare + 1
+    return out
 
 
 def _extras_blob(extras: list[tuple[str, bytes]]) -> bytes:
@@ -543,6 +568,7 @@ def _assemble(
     device = [0, 0]  # device activities kept (launched by linked ops), and in the Kineto files
     schemas = set()
     steps: dict[str, list[list[Any]]] = {}  # rank → its ProfilerStep#N annotations [name, start µs, dur µs]
+    windows: dict[str, list[int]] = {}  # rank → [first start, last end] µs of what it recorded
     for rank_no in sorted(ranks):
         path = ranks[rank_no][0]
         nodes, groups, comm = parsed[path]
@@ -556,6 +582,7 @@ def _assemble(
             device[0] += len(link.kernels.names)
             device[1] += link.num_device_events
             steps[str(rank_no)] = [list(x) for x in link.steps]
+            windows[str(rank_no)] = _window(link)
             for pg in link.groups.values():
                 comm_groups.setdefault(pg.name, list(pg.ranks))
         for pg_name, pg_ranks in [*groups.ranks.items(), *comm.group_ranks.items()]:
@@ -576,7 +603,7 @@ def _assemble(
     meta = pa.Table.from_pydict({"rank": sorted(ranks), "metadata": metas}, schema=META_SCHEMA)
     params: dict[str, Any] = {
         "durations": "kineto" if links else "absent",
-        **({"execution": "recorded", "profiler_steps": steps} if links else {}),
+        **({"execution": "recorded", "profiler_steps": steps, "windows": windows} if links else {}),
         "recognised": {
             "format": FORMAT,
             "ops": ops.num_rows,

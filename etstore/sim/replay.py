@@ -58,37 +58,31 @@ class Replay:
     result: SimResult
 
 
-def _rank_entries(trace: Trace) -> dict[int, tuple[str, int]]:
-    """Each rank's step name and entry time (µs): its first ``ProfilerStep#``, else its first op."""
-    ops = trace.ops
-    rank = ops["rank"].to_numpy()
-    start = ops["start_time_micros"].to_numpy(zero_copy_only=False).astype(np.int64)
+def _rank_entries(trace: Trace) -> dict[int, tuple[str, int, int]]:
+    """Each rank's step name, entry time and the end of its recorded ops (µs): it enters at its
+    first ``ProfilerStep#``, else at its first op (``params["windows"]``)."""
     steps: Mapping[str, Any] = trace.params.get("profiler_steps") or {}
-    out: dict[int, tuple[str, int]] = {}
-    for r in np.unique(rank).tolist():
+    windows: Mapping[str, Any] = trace.params.get("windows") or {}
+    out: dict[int, tuple[str, int, int]] = {}
+    for r in trace.ranks:
+        first, last = windows.get(str(r)) or (0, 0)
         mine = steps.get(str(r)) or []
-        if mine:
-            out[r] = (str(mine[0][0]), int(mine[0][1]))
-        else:
-            timed = start[(rank == r) & (start > 0)]
-            out[r] = ("window", int(timed.min()) if len(timed) else 0)
+        out[r] = (str(mine[0][0]), int(mine[0][1]), int(last)) if mine else ("window", int(first), int(last))
     return out
 
 
-def _with_entries(trace: Trace, entries: Mapping[int, tuple[str, int]]) -> tuple[Trace, dict[int, int]]:
-    """The trace with one entry op per rank (see the module's note); returns each entry op's id."""
+def _with_entries(trace: Trace, entries: Mapping[int, tuple[str, int, int]]) -> Trace:
+    """The trace with one entry op per rank (see the module's note)."""
     ops, deps = trace.ops, trace.deps
-    t0 = min(t for _, t in entries.values())
+    t0 = min(t for _, t, _ in entries.values())
     rank = ops["rank"].to_numpy()
     ids = ops["id"].to_numpy().astype(np.uint64)
     has_dep = set(zip(deps["rank"].to_numpy().tolist(), deps["dst"].to_numpy().tolist(), strict=True))
     new_rows: dict[str, list[Any]] = {f.name: [] for f in ops.schema}
     e_src, e_dst, e_rank = [], [], []
-    entry_id: dict[int, int] = {}
-    for r, (_, t) in sorted(entries.items()):
+    for r, (_, t, _) in sorted(entries.items()):
         mine = ids[rank == r]
         eid = int(mine.max()) + 1
-        entry_id[r] = eid
         row = dict.fromkeys(new_rows)
         row.update(
             rank=r,
@@ -107,10 +101,9 @@ def _with_entries(trace: Trace, entries: Mapping[int, tuple[str, int]]) -> tuple
         e_rank += [r] * len(roots)
     extra = pa.Table.from_pydict(new_rows, schema=ops.schema)
     new_deps = deps_table(np.asarray(e_rank, dtype=np.int32), e_src, e_dst, "ctrl")
-    out = trace.replace(
+    return trace.replace(
         ops=pa.concat_tables([ops, extra]), deps=pa.concat_tables([deps, new_deps.cast(deps.schema)])
     )
-    return out, entry_id
 
 
 def collective_transfers(trace: Trace) -> pa.Table:
@@ -219,22 +212,18 @@ def replay(trace: Trace, topo: Topology | None = None, *, config: SimConfig | No
     fitted = topo is None
     if topo is None:
         topo = fit_network(transfers, max(ranks) + 1, config)
-    work, entry_id = _with_entries(trace, entries)
+    work = _with_entries(trace, entries)
     res = simulate(work, topo, config=config)
-    steps = _steps(trace, res, entries, entry_id)
+    steps = _steps(res, entries)
     return Replay(steps, _collective_rows(transfers, res), topo, fitted, res)
 
 
-def _steps(
-    trace: Trace, res: SimResult, entries: Mapping[int, tuple[str, int]], entry_id: Mapping[int, int]
-) -> pa.Table:
-    ops = trace.ops
-    rank = ops["rank"].to_numpy()
-    start = ops["start_time_micros"].to_numpy(zero_copy_only=False).astype(np.int64)
-    end = start + ops["duration_micros"].to_numpy(zero_copy_only=False).astype(np.int64)
+def _steps(res: SimResult, entries: Mapping[int, tuple[str, int, int]]) -> pa.Table:
+    """Per rank: measured step (entry to the recorded end of its ops) beside the simulated one
+    (the same entry to the same ops' simulated end)."""
     sim = res.ops
     s_rank = sim["rank"].to_numpy()
-    s_id = sim["id"].to_numpy().astype(np.int64)
+    is_entry = sim["name"].to_numpy(zero_copy_only=False) == ENTRY_NAME
     s_end = sim["end_ns"].to_numpy()
     out: dict[str, list[Any]] = {
         "rank": [],
@@ -243,13 +232,10 @@ def _steps(
         "simulated_us": [],
         "error_pct": [],
     }
-    for r in sorted(entries):
-        name, t = entries[r]
-        timed = (rank == r) & (start > 0)
-        measured = float(end[timed].max() - t) if timed.any() else 0.0
+    for r, (name, entered_at, last) in sorted(entries.items()):
         mine = s_rank == r
-        entered = float(s_end[mine & (s_id == entry_id[r])].max())
-        simulated = (float(s_end[mine & (s_id != entry_id[r])].max()) - entered) / 1e3
+        measured = float(last - entered_at)
+        simulated = (float(s_end[mine & ~is_entry].max()) - float(s_end[mine & is_entry].max())) / 1e3
         out["rank"].append(r)
         out["step"].append(name)
         out["measured_us"].append(measured)

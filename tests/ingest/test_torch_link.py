@@ -47,9 +47,10 @@ def _rank(trace: Trace, rank: int) -> list[dict[str, Any]]:
 
 def _check_linked_times(trace: Trace, rank: int, kineto: dict[str, Any]) -> int:
     """Every linked op's Kineto record is an event of the file and its start is the event's; a
-    compute op lasts its thread time: from its start to the next op's start on its Kineto
-    thread (less only where it waited on something else, the blocking calls and cross-thread
-    waits); a communication call its own event's time. Returns the linked ET op count."""
+    compute op lasts its thread time: on its Kineto thread, from where the previous op left
+    the thread (that op's end, or this op's start if it comes first) to where this one leaves
+    it (less only where it waited on something else: blocking calls, cross-thread waits); a
+    communication call its own event's time. Returns the linked ET op count."""
     events = {
         (e["args"]["External id"], e["name"]): e
         for e in kineto["traceEvents"]
@@ -70,13 +71,14 @@ def _check_linked_times(trace: Trace, rank: int, kineto: dict[str, Any]) -> int:
     exact = checked = 0
     for lane in lanes.values():
         lane.sort(key=lambda x: (x[0], x[1]))
-        for (ts, _, r, event), (nxt, _, _, _) in itertools.pairwise(lane):
+        left = [min(ts + round(e["dur"]), nxt) for (ts, _, _, e), (nxt, _, _, _) in itertools.pairwise(lane)]
+        for (_, _, r, event), was_left, leaves in zip(lane[1:-1], left[:-1], left[1:], strict=True):
             if r["type"] != "COMP_NODE":
                 assert r["duration_micros"] == round(event["dur"]), r["name"]
                 continue
             checked += 1
-            assert r["duration_micros"] <= nxt - ts, r["name"]
-            exact += r["duration_micros"] == nxt - ts
+            assert r["duration_micros"] <= leaves - was_left, r["name"]
+            exact += r["duration_micros"] == leaves - was_left
     assert exact >= 0.95 * checked
     return linked
 
