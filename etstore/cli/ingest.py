@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from etstore.cli._common import add_format, open_from_args, phase_step, progress
+from etstore.cli._console import warn
 from etstore.cli._render import recognised_line, render
 from etstore.errors import OptionError
 from etstore.store.base import IngestReport
@@ -45,6 +46,8 @@ def _ingest(args: argparse.Namespace, console: Console) -> int:
             console.print(line, highlight=False, soft_wrap=True)
         elif line:
             sys.stderr.write(f"etstore: {line}\n")
+        for warning in (report.trace.params.get("recognised") or {}).get("warnings") or []:
+            warn(f"{report.trace.name}: {warning}")
     for _path, message in stats.skipped:  # on stderr, beside errors: stdout may be JSON
         sys.stderr.write(f"etstore: skipped {message}\n")
     return 1 if stats.skipped else 0

@@ -254,23 +254,25 @@ def _pair_async(calls: dict[int, Call], ev: Events, root_of: np.ndarray) -> None
     """Join each backend's asynchronous execution record to the ``c10d::`` call that issued it.
 
     gloo (and other CPU backends) run a collective on a worker thread: its
-    ``gloo:all_reduce`` annotation is then no child of the ``c10d::allreduce_`` call. Per
-    collective kind, the k-th such lone execution belongs to the earliest waiting call that
-    started before it (calls of one kind complete in issue order). A joined call keeps the
-    issuing call's root and gains the execution's members, so it counts once. O(c log c).
+    ``gloo:all_reduce`` annotation is then no child of the ``c10d::allreduce_`` call. The
+    k-th such lone execution belongs to the earliest waiting call that started before it
+    (the worker runs calls in issue order), whatever collective it names: gloo runs a
+    reduce-scatter as an all-reduce, and the call says what the program did. A joined call
+    keeps the issuing call's root and kind and gains the execution's members, so it counts
+    once. O(c log c).
     """
-    issued: dict[CommKind, list[int]] = {}
-    executed: dict[CommKind, list[int]] = {}
+    issued: list[int] = []
+    runs: list[int] = []
     for root, call in calls.items():
         if call.kind is None or call.info is not None:
             continue
         names = [ev.names[i] for i in call.members]
         if all(_is_c10d(n) for n in names):
-            issued.setdefault(call.kind, []).append(root)
+            issued.append(root)
         elif not any(_is_c10d(n) for n in names):
-            executed.setdefault(call.kind, []).append(root)
-    for kind, runs in executed.items():
-        waiting = sorted(issued.get(kind, []), key=lambda r: ev.ts[r])
+            runs.append(root)
+    if runs:
+        waiting = sorted(issued, key=lambda r: ev.ts[r])
         at = 0
         for run in sorted(runs, key=lambda r: ev.ts[r]):
             if at < len(waiting) and ev.ts[waiting[at]] <= ev.ts[run]:

@@ -256,11 +256,48 @@ def _rpc_args(nodes: EtNodes, row: int, groups: Groups) -> tuple[Mapping[str, An
 
 def _is_detail(name: str) -> bool:
     """Backend annotations and record_param_comms: the records that describe one call."""
-    return name == _RPC or (comm_prefixed(name) and not name.startswith(("c10d::", "c10d_functional")))
+    return name == _RPC or (
+        comm_prefixed(name) and not name.startswith(("c10d::", "c10d_functional", "_c10d_functional"))
+    )
+
+
+def _execution_record(name: str) -> bool:
+    """A backend's own record of running a call (``nccl:all_reduce``, ``gloo:all_reduce``)."""
+    return name != _RPC and _is_detail(name)
+
+
+# c10d calls whose tensor arguments are (output, input): the call's input is the second
+_OUTPUT_FIRST = re.compile(r"(?:allgather|all_gather|reduce_scatter|alltoall|all_to_all)", re.IGNORECASE)
+
+
+def _call_input_bytes(nodes: EtNodes, r: int) -> int | None:
+    """Bytes of a c10d call's input buffer: its first tensor argument, or its second where the
+    call takes (output, input) (all-gather, reduce-scatter, all-to-all)."""
+    values, types = nodes.inputs[r]
+    per_arg = [t for t in (tensors([v], [ty]) for v, ty in zip(values, types, strict=False)) if t]
+    if not per_arg:
+        return None
+    buffer = per_arg[1] if len(per_arg) > 1 and _OUTPUT_FIRST.search(nodes.names[r]) else per_arg[0]
+    nelems, elem = tensor_bytes(buffer)
+    if elem is None and types:
+        elem = dtype_size(str(types[0]))
+    return nelems * elem if elem is not None else None
 
 
 def classify(nodes: EtNodes, groups: Groups) -> Comm:
-    """Pick one node per communication call and fill its Chakra communication fields."""
+    """Pick one node per communication call and fill its Chakra communication fields.
+
+    A call is the outermost ``c10d::`` (or functional) op; it is what the program asked
+    for, so its collective and buffer are the call's. Its records are the
+    ``record_param_comms`` nested in it (which describes the call) and the backend's
+    execution record: nested in it (NCCL), or, where the backend runs the work
+    asynchronously on a worker thread (gloo), the next execution record not nested in any
+    call, calls taken in the order they were issued. gloo may run a call as another
+    collective (a reduce-scatter as an all-reduce); the call's kind stands. The op that
+    becomes the collective is an execution record that ran apart from its call, else the
+    ``record_param_comms``, else a nested execution record, else the call; records without
+    a call stand for themselves.
+    """
     n = len(nodes.names)
     comm = Comm([None] * n, [None] * n, [None] * n, [None] * n, [None] * n)
     candidates = [r for r, name in enumerate(nodes.names) if name == _RPC or comm_prefixed(name)]
@@ -282,29 +319,56 @@ def classify(nodes: EtNodes, groups: Groups) -> Comm:
             p = int(nodes.parent_row[p])
         return out
 
-    chosen: list[int] = []
-    pending: int | None = None  # the last c10d op still without its detail record
+    def is_call(r: int) -> bool:
+        return not _is_detail(nodes.names[r]) and info[r][0] is not None
+
+    rpc: dict[int, int] = {}  # call → its record_param_comms
+    record: dict[int, int] = {}  # call → its execution record that ran apart from it
+    nested: dict[int, int] = {}  # call → its execution record nested in it
+    outer: list[int] = []  # every outermost call
+    waiting: list[int] = []  # calls issued whose execution record has not been seen, in order
+    alone: list[int] = []  # records of no call
     for r in candidates:
-        kind = info[r][0]
-        if kind is None:
+        if info[r][0] is None and nodes.names[r] != _RPC:
             continue
         up = ancestors(r)
-        if not _is_detail(nodes.names[r]):  # a c10d:: op
-            if any(not _is_detail(nodes.names[a]) and info[a][0] for a in up):
-                continue  # nested in another c10d call
-            if pending is not None:
-                chosen.append(pending)
-            pending = r
+        calls_up = [a for a in up if is_call(a)]
+        if is_call(r):
+            if not calls_up:  # an outermost call
+                outer.append(r)
+                waiting.append(r)
             continue
-        if any(_is_detail(nodes.names[a]) and info[a][0] for a in up):
-            continue  # e.g. nccl:all_reduce inside its record_param_comms
-        if pending is not None and (pending in up or info[pending][0] == kind):
-            pending = None  # this record describes the pending call
-        chosen.append(r)
-    if pending is not None:
-        chosen.append(pending)
+        if info[r][0] is None:  # a record_param_comms without a collective name
+            continue
+        nested_in_record = any(_is_detail(nodes.names[a]) and info[a][0] for a in up)
+        if calls_up:
+            call = calls_up[-1]
+        elif not nested_in_record and _execution_record(nodes.names[r]) and waiting:
+            call = waiting[0]
+        else:
+            call = -1
+        if call >= 0 and _execution_record(nodes.names[r]):
+            if call in waiting:
+                waiting.remove(call)
+            if not calls_up:  # it ran apart from the call (gloo's worker): it is the collective
+                record.setdefault(call, r)
+            elif not nested_in_record:
+                nested.setdefault(call, r)
+        elif call >= 0:
+            rpc.setdefault(call, r)
+        elif not nested_in_record:
+            alone.append(r)
     single_pg = next(iter(groups.ranks)) if len(groups.ranks) == 1 else None
-    for r in sorted(chosen):
+    for call in outer:
+        at = record.get(call, rpc.get(call, nested.get(call, call)))
+        described = info[rpc[call]] if call in rpc else info[call]
+        _fill(nodes, at, described, comm, single_pg)
+        if call not in rpc:
+            comm.size[at] = _call_input_bytes(nodes, call)
+        kind = described[0]
+        if kind is not None and kind.node_type in (SEND_NODE, RECV_NODE):
+            comm.peer[at], comm.tag[at] = _peer_and_tag(nodes, call, described[2])
+    for r in alone:
         _fill(nodes, r, info[r], comm, single_pg)
     return comm
 

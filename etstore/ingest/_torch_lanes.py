@@ -15,7 +15,9 @@ where the previous op ended. Releases come from
 
 * a blocking call: the device activity it waited for (:func:`._torch_sync.host_waits`);
 * a thread that recorded nothing and resumed within :data:`WAKE_US` of another thread's op
-  ending: that op (the caller of ``backward()`` on the autograd engine's thread, a
+  ending: that op (the caller of ``backward()`` on the autograd engine's thread);
+* a wait call (``c10d::wait``, ``_c10d_functional::wait_tensor``, an awaitable's ``wait()``)
+  that returned within :data:`WAKE_US` of another thread's op ending inside it: that op (a
   ``wait()`` on gloo's worker thread).
 
 A communication call keeps its own recorded time.
@@ -53,6 +55,7 @@ def thread_lanes(
     timed: np.ndarray,
     released_at: np.ndarray,
     keep_own: np.ndarray,
+    is_wait: np.ndarray | None = None,
 ) -> ThreadLanes:
     """The thread chains of ``rows`` and the thread time of their timed ones.
 
@@ -73,6 +76,8 @@ def thread_lanes(
         For a blocking call, when the activity that released it ended; -1 for other ops.
     keep_own
         Ops that keep their recorded time (communication calls).
+    is_wait
+        Wait calls, released by what they waited for (default: none).
 
     Examples
     --------
@@ -105,7 +110,7 @@ def thread_lanes(
     begin = np.r_[0, left[:-1]]
     begin[first] = t_start[first]
     release = released_at[t].copy()
-    a, b = _cross_thread_waits(t_key, t_start, t_end)
+    a, b = _cross_thread_waits(t_key, t_start, t_end, None if is_wait is None else is_wait[t])
     release[b] = np.maximum(release[b], t_end[a])
     dur = np.maximum(left - np.maximum(begin, release), 0)
     own = keep_own[t]
@@ -115,15 +120,25 @@ def thread_lanes(
     return ThreadLanes(np.concatenate(src), np.concatenate(dst), rows[t], dur)
 
 
-def _cross_thread_waits(key: np.ndarray, start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Positions ``(a, b)`` (ops in run order by thread): ``b``'s thread was idle before ``b``
-    until ``a``, the latest-ending op of another thread inside the gap, ended within
-    :data:`WAKE_US` of ``b``'s start."""
+def _cross_thread_waits(
+    key: np.ndarray, start: np.ndarray, end: np.ndarray, is_wait: np.ndarray | None
+) -> tuple[np.ndarray, np.ndarray]:
+    """Positions ``(a, b)`` (ops in run order by thread): ``b`` was released by ``a``, the
+    latest-ending op of another thread, ended within :data:`WAKE_US` before ``b``'s thread
+    resumed: before ``b`` started, after an idle gap, or, for a wait call, before ``b``
+    returned, inside it."""
+    by_end = Lanes(key, end)
     b_pos = np.flatnonzero(key[1:] == key[:-1]) + 1
     b_pos = b_pos[start[b_pos] > end[b_pos - 1]]
-    if not len(b_pos):
-        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
-    i = Lanes(key, end).last_besides_many(key[b_pos], start[b_pos])
+    i = by_end.last_besides_many(key[b_pos], start[b_pos])
     e = end[np.maximum(i, 0)]
     ok = (i >= 0) & (e > end[b_pos - 1]) & (start[b_pos] - e <= WAKE_US)
-    return i[ok], b_pos[ok]
+    src, dst = [i[ok]], [b_pos[ok]]
+    if is_wait is not None and is_wait.any():
+        w = np.flatnonzero(is_wait)
+        i = by_end.last_besides_many(key[w], end[w])
+        e = end[np.maximum(i, 0)]
+        ok = (i >= 0) & (e > start[w]) & (end[w] - e <= WAKE_US)
+        src.append(i[ok])
+        dst.append(w[ok])
+    return np.concatenate(src), np.concatenate(dst)

@@ -53,6 +53,7 @@ from etstore.ingest._kineto_events import (
     launches,
     nesting,
 )
+from etstore.ingest._torch_check import collective_mismatches
 from etstore.ingest._torch_comm import (
     COLL_NODE,
     CommArgs,
@@ -407,8 +408,12 @@ def _read_kineto(
     )
     first = files[0][1].name
     stem = first.split(".")[0] if first else "trace"
+    recognised = merge_summaries(summaries)
+    mismatches = collective_mismatches(ops)
+    if mismatches:
+        recognised["warnings"] = mismatches
     params: dict[str, Any] = {
-        "recognised": merge_summaries(summaries),
+        "recognised": recognised,
         "process_groups": pgs,
         # what the simulator and expand read: {pg_name: [ranks]}
         "comm_groups": {pg: info["ranks"] for pg, info in pgs.items() if info["ranks"]},

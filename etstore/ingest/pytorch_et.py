@@ -47,6 +47,7 @@ import pyarrow as pa
 from etstore.errors import TraceFormatError
 from etstore.ingest._frames import load_json, write_varint
 from etstore.ingest._guard import values_in_range
+from etstore.ingest._torch_check import collective_mismatches
 from etstore.ingest._torch_comm import COLL_NODE, RECV_NODE, SEND_NODE, comm_args, is_comm_kernel
 from etstore.ingest._torch_et_nodes import (
     PG_INIT,
@@ -73,6 +74,9 @@ KINETO_ATTR = "kineto_event"
 
 _RANK_WORD = re.compile(r"(?:rank|worker)[_-]?(\d+)", re.IGNORECASE)  # rank3_et, worker3_step_12.<ts>
 _LAST_NUMBER = re.compile(r"(\d+)(?=\D*$)")  # dlrm_eg_3
+# calls that block their thread until a collective's work is done (c10d and functional waits,
+# awaitables' "## ... wait() ##" annotations)
+_WAIT_CALL = re.compile(r"(?:^c10d::wait|wait_tensor|\bwait\(\))")
 _STRING_VAL_TAG = write_varint((member_number("string_val") << 3) | 2)
 
 
@@ -272,6 +276,7 @@ def _add_host_waits(rank: _Rank, nodes: EtNodes, link: LinkResult, executes: np.
             ]
         ),
         keep_own=np.asarray([rank.comm.kind[i] is not None for i in seq.tolist()], dtype=bool),
+        is_wait=np.asarray([_WAIT_CALL.search(rank.names[i]) is not None for i in seq.tolist()], dtype=bool),
     )
     rank.edge(lanes.src, lanes.dst, "ctrl")
     rank.dur[lanes.rows] = lanes.dur
@@ -609,6 +614,7 @@ def _assemble(
             "ops": ops.num_rows,
             "collectives": dict(sorted(collectives.items())),
             "linked_fraction": (linked / linkable if linkable else 0.0) if links else None,
+            **({"warnings": mismatches} if (mismatches := collective_mismatches(ops)) else {}),
         },
         "comm_groups": {k: v for k, v in sorted(comm_groups.items()) if v},
         "device_events": {"kept": device[0], "in_kineto": device[1]},

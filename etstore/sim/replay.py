@@ -27,10 +27,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from etstore.errors import OptionError
 from etstore.model import Trace, deps_table
@@ -58,29 +59,37 @@ class Replay:
     result: SimResult
 
 
-def _rank_entries(trace: Trace) -> dict[int, tuple[str, int, int]]:
-    """Each rank's step name, entry time and the end of its recorded ops (µs): it enters at its
-    first ``ProfilerStep#``, else at its first op (``params["windows"]``)."""
-    steps: Mapping[str, Any] = trace.params.get("profiler_steps") or {}
+class _Entry(NamedTuple):
+    """A rank's recorded step: where it entered, its ``ProfilerStep#N`` starts, its last end (µs)."""
+
+    at: int
+    steps: list[tuple[str, int]]
+    last: int
+
+
+def _rank_entries(trace: Trace) -> dict[int, _Entry]:
+    """Each rank enters at its first ``ProfilerStep#``, else at its first op (``params["windows"]``)."""
+    profiler: Mapping[str, Any] = trace.params.get("profiler_steps") or {}
     windows: Mapping[str, Any] = trace.params.get("windows") or {}
-    out: dict[int, tuple[str, int, int]] = {}
+    out: dict[int, _Entry] = {}
     for r in trace.ranks:
         first, last = windows.get(str(r)) or (0, 0)
-        mine = steps.get(str(r)) or []
-        out[r] = (str(mine[0][0]), int(mine[0][1]), int(last)) if mine else ("window", int(first), int(last))
+        steps = [(str(name), int(start)) for name, start, _ in profiler.get(str(r)) or []]
+        at = steps[0][1] if steps else int(first)
+        out[r] = _Entry(at, steps or [("window", at)], int(last))
     return out
 
 
-def _with_entries(trace: Trace, entries: Mapping[int, tuple[str, int, int]]) -> Trace:
+def _with_entries(trace: Trace, entries: Mapping[int, _Entry]) -> Trace:
     """The trace with one entry op per rank (see the module's note)."""
     ops, deps = trace.ops, trace.deps
-    t0 = min(t for _, t, _ in entries.values())
+    t0 = min(e.at for e in entries.values())
     rank = ops["rank"].to_numpy()
     ids = ops["id"].to_numpy().astype(np.uint64)
     has_dep = set(zip(deps["rank"].to_numpy().tolist(), deps["dst"].to_numpy().tolist(), strict=True))
     new_rows: dict[str, list[Any]] = {f.name: [] for f in ops.schema}
     e_src, e_dst, e_rank = [], [], []
-    for r, (_, t, _) in sorted(entries.items()):
+    for r, entry in sorted(entries.items()):
         mine = ids[rank == r]
         eid = int(mine.max()) + 1
         row = dict.fromkeys(new_rows)
@@ -89,7 +98,7 @@ def _with_entries(trace: Trace, entries: Mapping[int, tuple[str, int, int]]) -> 
             id=eid,
             name=ENTRY_NAME,
             type="COMP_NODE",
-            duration_micros=t - t0,
+            duration_micros=entry.at - t0,
             start_time_micros=t0,
             is_cpu_op=True,
         )
@@ -214,17 +223,27 @@ def replay(trace: Trace, topo: Topology | None = None, *, config: SimConfig | No
         topo = fit_network(transfers, max(ranks) + 1, config)
     work = _with_entries(trace, entries)
     res = simulate(work, topo, config=config)
-    steps = _steps(res, entries)
+    steps = _steps(trace, res, entries)
     return Replay(steps, _collective_rows(transfers, res), topo, fitted, res)
 
 
-def _steps(res: SimResult, entries: Mapping[int, tuple[str, int, int]]) -> pa.Table:
-    """Per rank: measured step (entry to the recorded end of its ops) beside the simulated one
-    (the same entry to the same ops' simulated end)."""
+def _steps(trace: Trace, res: SimResult, entries: Mapping[int, _Entry]) -> pa.Table:
+    """One row per rank and profiler step: the measured step beside the simulated one.
+
+    A step starts where the thread left off before the first op that started in it (that op's
+    start less its thread time), in the recording and in the replay alike; the first starts at
+    the rank's entry, the last ends with the rank's last op.
+    """
+    ops = trace.ops
+    rank = ops["rank"].to_numpy()
+    start = ops["start_time_micros"].to_numpy(zero_copy_only=False).astype(np.int64)
+    dur = ops["duration_micros"].to_numpy(zero_copy_only=False).astype(np.int64)
+    cpu = pc.fill_null(ops["is_cpu_op"], False).to_numpy(zero_copy_only=False) & (start > 0)
     sim = res.ops
     s_rank = sim["rank"].to_numpy()
-    is_entry = sim["name"].to_numpy(zero_copy_only=False) == ENTRY_NAME
     s_end = sim["end_ns"].to_numpy()
+    is_entry = sim["name"].to_numpy(zero_copy_only=False) == ENTRY_NAME
+    n0 = ops.num_rows  # the replay's ops are the trace's, in its order, then the entries
     out: dict[str, list[Any]] = {
         "rank": [],
         "step": [],
@@ -232,15 +251,25 @@ def _steps(res: SimResult, entries: Mapping[int, tuple[str, int, int]]) -> pa.Ta
         "simulated_us": [],
         "error_pct": [],
     }
-    for r, (name, entered_at, last) in sorted(entries.items()):
-        mine = s_rank == r
-        measured = float(last - entered_at)
-        simulated = (float(s_end[mine & ~is_entry].max()) - float(s_end[mine & is_entry].max())) / 1e3
-        out["rank"].append(r)
-        out["step"].append(name)
-        out["measured_us"].append(measured)
-        out["simulated_us"].append(round(simulated, 3))
-        out["error_pct"].append(round(100.0 * (simulated - measured) / measured, 2) if measured else None)
+    for r, entry in sorted(entries.items()):
+        mine = np.flatnonzero((rank == r) & cpu)
+        mine = mine[np.argsort(start[mine], kind="stable")]
+        rec = [float(entry.at)]
+        rep = [float(s_end[(s_rank == r) & is_entry].max()) / 1e3]
+        for _, at in entry.steps[1:]:
+            i = int(np.searchsorted(start[mine], at))
+            b = int(mine[min(i, len(mine) - 1)])
+            rec.append(float(start[b] - dur[b]))
+            rep.append(float(s_end[b]) / 1e3 - float(dur[b]))
+        rec.append(float(entry.last))
+        rep.append(float(s_end[:n0][s_rank[:n0] == r].max()) / 1e3)
+        for k, (name, _) in enumerate(entry.steps):
+            measured, simulated = rec[k + 1] - rec[k], rep[k + 1] - rep[k]
+            out["rank"].append(r)
+            out["step"].append(name)
+            out["measured_us"].append(measured)
+            out["simulated_us"].append(round(simulated, 3))
+            out["error_pct"].append(round(100.0 * (simulated - measured) / measured, 2) if measured else None)
     return pa.table(out)
 
 

@@ -1,22 +1,31 @@
-"""Record a PyTorch execution trace + Kineto trace pair per rank: DDP over gloo, on CPU.
+"""Record a PyTorch execution trace + Kineto trace pair per rank: DDP, FSDP2 or tensor parallel over gloo, on CPU.
 
-Runs two processes on this machine (no GPU needed), trains a tiny two-layer model for a
-couple of steps under ``torch.nn.parallel.DistributedDataParallel`` with the gloo backend,
-and writes per rank::
+Runs ``--ranks`` processes on this machine (no GPU needed), trains a tiny MLP for a few steps
+with the gloo backend and writes per rank::
 
     <out>/rank<r>_et.json.gz      host execution trace (torch.profiler.ExecutionTraceObserver)
     <out>/rank<r>_kineto.json.gz  profiler trace (torch.profiler, Chrome-trace JSON)
 
-Read them back with ``etstore.ingest.pytorch_et.read_pytorch_et(<out>/rank0_et.json.gz,
-kineto=<out>/rank0_kineto.json.gz)`` or ``etstore ingest <out>``.
+``--mode`` picks the parallelism:
+
+* ``ddp``: ``DistributedDataParallel`` (one all-reduce of the gradient bucket per step);
+* ``fsdp2``: ``torch.distributed.fsdp.fully_shard`` on each linear layer and the model
+  (all-gathers of parameters forward and backward, reduce-scatters of gradients);
+* ``tp``: tensor parallel (DTensor): the first linear column-wise, the second row-wise
+  (an all-reduce of activations forward, of input gradients backward).
+
+Each traced step is a profiler step (``ProfilerStep#N`` in the Kineto trace), so ``etstore
+replay`` sets each rank's simulated step beside its measured one. Read them back with
+``etstore ingest <out>`` or ``etstore replay <out>``.
 
 Usage::
 
     pip install torch
-    python examples/pytorch/record.py --out traces/ddp_gloo --steps 2
+    python examples/pytorch/record.py --mode fsdp2 --ranks 4 --out traces/fsdp2_4r --steps 2
 
-Not run by CI (it needs torch); ``tests/data/pytorch_gloo/`` holds one recording made
-with it.
+Not run by CI (it needs torch); ``tests/data/`` holds recordings made with it
+(``pytorch_gloo``: DDP, 2 ranks, before profiler steps were recorded; ``torch_*``: see
+their README).
 """
 
 from __future__ import annotations
@@ -31,7 +40,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
-from torch.profiler import ExecutionTraceObserver, ProfilerActivity, profile
+from torch.profiler import ExecutionTraceObserver, ProfilerActivity, profile, schedule
 
 __all__ = ["main"]
 
@@ -48,50 +57,72 @@ def _gzip(path: Path) -> Path:
     return out
 
 
-def _worker(rank: int, world: int, out: str, steps: int, port: int) -> None:
+def _model(mode: str, rank: int, world: int) -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
+    """The model under ``mode``'s parallelism, and this rank's batch."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(IN_FEATURES, HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, OUT_FEATURES))
+    torch.manual_seed(1 + (0 if mode == "tp" else rank))  # tensor parallel: every rank sees the same batch
+    x, y = torch.randn(BATCH, IN_FEATURES), torch.randn(BATCH, OUT_FEATURES)
+    if mode == "ddp":
+        return nn.parallel.DistributedDataParallel(model), x, y
+    if mode == "fsdp2":
+        from torch.distributed.fsdp import fully_shard
+
+        for layer in (model[0], model[2]):
+            fully_shard(layer)
+        fully_shard(model)
+        return model, x, y
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    mesh = init_device_mesh("cpu", (world,))
+    return parallelize_module(model, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()}), x, y
+
+
+def _worker(rank: int, world: int, out: str, steps: int, port: int, mode: str) -> None:
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
     dist.init_process_group("gloo", rank=rank, world_size=world)
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(IN_FEATURES, HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, OUT_FEATURES))
-    ddp = nn.parallel.DistributedDataParallel(model)
-    opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
-    x = torch.randn(BATCH, IN_FEATURES)
-    y = torch.randn(BATCH, OUT_FEATURES)
+    model, x, y = _model(mode, rank, world)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
 
     def step() -> None:
         opt.zero_grad()
-        loss = nn.functional.mse_loss(ddp(x), y)
+        loss = nn.functional.mse_loss(model(x), y)
         loss.backward()
         opt.step()
 
-    step()  # warm-up outside the traces: DDP builds its buckets on the first step
+    step()  # warm-up outside the traces: DDP builds its buckets, FSDP2 its groups, on the first step
     outdir = Path(out)
     et_path = outdir / f"rank{rank}_et.json"
     kineto_path = outdir / f"rank{rank}_kineto.json"
     et = ExecutionTraceObserver().register_callback(str(et_path))
-    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+    sched = schedule(wait=0, warmup=0, active=steps, repeat=1)
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True, schedule=sched) as prof:
         et.start()
         for _ in range(steps):
             step()
+            prof.step()
         et.stop()
     et.unregister_callback()
     prof.export_chrome_trace(str(kineto_path))
     _gzip(et_path)
     _gzip(kineto_path)
+    dist.barrier()
     dist.destroy_process_group()
 
 
 def main(argv: list[str] | None = None) -> None:
     """Parse the arguments and record one trace pair per rank."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--mode", choices=("ddp", "fsdp2", "tp"), default="ddp", help="parallelism")
     parser.add_argument("--out", default="pytorch_gloo", help="output directory")
     parser.add_argument("--ranks", type=int, default=2, help="processes (ranks)")
     parser.add_argument("--steps", type=int, default=2, help="training steps traced")
     parser.add_argument("--port", type=int, default=29531, help="rendezvous TCP port on 127.0.0.1")
     args = parser.parse_args(argv)
     Path(args.out).mkdir(parents=True, exist_ok=True)
-    mp.spawn(_worker, args=(args.ranks, args.out, args.steps, args.port), nprocs=args.ranks, join=True)
+    mp.spawn(_worker, args=(args.ranks, args.out, args.steps, args.port, args.mode), nprocs=args.ranks, join=True)
 
 
 if __name__ == "__main__":

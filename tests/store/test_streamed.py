@@ -26,7 +26,7 @@ def test_a_full_pool_is_doubled_and_the_load_retried(tmp_path: Path, monkeypatch
         return real_open(self, incoming, pool=pool)
 
     monkeypatch.setattr(LadybugGraph, "open", recording_open)
-    monkeypatch.setattr(streamed, "_pool_for", lambda table, files: 16 << 20)  # too small for these edges
+    monkeypatch.setattr(streamed, "_pool_for", lambda table, files: 8 << 20)  # too small for these edges
     r = synthesize("mesh2d:8x8", coll="allgather", trials=1, seed=0)
     with EmbeddedStore(tmp_path / "s") as s:
         report = s.ingest_parts(r.trace_parts(max_ops=2000), name="x")
@@ -34,7 +34,7 @@ def test_a_full_pool_is_doubled_and_the_load_retried(tmp_path: Path, monkeypatch
         messages = len(match_messages(r.trace).send_row)
         assert s.cypher("MATCH (:Op)-[m:MSG]->(:Op) RETURN count(m)").scalar() == messages == 4032
         assert s.cypher("MATCH (:Op)-[d:DEP]->(:Op) RETURN count(d)").scalar() == r.trace.num_deps
-    assert pools[0] == 16 << 20 and 32 << 20 in pools  # Ladybug refused 16 MiB: the load went on in 32
+    assert pools[0] == 8 << 20 and 16 << 20 in pools  # Ladybug refused 8 MiB: the load went on in 16
     assert not list((tmp_path / "s").glob("spool-*"))
 
 
