@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 __all__ = ["collective_mismatches"]
 
@@ -27,11 +28,8 @@ def collective_mismatches(ops: pa.Table) -> list[str]:
     group 0: rank 1's collective #1 (node 9 'b') is ALL_REDUCE of 16 B,
     rank 0's (node 9) ALL_REDUCE of 8 B
     """
-    rows = [
-        r
-        for r in ops.select(["rank", "id", "name", "type", "comm_type", "comm_size", "pg_name"]).to_pylist()
-        if r["type"] == "COMM_COLL_NODE"
-    ]
+    colls = ops.filter(pc.equal(ops["type"], "COMM_COLL_NODE"))  # only these become Python rows
+    rows = colls.select(["rank", "id", "name", "comm_type", "comm_size", "pg_name"]).to_pylist()
     by: dict[str, dict[int, list[dict[str, Any]]]] = {}
     for r in sorted(rows, key=lambda r: (r["rank"], r["id"])):
         by.setdefault(r["pg_name"] or "all", {}).setdefault(r["rank"], []).append(r)

@@ -25,7 +25,7 @@ import orjson
 
 from etstore.errors import TraceFormatError
 from etstore.ingest._torch_comm import ProcessGroup, process_groups
-from etstore.ingest._torch_sync import HostWaits, device_waits, host_waits
+from etstore.ingest._torch_sync import HostWaits, device_columns, device_waits, host_waits
 
 __all__ = ["KernelOps", "LinkResult", "dumps", "link_rank"]
 
@@ -381,20 +381,17 @@ def link_rank(
     gpu = [gpu[i] for i in keep.tolist()]
     calls = [calls[i] for i in keep.tolist()]
     launcher = launcher[keep]
+    device = device_columns(gpu, calls)
     cuda_sync = [e for e in events if e.get("cat") == "cuda_sync"]
-    held = device_waits(gpu, calls, cuda_sync, by_corr)
-    waits = host_waits(runtime_keyed, gpu, calls, innermost)
     kernels = KernelOps(
         names=[str(e.get("name", "")) for e in gpu],
-        start_us=np.array([_us(e.get("ts")) for e in gpu], dtype=np.int64),
-        dur_us=np.array([_us(e.get("dur")) for e in gpu], dtype=np.int64),
-        stream=np.array(
-            [int(e.get("args", {}).get("stream", e.get("tid", 0)) or 0) for e in gpu], dtype=np.int64
-        ),
+        start_us=device.start,
+        dur_us=device.end - device.start,
+        stream=device.stream,
         launcher=launcher,
         raw=[dumps(e) for e in gpu],
         args=[e.get("args", {}) for e in gpu],
-        held=held,
+        held=device_waits(device, cuda_sync, by_corr),
     )
     info = doc.get("distributedInfo") if isinstance(doc, dict) else None
     rank = info.get("rank") if isinstance(info, dict) else None
@@ -409,7 +406,7 @@ def link_rank(
         num_device_events=num_device,
         rank=rank if isinstance(rank, int) else None,
         groups=process_groups(info if isinstance(info, dict) else None),
-        waits=waits,
+        waits=host_waits(runtime_keyed, device, innermost),
         thread=_thread_codes(tid_of_row),
-        steps=_steps(events),
+        steps=_steps(cpu),
     )

@@ -23,7 +23,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-__all__ = ["SYNC_CALLS", "HostWaits", "Lanes", "device_waits", "host_waits"]
+__all__ = ["SYNC_CALLS", "Device", "HostWaits", "Lanes", "device_columns", "device_waits", "host_waits"]
 
 # runtime calls that block the calling host thread until device work ends
 SYNC_CALLS = frozenset(
@@ -45,6 +45,32 @@ SYNC_CALLS = frozenset(
 _STREAM_SYNCS = frozenset({"cudaStreamSynchronize", "cuStreamSynchronize", "hipStreamSynchronize"})
 # a device activity that starts this long (µs) after it could have is taken as held by a wait
 HELD_US = 3
+
+
+class Device(NamedTuple):
+    """Device activities as columns (start-time order), with their launching runtime calls."""
+
+    start: np.ndarray  # int64 µs
+    end: np.ndarray  # int64 µs
+    stream: np.ndarray  # int64
+    launch_ts: np.ndarray  # int64 µs, -1 where the launch call is unknown
+    launch_end: np.ndarray  # int64 µs
+    launch_tid: list[Any]  # the launching call's thread, None where unknown
+
+
+def device_columns(device: Sequence[Mapping[str, Any]], launch: Sequence[Mapping[str, Any] | None]) -> Device:
+    """:class:`Device` of Kineto device events and the runtime calls that launched them."""
+    start = np.asarray([_us(e.get("ts")) for e in device], dtype=np.int64)
+    l_ts = np.asarray([_us(c.get("ts")) if c is not None else -1 for c in launch], dtype=np.int64)
+    return Device(
+        start=start,
+        end=start + np.asarray([_us(e.get("dur")) for e in device], dtype=np.int64),
+        stream=np.asarray([_stream(e) for e in device], dtype=np.int64),
+        launch_ts=l_ts,
+        launch_end=l_ts
+        + np.asarray([_us(c.get("dur")) if c is not None else 0 for c in launch], dtype=np.int64),
+        launch_tid=[c.get("tid") if c is not None else None for c in launch],
+    )
 
 
 class HostWaits(NamedTuple):
@@ -119,26 +145,20 @@ class Lanes:
 
 
 def host_waits(
-    runtime: Sequence[Mapping[str, Any]],
-    device: Sequence[Mapping[str, Any]],
-    launch: Sequence[Mapping[str, Any] | None],
-    innermost: Callable[[Any, int], int],
+    runtime: Sequence[Mapping[str, Any]], device: Device, innermost: Callable[[Any, int], int]
 ) -> HostWaits:
     """Each blocking runtime call inside a linked op, with the device activity that released it.
 
     ``runtime`` are the runtime calls with ``tid`` keyed as ``(pid, tid)``; ``device`` the
-    kept device activities (start-time order) and ``launch`` their launching runtime calls;
-    ``innermost(tid, t)`` gives the ET row holding time ``t`` on thread ``tid`` (-1 when
-    none). The releaser is the activity launched before the call that ended last inside it:
-    on the stream the thread launched on last for a stream synchronize, on any stream for
-    the others.
+    kept device activities; ``innermost(tid, t)`` gives the ET row holding time ``t`` on
+    thread ``tid`` (-1 when none). The releaser is the activity launched before the call
+    that ended last inside it: on the stream the thread launched on last for a stream
+    synchronize, on any stream for the others.
     """
-    d_start = np.asarray([_us(e.get("ts")) for e in device], dtype=np.int64)
-    d_end = d_start + np.asarray([_us(e.get("dur")) for e in device], dtype=np.int64)
-    d_stream = np.asarray([_stream(e) for e in device], dtype=np.int64)
-    l_ts = np.asarray([_us(c.get("ts")) if c is not None else 1 << 62 for c in launch], dtype=np.int64)
+    d_end, d_stream = device.end, device.stream
+    l_ts = np.where(device.launch_ts >= 0, device.launch_ts, 1 << 62)
     tid_codes: dict[Any, int] = {}
-    l_tid = np.asarray([tid_codes.setdefault(c.get("tid") if c else None, len(tid_codes)) for c in launch])
+    l_tid = np.asarray([tid_codes.setdefault(t, len(tid_codes)) for t in device.launch_tid], dtype=np.int64)
     by_end = Lanes(d_stream, d_end)
     by_launch = Lanes(l_tid, l_ts)
     names: list[str] = []
@@ -190,8 +210,7 @@ def _stream(e: Mapping[str, Any]) -> int:
 
 
 def device_waits(
-    device: Sequence[Mapping[str, Any]],
-    launch: Sequence[Mapping[str, Any] | None],
+    device: Device,
     syncs: Sequence[Mapping[str, Any]] = (),
     record_calls: Mapping[int, Mapping[str, Any]] | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -202,12 +221,14 @@ def device_waits(
     ``correlation``) and ``record_calls`` the runtime calls by correlation; where they are
     given the wait is read from them, otherwise it is inferred from each activity's idle gap.
     """
-    n = len(device)
-    start = np.asarray([_us(e.get("ts")) for e in device], dtype=np.int64)
-    end = start + np.asarray([_us(e.get("dur")) for e in device], dtype=np.int64)
-    stream = np.asarray([_stream(e) for e in device], dtype=np.int64)
-    l_ts = np.asarray([_us(c.get("ts")) if c is not None else -1 for c in launch], dtype=np.int64)
-    l_end = l_ts + np.asarray([_us(c.get("dur")) if c is not None else 0 for c in launch], dtype=np.int64)
+    start, end, stream, l_ts, l_end = (
+        device.start,
+        device.end,
+        device.stream,
+        device.launch_ts,
+        device.launch_end,
+    )
+    n = len(start)
     recorded = [s for s in syncs if (s.get("args") or {}).get("wait_on_stream") is not None]
     if recorded and record_calls is not None:
         return _recorded_waits(recorded, record_calls, stream, l_ts)
