@@ -9,12 +9,13 @@ simulation to refuse later.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
-__all__ = ["collective_mismatches"]
+__all__ = ["collective_mismatches", "partial_ranks"]
 
 
 def collective_mismatches(ops: pa.Table) -> list[str]:
@@ -59,3 +60,33 @@ def collective_mismatches(ops: pa.Table) -> list[str]:
                     f"group {pg}: rank {rank} has {len(mine)} collectives, rank {ref_rank} has {len(ref)}"
                 )
     return out
+
+
+def _spans(ranks: list[int]) -> str:
+    """``0-3, 6`` for [0, 1, 2, 3, 6]."""
+    out: list[str] = []
+    for r in ranks:
+        if out and r == int(out[-1].split("-")[-1]) + 1:
+            out[-1] = f"{out[-1].split('-')[0]}-{r}"
+        else:
+            out.append(str(r))
+    return ", ".join(out)
+
+
+def partial_ranks(ranks: Sequence[int], world: int | None) -> str | None:
+    """The line saying which ranks a recording of some of a job's ranks holds, or None.
+
+    >>> print(partial_ranks([0, 1], 8).split(":")[0])
+    ranks 0-1 of 8 recorded (none for ranks 2-7)
+    >>> partial_ranks([0, 1, 2], 3) is None
+    True
+    """
+    have = sorted(set(ranks))
+    size = max([world or 0, have[-1] + 1 if have else 0])
+    lacking = [r for r in range(size) if r not in have]
+    if not lacking:
+        return None
+    return (
+        f"ranks {_spans(have)} of {size} recorded (none for ranks {_spans(lacking)}): analyses use them "
+        "as they are; a simulation needs every rank of each collective's group"
+    )

@@ -73,6 +73,7 @@ class LinkResult(NamedTuple):
     kernels: KernelOps  # the device activities the linked ops launched
     num_device_events: int  # all device activities in the file
     rank: int | None  # distributedInfo.rank
+    world_size: int | None  # distributedInfo.world_size
     groups: dict[str, ProcessGroup]  # distributedInfo.pg_config
     waits: HostWaits  # blocking runtime calls inside linked ops, with what released them
     thread: np.ndarray  # int64 per ET row: the Kineto thread (pid, tid) it ran on, as a code; -1 unlinked
@@ -405,6 +406,7 @@ def link_rank(
         kernels=kernels,
         num_device_events=num_device,
         rank=rank if isinstance(rank, int) else None,
+        world_size=world if isinstance(world := (info or {}).get("world_size"), int) else None,
         groups=process_groups(info if isinstance(info, dict) else None),
         waits=host_waits(runtime_keyed, device, innermost),
         thread=_thread_codes(tid_of_row),

@@ -308,9 +308,10 @@ def torch_rank_files(where: str, files: Sequence[tuple[Path, str]]) -> TorchFile
     Raises
     ------
     TraceFormatError
-        Two files of one kind for one rank, a file with no rank when there are several,
-        Kineto files of different world sizes, a rank outside the world, or a missing
-        rank (every rank below the world size, or the highest rank, must have a file).
+        Two files of one kind for one rank, a file with no rank beside files that have one
+        (one ET and one Kineto file without ranks are one process's pair: rank 0), Kineto
+        files of different world sizes, or a rank outside the world. Missing ranks are not
+        an error: a capture of some ranks is a trace of those ranks.
 
     Notes
     -----
@@ -318,7 +319,7 @@ def torch_rank_files(where: str, files: Sequence[tuple[Path, str]]) -> TorchFile
     """
     out = TorchFiles()
     worlds: dict[int, Path] = {}
-    several = len(files) > 1
+    unranked: list[tuple[Path, str]] = []
     for path, fmt in files:
         rank: int | None = None
         if fmt == KINETO:
@@ -336,22 +337,32 @@ def torch_rank_files(where: str, files: Sequence[tuple[Path, str]]) -> TorchFile
         if rank is None:
             rank = rank_in_name(path.name)
         if rank is None:
-            if several:
-                raise TraceFormatError(
-                    f"{path}: no rank in the file's metadata or name; name per-rank files rank<N>_..."
-                )
-            rank = 0
-        table = out.kineto if fmt == KINETO else out.et
-        if rank in table:
-            raise TraceFormatError(f"{path}: rank {rank} also given by {table[rank]}")
-        table[rank] = path
+            unranked.append((path, fmt))
+            continue
+        _put(out, path, fmt, rank)
+    # one recording of one process (a single-GPU ET + Kineto pair) needs no rank: it is rank 0
+    kinds = [fmt for _, fmt in unranked]
+    if unranked and (len(unranked) < len(files) or len(set(kinds)) < len(kinds)):
+        raise TraceFormatError(
+            f"{unranked[0][0]}: no rank in the file's metadata or name; name per-rank files rank<N>_..."
+        )
+    for path, fmt in unranked:
+        _put(out, path, fmt, 0)
     out.world_size = next(iter(worlds)) if worlds else None
     _check_ranks(where, out)
     return out
 
 
+def _put(out: TorchFiles, path: Path, fmt: str, rank: int) -> None:
+    table = out.kineto if fmt == KINETO else out.et
+    if rank in table:
+        raise TraceFormatError(f"{path}: rank {rank} also given by {table[rank]}")
+    table[rank] = path
+
+
 def _check_ranks(where: str, files: TorchFiles) -> None:
-    """Every rank of the world has its file(s); ET and Kineto cover the same ranks."""
+    """Ranks lie inside the world; ET and Kineto cover the same ranks. A recording of some of
+    the ranks only (a capture of a subset) is a trace of those ranks: the reader says which."""
     ranks = sorted(set(files.et) | set(files.kineto))
     world = files.world_size
     if world is not None:
@@ -360,12 +371,6 @@ def _check_ranks(where: str, files: TorchFiles) -> None:
             r = outside[0]
             path = files.kineto.get(r) or files.et[r]
             raise TraceFormatError(f"{path}: rank {r} is outside the world of {world} ranks")
-    size = world if world is not None else (ranks[-1] + 1 if ranks else 0)
-    # ranks are distinct and ascending: the first gap is the first index that differs
-    gap = next((i for i, r in enumerate(ranks) if i != r), len(ranks) if len(ranks) < size else None)
-    if gap is not None and (len(ranks) > 1 or (world is not None and world > 1)):
-        have = ", ".join(map(str, ranks[:16])) + (", ..." if len(ranks) > 16 else "")
-        raise TraceFormatError(f"{where}: rank {gap} is missing (files for ranks {have} of {size})")
     if files.et and files.kineto and set(files.et) != set(files.kineto):
         lone = sorted(set(files.et) ^ set(files.kineto))[0]
         has, lacks = ("an execution trace", "Kineto") if lone in files.et else ("a Kineto trace", "execution")

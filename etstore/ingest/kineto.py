@@ -53,7 +53,7 @@ from etstore.ingest._kineto_events import (
     launches,
     nesting,
 )
-from etstore.ingest._torch_check import collective_mismatches
+from etstore.ingest._torch_check import collective_mismatches, partial_ranks
 from etstore.ingest._torch_comm import (
     COLL_NODE,
     CommArgs,
@@ -409,9 +409,10 @@ def _read_kineto(
     first = files[0][1].name
     stem = first.split(".")[0] if first else "trace"
     recognised = merge_summaries(summaries)
-    mismatches = collective_mismatches(ops)
-    if mismatches:
-        recognised["warnings"] = mismatches
+    partial = partial_ranks([r for r, _ in files], next(iter(worlds), None))
+    warnings = ([partial] if partial else []) + collective_mismatches(ops)
+    if warnings:
+        recognised["warnings"] = warnings
     params: dict[str, Any] = {
         "recognised": recognised,
         "process_groups": pgs,

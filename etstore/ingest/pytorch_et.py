@@ -47,7 +47,7 @@ import pyarrow as pa
 from etstore.errors import TraceFormatError
 from etstore.ingest._frames import load_json, write_varint
 from etstore.ingest._guard import values_in_range
-from etstore.ingest._torch_check import collective_mismatches
+from etstore.ingest._torch_check import collective_mismatches, partial_ranks
 from etstore.ingest._torch_comm import COLL_NODE, RECV_NODE, SEND_NODE, comm_args, is_comm_kernel
 from etstore.ingest._torch_et_nodes import (
     PG_INIT,
@@ -574,6 +574,7 @@ def _assemble(
     schemas = set()
     steps: dict[str, list[list[Any]]] = {}  # rank → its ProfilerStep#N annotations [name, start µs, dur µs]
     windows: dict[str, list[int]] = {}  # rank → [first start, last end] µs of what it recorded
+    worlds: set[int] = set()  # the Kineto files' distributedInfo.world_size
     for rank_no in sorted(ranks):
         path = ranks[rank_no][0]
         nodes, groups, comm = parsed[path]
@@ -588,6 +589,8 @@ def _assemble(
             device[1] += link.num_device_events
             steps[str(rank_no)] = [list(x) for x in link.steps]
             windows[str(rank_no)] = _window(link)
+            if link.world_size:
+                worlds.add(link.world_size)
             for pg in link.groups.values():
                 comm_groups.setdefault(pg.name, list(pg.ranks))
         for pg_name, pg_ranks in [*groups.ranks.items(), *comm.group_ranks.items()]:
@@ -606,15 +609,20 @@ def _assemble(
     ops = pa.concat_tables(ops_parts).combine_chunks()
     present, missing = split_missing(ops, pa.concat_tables(deps_parts).combine_chunks())
     meta = pa.Table.from_pydict({"rank": sorted(ranks), "metadata": metas}, schema=META_SCHEMA)
+    groups_world = max((max(v) + 1 for v in comm_groups.values() if v), default=0)
+    world = max([groups_world, *worlds, max(ranks) + 1])
+    partial = partial_ranks(list(ranks), world)
+    warnings = ([partial] if partial else []) + collective_mismatches(ops)
     params: dict[str, Any] = {
         "durations": "kineto" if links else "absent",
+        "world_size": world,
         **({"execution": "recorded", "profiler_steps": steps, "windows": windows} if links else {}),
         "recognised": {
             "format": FORMAT,
             "ops": ops.num_rows,
             "collectives": dict(sorted(collectives.items())),
             "linked_fraction": (linked / linkable if linkable else 0.0) if links else None,
-            **({"warnings": mismatches} if (mismatches := collective_mismatches(ops)) else {}),
+            **({"warnings": warnings} if warnings else {}),
         },
         "comm_groups": {k: v for k, v in sorted(comm_groups.items()) if v},
         "device_events": {"kept": device[0], "in_kineto": device[1]},

@@ -212,9 +212,17 @@ def _comm_groups(
     explicit = groups is not None
     source = groups if explicit else _trace_groups(trace)
     given = {str(k): tuple(sorted(int(r) for r in v)) for k, v in (source or {}).items()}
+    world = (trace.params or {}).get("world_size")
     for name in np.unique(pg[is_coll]):
         name = str(name)
         if name in ("", "0"):
+            if isinstance(world, int) and world > len(all_ranks):  # a recording of some ranks only
+                lacking = sorted(set(range(world)) - {int(r) for r in all_ranks})
+                raise not_stuck(
+                    f"trace {trace.name!r} holds ranks {[int(r) for r in all_ranks]} of a world of {world}: "
+                    f"its collectives of group {name or 'all'} need ranks {lacking} too, which were not "
+                    "recorded"
+                )
             out[name] = tuple(int(r) for r in all_ranks)
         elif name in given:
             out[name] = given[name]

@@ -121,8 +121,10 @@ def test_a_directory_of_ets_missing_one(tmp_path: Path, shared_fixture: Any) -> 
     src = shared_fixture("pytorch/dlrm_8r_et")
     for r in (0, 1, 3):
         shutil.copy(src / f"dlrm_eg_{r}.json", tmp_path / f"dlrm_eg_{r}.json")
-    with pytest.raises(TraceFormatError, match=r"rank 2 is missing \(files for ranks 0, 1, 3 of 4\)"):
-        read_trace(tmp_path)
+    t = read_trace(tmp_path)  # a capture of some ranks: a trace of those, and a line saying so
+    assert t.ranks == [0, 1, 3]
+    # the ETs alone (schema 1.0.1) name no group: the world is as large as the highest rank says
+    assert t.params["recognised"]["warnings"][0].startswith("ranks 0-1, 3 of 4 recorded (none for ranks 2)")
 
 
 def test_pytorch_and_chakra_files_do_not_mix(tmp_path: Path, shared_fixture: Any) -> None:

@@ -163,3 +163,55 @@ def test_kineto_alone_counts_each_fsdp2_call_once(name: str) -> None:
         "ALL_GATHER": 8 * per_rank,
         "REDUCE_SCATTER": 4 * per_rank,
     }
+
+
+def test_a_capture_of_two_of_eight_ranks_ingests_and_simulation_names_the_rest(tmp_path: Path) -> None:
+    """Ranks 0 and 1 of the DLRM job (ET + Kineto): a trace of those two, said so at ingest;
+    analysis runs on them; a simulation names the ranks its collectives lack."""
+    import shutil
+
+    from etstore.errors import SimulationError
+    from etstore.ingest import read_trace
+    from etstore.query import critical_path
+    from etstore.sim import simulate
+    from etstore.topology import Topology
+
+    dlrm = Path(__file__).resolve().parents[2] / "examples" / "dlrm_8r"
+    for f in [*dlrm.glob("dlrm_eg_[01].json.gz"), *dlrm.glob("worker[01]_*.json.gz")]:
+        shutil.copy(f, tmp_path / f.name)
+    t = read_trace(tmp_path)
+    assert t.ranks == [0, 1] and t.params["world_size"] == 8  # Kineto's distributedInfo.world_size
+    assert t.params["recognised"]["warnings"][0].startswith("ranks 0-1 of 8 recorded (none for ranks 2-7)")
+    assert critical_path(t).length_micros > 0
+    with pytest.raises(
+        SimulationError, match=r"holds ranks \[0, 1\] of a world of 8: .* need ranks \[2, 3, 4, 5, 6, 7\]"
+    ):
+        simulate(t, Topology.from_spec("switch:8"))
+
+
+def test_one_process_pair_needs_no_rank_in_its_names(tmp_path: Path, shared_fixture: Any) -> None:
+    """A single-GPU ET + Kineto pair named without ranks is rank 0, linked."""
+    import shutil
+
+    from etstore.ingest import read_trace
+
+    src = shared_fixture("pytorch")
+    shutil.copy(src / "linear_et.json.gz", tmp_path / "linear_et.json.gz")
+    shutil.copy(src / "linear_kineto.json.gz", tmp_path / "linear_kineto.json.gz")
+    t = read_trace(tmp_path)
+    assert t.ranks == [0]
+    assert t.params["durations"] == "kineto" and t.params["recognised"]["linked_fraction"] == 1.0
+    assert "warnings" not in t.params["recognised"]
+
+
+def test_a_file_without_rank_beside_ranked_ones_is_refused(tmp_path: Path, shared_fixture: Any) -> None:
+    import shutil
+
+    from etstore.errors import TraceFormatError
+    from etstore.ingest import read_trace
+
+    src = shared_fixture("pytorch")
+    shutil.copy(src / "linear_et.json.gz", tmp_path / "linear_et.json.gz")
+    shutil.copy(src / "linear_kineto.json.gz", tmp_path / "rank1_kineto.json.gz")
+    with pytest.raises(TraceFormatError, match=r"linear_et.json.gz: no rank in the file's metadata or name"):
+        read_trace(tmp_path)
