@@ -60,6 +60,7 @@ from etstore.ingest._torch_et_nodes import (
     parse_nodes,
     tensors,
 )
+from etstore.ingest._torch_flow import storage_flow
 from etstore.ingest._torch_lanes import thread_lanes
 from etstore.ingest._torch_link import LinkResult, dumps, link_rank
 from etstore.ingest.et import split_missing
@@ -139,26 +140,14 @@ def _node_types(nodes: EtNodes, comm: Comm) -> list[str]:
 
 
 def _data_edges(nodes: EtNodes, comm: Comm) -> tuple[np.ndarray, np.ndarray]:
-    """Rows ``(producer, consumer)``: a consumer reads a tensor id last written by the producer."""
-    last: dict[int, int] = {}
-    src: list[int] = []
-    dst: list[int] = []
-    for row in range(len(nodes.names)):
-        reads = tensors(*nodes.inputs[row])
-        seen: set[int] = set()
-        for t in reads:
-            w = last.get(t[0])
-            if w is not None and w != row and w not in seen:
-                seen.add(w)
-                src.append(w)
-                dst.append(row)
-        for t in tensors(*nodes.outputs[row]):
-            last[t[0]] = row
-        kind = comm.kind[row]
-        if kind is not None and kind.node_type != SEND_NODE:  # a collective fills the buffers it is given
-            for t in reads:
-                last[t[0]] = row
-    return np.asarray(src, dtype=np.int64), np.asarray(dst, dtype=np.int64)
+    """Rows ``(producer, consumer)``: a consumer reads bytes of a storage the producer wrote last."""
+    return storage_flow(
+        nodes.names,
+        nodes.parent_row,
+        [tensors(*io) for io in nodes.inputs],
+        [tensors(*io) for io in nodes.outputs],
+        [k is not None and k.node_type != SEND_NODE for k in comm.kind],  # a collective fills its buffers
+    )
 
 
 def _chain(rows: np.ndarray, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -1,0 +1,186 @@
+"""Data flow of a PyTorch execution trace by storage and byte range.
+
+A tensor argument of an ET node is ``[tensor_id, storage_id, offset, numel, itemsize,
+device]`` (offset and numel in elements). Two tensors that share bytes of one storage are
+the same data, whatever their ids: a view (``as_strided``, ``view``, ``slice``, DDP's bucket
+views, FSDP's flat parameters) reads and writes its base's bytes. So a consumer depends on
+the last writer of each byte range it reads, and tensor ids (which PyTorch reuses across
+iterations) play no part.
+
+* Writers: a node's outputs (in-place and ``out=`` results included), and for a
+  collective or receive the buffers it is given (it fills them).
+* Readers: a node's inputs, except for view and metadata ops (``aten::view``,
+  ``aten::as_strided``, ``aten::detach``, ...), which read no data: the consumer of the
+  view does.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+__all__ = ["NO_READ_OPS", "storage_flow"]
+
+# ops that make a tensor that shares its input's storage, or only look at its metadata:
+# their inputs are no data reads
+NO_READ_OPS = frozenset(
+    {
+        "aten::view",
+        "aten::_reshape_alias",
+        "aten::reshape",
+        "aten::as_strided",
+        "aten::slice",
+        "aten::select",
+        "aten::narrow",
+        "aten::t",
+        "aten::transpose",
+        "aten::permute",
+        "aten::expand",
+        "aten::expand_as",
+        "aten::unsqueeze",
+        "aten::squeeze",
+        "aten::detach",
+        "aten::alias",
+        "aten::view_as",
+        "aten::split",
+        "aten::split_with_sizes",
+        "aten::chunk",
+        "aten::unbind",
+        "aten::unflatten",
+        "aten::flatten",
+        "aten::lift_fresh",
+        "aten::_unsafe_view",
+        "aten::numel",
+        "aten::size",
+        "aten::stride",
+        "aten::is_nonzero",
+        "aten::empty_like",
+        "aten::empty_strided",
+        "aten::empty",
+        "aten::resize_",
+    }
+)
+
+
+class _Bytes:
+    """Who last wrote each byte range of each storage: sorted, disjoint ``[lo, hi)`` segments."""
+
+    def __init__(self) -> None:
+        self.los: dict[int, list[int]] = {}
+        self.segs: dict[int, list[tuple[int, int, int]]] = {}
+
+    def writers(self, storage: int, lo: int, hi: int) -> list[int]:
+        segs = self.segs.get(storage)
+        if not segs:
+            return []
+        los = self.los[storage]
+        i = max(bisect_left(los, lo) - 1, 0)
+        out = []
+        while i < len(segs) and segs[i][0] < hi:
+            if segs[i][1] > lo:
+                out.append(segs[i][2])
+            i += 1
+        return out
+
+    def write_older(self, storage: int, lo: int, hi: int, row: int) -> None:
+        """``row`` writes ``[lo, hi)`` except where a later row (one of its children) wrote."""
+        segs = self.segs.get(storage, [])
+        los = self.los.get(storage, [])
+        i = max(bisect_left(los, lo) - 1, 0)
+        at = lo
+        mine: list[tuple[int, int]] = []
+        while i < len(segs) and segs[i][0] < hi:
+            a, b, w = segs[i]
+            if b > lo and w > row:  # a child's write stays
+                if a > at:
+                    mine.append((at, a))
+                at = max(at, b)
+            i += 1
+        if at < hi:
+            mine.append((at, hi))
+        for a, b in mine:
+            self.write(storage, a, b, row)
+
+    def write(self, storage: int, lo: int, hi: int, row: int) -> None:
+        segs = self.segs.setdefault(storage, [])
+        los = self.los.setdefault(storage, [])
+        i = max(bisect_left(los, lo) - 1, 0)
+        j = i
+        keep_before: list[tuple[int, int, int]] = []
+        keep_after: list[tuple[int, int, int]] = []
+        while j < len(segs) and segs[j][0] < hi:
+            a, b, w = segs[j]
+            if b <= lo:  # wholly before: untouched
+                keep_before.append(segs[j])
+            else:
+                if a < lo:
+                    keep_before.append((a, lo, w))
+                if b > hi:
+                    keep_after.append((hi, b, w))
+            j += 1
+        segs[i:j] = [*keep_before, (lo, hi, row), *keep_after]
+        los[i:j] = [s[0] for s in (*keep_before, (lo, hi, row), *keep_after)]
+
+
+def _ranges(args: Sequence[list[Any]]) -> list[tuple[int, int, int]]:
+    """``(storage, lo, hi)`` byte ranges of tensor records (those with data)."""
+    out = []
+    for t in args:
+        storage, offset, numel, itemsize = t[1], t[2], t[3], t[4]
+        if numel > 0 and itemsize > 0:
+            out.append((storage, offset * itemsize, (offset + numel) * itemsize))
+    return out
+
+
+def storage_flow(
+    names: Sequence[str],
+    parent_row: np.ndarray,
+    reads: Sequence[Sequence[list[Any]]],
+    writes: Sequence[Sequence[list[Any]]],
+    fills: Sequence[bool],
+) -> tuple[np.ndarray, np.ndarray]:
+    """Rows ``(producer, consumer)`` in entry order: the consumer reads bytes the producer wrote last.
+
+    ``parent_row`` is each row's parent (-1 for none); ``reads`` and ``writes`` each row's
+    input and output tensor records; ``fills`` marks rows (collectives, receives) that also
+    write the buffers they read. A node writes when it returns, so its children read what
+    was there before it, and a wrapper's outputs are written by the children that wrote
+    them: the wrapper writes only bytes none of them did.
+
+    >>> base = [1, 7, 0, 8, 4, "cpu"]        # 8 floats of storage 7
+    >>> view = [2, 7, 4, 4, 4, "cpu"]        # the last 4 of them, another tensor id
+    >>> src, dst = storage_flow(
+    ...     ["aten::ones", "aten::as_strided", "aten::mul_", "aten::sum"], np.full(4, -1),
+    ...     [[], [base], [view], [base]], [[base], [view], [view], []], [False] * 4)
+    >>> list(zip(src.tolist(), dst.tolist()))
+    [(0, 2), (0, 3), (2, 3)]
+    """
+    last = _Bytes()
+    src: list[int] = []
+    dst: list[int] = []
+    open_rows: list[tuple[int, list[tuple[int, int, int]]]] = []  # entered, not yet returned
+
+    def close(row: int, written: list[tuple[int, int, int]]) -> None:
+        for storage, lo, hi in written:
+            last.write_older(storage, lo, hi, row)
+
+    for row, name in enumerate(names):
+        parent = int(parent_row[row])
+        while open_rows and open_rows[-1][0] != parent:
+            close(*open_rows.pop())
+        read = _ranges(reads[row]) if name not in NO_READ_OPS else []
+        seen: set[int] = {row}
+        for storage, lo, hi in read:
+            for w in last.writers(storage, lo, hi):
+                if w not in seen:
+                    seen.add(w)
+                    src.append(w)
+                    dst.append(row)
+        written = _ranges(writes[row]) + (read if fills[row] else []) if name not in NO_READ_OPS else []
+        open_rows.append((row, written))
+    while open_rows:
+        close(*open_rows.pop())
+    return np.asarray(src, dtype=np.int64), np.asarray(dst, dtype=np.int64)
