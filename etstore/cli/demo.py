@@ -214,8 +214,9 @@ def _query_steps(store: Store, name: str, console: Console) -> None:
     console.print(q, style="dim", markup=False)
     render(store.cypher(q, {"t": name}).to_arrow(), console=console)
     console.print(
-        "compute waits on each NCCL all-to-all only through ctrl: the next collective on its stream, and "
-        "kernels of the compute stream held by a recorded stream wait; no op reads its data by tensor id",
+        "the kernel is waited on through ctrl (the next collective on its stream, compute-stream kernels "
+        "held by a recorded stream wait); the ops that read its buffers depend, by storage bytes, on the "
+        "record_param_comms call that launched it",
         style="dim",
     )
 

@@ -148,7 +148,8 @@ def storage_flow(
     input and output tensor records; ``fills`` marks rows (collectives, receives) that also
     write the buffers they read. A node writes when it returns, so its children read what
     was there before it, and a wrapper's outputs are written by the children that wrote
-    them: the wrapper writes only bytes none of them did.
+    them: the wrapper writes only bytes none of them did. A collective's buffers are its
+    own when it returns, whatever records nested in it listed.
 
     >>> base = [1, 7, 0, 8, 4, "cpu"]        # 8 floats of storage 7
     >>> view = [2, 7, 4, 4, 4, "cpu"]        # the last 4 of them, another tensor id
@@ -161,11 +162,14 @@ def storage_flow(
     last = _Bytes()
     src: list[int] = []
     dst: list[int] = []
-    open_rows: list[tuple[int, list[tuple[int, int, int]]]] = []  # entered, not yet returned
+    Range = tuple[int, int, int]
+    open_rows: list[tuple[int, list[Range], list[Range]]] = []  # entered, not yet returned
 
-    def close(row: int, written: list[tuple[int, int, int]]) -> None:
+    def close(row: int, written: list[Range], filled: list[Range]) -> None:
         for storage, lo, hi in written:
             last.write_older(storage, lo, hi, row)
+        for storage, lo, hi in filled:  # the collective's result, whatever its nested records listed
+            last.write(storage, lo, hi, row)
 
     for row, name in enumerate(names):
         parent = int(parent_row[row])
@@ -179,8 +183,8 @@ def storage_flow(
                     seen.add(w)
                     src.append(w)
                     dst.append(row)
-        written = _ranges(writes[row]) + (read if fills[row] else []) if name not in NO_READ_OPS else []
-        open_rows.append((row, written))
+        written = _ranges(writes[row]) if name not in NO_READ_OPS else []
+        open_rows.append((row, written, read if fills[row] else []))
     while open_rows:
         close(*open_rows.pop())
     return np.asarray(src, dtype=np.int64), np.asarray(dst, dtype=np.int64)
