@@ -31,7 +31,7 @@ import numpy as np
 
 from etstore.ingest._torch_sync import Lanes
 
-__all__ = ["WAKE_US", "ThreadLanes", "thread_lanes"]
+__all__ = ["WAKE_US", "ThreadLanes", "run_threads", "thread_lanes"]
 
 WAKE_US = 100
 """A thread that resumes this long (µs) after another thread's op ended was waiting for it."""
@@ -142,3 +142,19 @@ def _cross_thread_waits(
         src.append(i[ok])
         dst.append(w[ok])
     return np.concatenate(src), np.concatenate(dst)
+
+
+def run_threads(et_tids: np.ndarray, kineto: np.ndarray) -> np.ndarray:
+    """The thread each ET row ran on: its Kineto thread where linked (gloo runs its collectives
+    on a worker thread that the ET files under the caller's), else the Kineto thread most of
+    its ET thread's linked rows ran on, else its ET thread (codes after the Kineto ones)."""
+    out = kineto.copy()
+    spare = int(kineto.max(initial=-1)) + 1
+    for tid in np.unique(et_tids[kineto < 0]).tolist():
+        mine = (et_tids == tid) & (kineto >= 0)
+        free = (et_tids == tid) & (kineto < 0)
+        if mine.any():
+            out[free] = np.bincount(kineto[mine]).argmax()
+        else:
+            out[free], spare = spare, spare + 1
+    return out

@@ -27,7 +27,7 @@ from etstore.errors import TraceFormatError
 from etstore.ingest._torch_comm import ProcessGroup, process_groups
 from etstore.ingest._torch_sync import HostWaits, device_columns, device_waits, host_waits
 
-__all__ = ["KernelOps", "LinkResult", "dumps", "link_rank"]
+__all__ = ["KernelOps", "LinkResult", "dumps", "link_rank", "recorded_window"]
 
 # Kineto categories of host-side events that an ET node can correspond to
 _CPU_CATS = frozenset({"cpu_op", "user_annotation", "operator", "Operator", "cpu_instant_event"})
@@ -412,3 +412,12 @@ def link_rank(
         thread=_thread_codes(tid_of_row),
         steps=_steps(cpu),
     )
+
+
+def recorded_window(link: LinkResult) -> list[int]:
+    """First start and last end (µs) of a rank's recorded ops: linked ET ops, device activities
+    and blocking calls, as Kineto timed them."""
+    k, w, on = link.kernels, link.waits, link.linked
+    starts = np.concatenate([link.start_us[on], k.start_us, w.start_us])
+    ends = np.concatenate([(link.start_us + link.incl_us)[on], k.start_us + k.dur_us, w.start_us + w.dur_us])
+    return [int(starts.min()), int(ends.max())] if len(starts) else [0, 0]

@@ -61,8 +61,8 @@ from etstore.ingest._torch_et_nodes import (
     tensors,
 )
 from etstore.ingest._torch_flow import storage_flow
-from etstore.ingest._torch_lanes import thread_lanes
-from etstore.ingest._torch_link import LinkResult, dumps, link_rank
+from etstore.ingest._torch_lanes import run_threads, thread_lanes
+from etstore.ingest._torch_link import LinkResult, dumps, link_rank, recorded_window
 from etstore.ingest.et import split_missing
 from etstore.model import ATTR_COLUMNS, META_SCHEMA, OPS_SCHEMA, Trace, deps_table, member_number
 from etstore.proto import GlobalMetadata
@@ -238,7 +238,7 @@ def _add_host_waits(rank: _Rank, nodes: EtNodes, link: LinkResult, executes: np.
     released = w.releaser >= 0
     rank.edge(first_kernel + w.releaser[released], rows[released], "ctrl")
     # where each call sits in its thread: just after the op of its thread that started last before it
-    tids = _run_threads(nodes.tids, link.thread)
+    tids = run_threads(nodes.tids, link.thread)
     timed = executes[link.linked[executes]]
     timed = timed[np.lexsort((timed, rank.start[timed], tids[timed]))]  # by thread, then start, then entry
     at = np.searchsorted(
@@ -269,31 +269,6 @@ def _add_host_waits(rank: _Rank, nodes: EtNodes, link: LinkResult, executes: np.
     )
     rank.edge(lanes.src, lanes.dst, "ctrl")
     rank.dur[lanes.rows] = lanes.dur
-
-
-def _window(link: LinkResult) -> list[int]:
-    """First start and last end (µs) of a rank's recorded ops: linked ET ops, device activities
-    and blocking calls, as Kineto timed them."""
-    k, w, on = link.kernels, link.waits, link.linked
-    starts = np.concatenate([link.start_us[on], k.start_us, w.start_us])
-    ends = np.concatenate([(link.start_us + link.incl_us)[on], k.start_us + k.dur_us, w.start_us + w.dur_us])
-    return [int(starts.min()), int(ends.max())] if len(starts) else [0, 0]
-
-
-def _run_threads(et_tids: np.ndarray, kineto: np.ndarray) -> np.ndarray:
-    """The thread each ET row ran on: its Kineto thread where linked (gloo runs its collectives
-    on a worker thread that the ET files under the caller's), else the Kineto thread most of
-    its ET thread's linked rows ran on, else its ET thread (codes after the Kineto ones)."""
-    out = kineto.copy()
-    spare = int(kineto.max(initial=-1)) + 1
-    for tid in np.unique(et_tids[kineto < 0]).tolist():
-        mine = (et_tids == tid) & (kineto >= 0)
-        free = (et_tids == tid) & (kineto < 0)
-        if mine.any():
-            out[free] = np.bincount(kineto[mine]).argmax()
-        else:
-            out[free], spare = spare, spare + 1
-    return out
 
 
 def _extras_blob(extras: list[tuple[str, bytes]]) -> bytes:
@@ -577,7 +552,7 @@ def _assemble(
             device[0] += len(link.kernels.names)
             device[1] += link.num_device_events
             steps[str(rank_no)] = [list(x) for x in link.steps]
-            windows[str(rank_no)] = _window(link)
+            windows[str(rank_no)] = recorded_window(link)
             if link.world_size:
                 worlds.add(link.world_size)
             for pg in link.groups.values():
