@@ -127,6 +127,9 @@ class _Builder:
 
 def _ring(b: _Builder, N: int, k: int, coll: str) -> None:
     """k rings (one per channel); lane j moves chunks q·k+j; rank r sends chunk r first."""
+    if coll == "broadcast":
+        _ring_broadcast(b, N, k)
+        return
     for j in range(k):
 
         def c(x: int, j: int = j) -> int:
@@ -154,6 +157,17 @@ def _ring(b: _Builder, N: int, k: int, coll: str) -> None:
                 b.step(r, tb, "rrc", ("i", c(r)), ("i", c(r)))
 
 
+def _ring_broadcast(b: _Builder, N: int, k: int) -> None:
+    """Broadcast from rank 0 down a chain 0 → 1 → … → N-1 (NCCL's ring broadcast), each of the
+    k channels pipelining its chunks q·k+j: a rank forwards a chunk as soon as it has it."""
+    for j in range(k):
+        for r in range(N):
+            tb = b.tb(r, send=r + 1 if r < N - 1 else -1, recv=r - 1 if r else -1, chan=j)
+            for q in range(N):
+                c = ("i", q * k + j)
+                b.step(r, tb, "s" if r == 0 else "rcs" if r < N - 1 else "r", c, c)
+
+
 def _pair_channel(r: int, q: int, N: int) -> int:
     """Channel of the connection between r and q: symmetric, at most 32 peers per channel."""
     nchan = -(-N // _PEERS_PER_CHANNEL)
@@ -164,6 +178,12 @@ def _direct(b: _Builder, N: int, k: int, coll: str) -> None:
     """All pairs: every rank exchanges its peers' blocks directly, one threadblock per peer."""
     if coll == "alltoall":
         _alltoall_direct(b, N, k, coll)
+        return
+    if coll == "broadcast":  # the root sends the whole buffer to every peer (gloo's one-to-all)
+        for q in range(1, N):
+            chan = _pair_channel(0, q, N)
+            b.step(0, b.tb(0, send=q, chan=chan), "s", ("i", 0), ("i", 0), N * k)
+            b.step(q, b.tb(q, recv=0, chan=chan), "r", ("i", 0), ("i", 0), N * k)
         return
     for r in range(N):
         peers = [q for q in range(N) if q != r]
@@ -299,14 +319,16 @@ GENERATORS: Mapping[str, GeneratorInfo] = MappingProxyType(
     {
         "ring": GeneratorInfo(
             "ring",
-            ("allreduce", "allgather", "reducescatter"),
-            "k unidirectional rings, one per channel; 2N-1 fused steps per threadblock for all-reduce",
+            ("allreduce", "allgather", "reducescatter", "broadcast"),
+            "k unidirectional rings, one per channel; 2N-1 fused steps per threadblock for all-reduce; "
+            "broadcast pipelined down the chain from rank 0",
             build=_ring,
         ),
         "direct": GeneratorInfo(
             "direct",
-            ("allreduce", "allgather", "reducescatter", "alltoall"),
-            "all pairs: one threadblock per peer, reductions serialised in a local threadblock",
+            ("allreduce", "allgather", "reducescatter", "alltoall", "broadcast"),
+            "all pairs: one threadblock per peer, reductions serialised in a local threadblock; "
+            "broadcast: rank 0 sends every peer the whole buffer",
             build=_direct,
         ),
         "halving-doubling": GeneratorInfo(
@@ -362,6 +384,7 @@ _LAYOUT = {  # buffer sizes in chunks (beyond what the steps touch), in-place fl
     "reducescatter": (lambda C: {"i": C}, True),
     "allgather": (lambda C: {"o": C}, True),
     "alltoall": (lambda C: {"i": C, "o": C}, False),
+    "broadcast": (lambda C: {"i": C}, True),
 }
 
 
@@ -374,8 +397,8 @@ def generate(name: str, *, coll: str, ranks: int, chunks: int = 1) -> Trace:
         One of :data:`GENERATORS`: ``ring``, ``direct``, ``halving-doubling``,
         ``tree`` (double binary tree), ``alltoall-direct``.
     coll
-        ``allreduce``, ``allgather``, ``reducescatter`` or ``alltoall`` (see each
-        generator's ``collectives``).
+        ``allreduce``, ``allgather``, ``reducescatter``, ``alltoall`` or ``broadcast``
+        (from rank 0; see each generator's ``collectives``).
     ranks
         Number of ranks N (at least 2).
     chunks

@@ -4,12 +4,18 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
+import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
 from etstore.collectives import GENERATORS, GeneratorInfo, check_algorithm, generate
 from etstore.errors import UnsatisfiableError
 from etstore.ingest.msccl_xml import read_msccl_xml
+from etstore.sim import simulate
+from etstore.sim.config import SimConfig
+from etstore.sim.sweep import collective_workload
+from etstore.topology import Topology
 
 CASES = [(name, coll) for name, info in GENERATORS.items() for coll in info.collectives]
 
@@ -155,3 +161,40 @@ def test_impossible_requests(args: dict, message: str) -> None:
     name = args.pop("name")
     with pytest.raises(UnsatisfiableError, match=message):
         generate(name, **args)
+
+
+def test_a_broadcast_missing_a_receive_fails_the_check() -> None:
+    """The check proves a broadcast: drop the last rank's first receive and it fails."""
+    good = generate("ring", coll="broadcast", ranks=4, chunks=2)
+    assert check_algorithm(good).ok
+    ops, deps = good.ops, good.deps
+    recv = np.flatnonzero(
+        (ops["rank"].to_numpy() == 3) & (ops["type"].to_numpy(zero_copy_only=False) == "COMM_RECV_NODE")
+    )
+    gone = ops["id"][int(recv[0])].as_py()
+    keep = np.ones(ops.num_rows, bool)
+    keep[recv[0]] = False
+    touches = (deps["rank"].to_numpy() == 3) & (
+        (deps["src"].to_numpy() == gone) | (deps["dst"].to_numpy() == gone)
+    )
+    bad = good.replace(ops=ops.filter(pa.array(keep)), deps=deps.filter(pa.array(~touches)))
+    assert not check_algorithm(bad).ok
+
+
+@pytest.mark.parametrize("ranks", [2, 4, 5])
+def test_broadcast_times_on_a_switch_are_the_closed_forms(ranks: int) -> None:
+    """On ``switch:N`` (a message crosses two links of latency L; bandwidth B, GB = 2^30):
+    direct sends the S bytes to every peer at once, 2L + S/B; the ring chain pipelines its
+    C = N chunks (one per rank, as the simulator asks) down N - 1 hops, (C + N - 2)·(2L + S/(C·B))."""
+    size, lat, bw = 1 << 20, 500.0, 50.0
+    topo = Topology.from_spec(f"switch:{ranks},bw={bw:g},lat={lat:g}")
+    per_byte = 1e9 / (bw * 2**30)
+    config = SimConfig().replace(integer_ns=False)
+
+    def total(algo: str) -> float:
+        work = collective_workload("BROADCAST", ranks, size)
+        return simulate(work, topo, algorithms={"BROADCAST": algo}, config=config).total_ns
+
+    assert total("direct") == pytest.approx(2 * lat + size * per_byte, rel=1e-3)
+    c = ranks
+    assert total("ring") == pytest.approx((c + ranks - 2) * (2 * lat + size / c * per_byte), rel=1e-3)

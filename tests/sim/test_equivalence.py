@@ -39,6 +39,7 @@ _CHAKRA = {
     "allgather": "ALL_GATHER",
     "reducescatter": "REDUCE_SCATTER",
     "alltoall": "ALL_TO_ALL",
+    "broadcast": "BROADCAST",
 }
 CASES = [(g, c) for g, info in GENERATORS.items() for c in info.collectives]
 
