@@ -1,7 +1,7 @@
-"""Record a PyTorch execution trace + Kineto trace pair per rank: DDP, FSDP2 or tensor parallel over gloo, on CPU.
+"""Record a PyTorch execution trace + Kineto trace pair per rank: DDP, FSDP2 or tensor parallel.
 
-Runs ``--ranks`` processes on this machine (no GPU needed), trains a tiny MLP for a few steps
-with the gloo backend and writes per rank::
+Runs ``--ranks`` processes on this machine, trains a small MLP for a few steps and writes per
+rank::
 
     <out>/rank<r>_et.json.gz      host execution trace (torch.profiler.ExecutionTraceObserver)
     <out>/rank<r>_kineto.json.gz  profiler trace (torch.profiler, Chrome-trace JSON)
@@ -14,6 +14,10 @@ with the gloo backend and writes per rank::
 * ``tp``: tensor parallel (DTensor): the first linear column-wise, the second row-wise
   (an all-reduce of activations forward, of input gradients backward).
 
+``--device cpu`` (the default, no GPU needed) uses the gloo backend over loopback;
+``--device cuda`` puts rank ``r`` on GPU ``r % device_count``, records CUDA activity too and uses
+NCCL (one rank per GPU: NCCL refuses two ranks on one device) unless ``--backend gloo`` is given.
+
 Each traced step is a profiler step (``ProfilerStep#N`` in the Kineto trace), so ``etstore
 replay`` sets each rank's simulated step beside its measured one. Read them back with
 ``etstore ingest <out>`` or ``etstore replay <out>``.
@@ -22,6 +26,8 @@ Usage::
 
     pip install torch
     python examples/pytorch/record.py --mode fsdp2 --ranks 4 --out traces/fsdp2_4r --steps 2
+    python examples/pytorch/record.py --mode ddp --device cuda --ranks 1 --hidden 2048 --batch 512 \
+        --out traces/ddp_cuda
 
 Not run by CI (it needs torch); ``tests/data/`` holds recordings made with it
 (``pytorch_gloo``: DDP, 2 ranks, before profiler steps were recorded; ``torch_*``: see
@@ -44,8 +50,7 @@ from torch.profiler import ExecutionTraceObserver, ProfilerActivity, profile, sc
 
 __all__ = ["main"]
 
-IN_FEATURES, HIDDEN, OUT_FEATURES = 16, 32, 4
-BATCH = 8
+IN_FEATURES, OUT_FEATURES = 16, 4
 
 
 def _gzip(path: Path) -> Path:
@@ -57,14 +62,20 @@ def _gzip(path: Path) -> Path:
     return out
 
 
-def _model(mode: str, rank: int, world: int) -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
-    """The model under ``mode``'s parallelism, and this rank's batch."""
+def _model(
+    mode: str, rank: int, world: int, device: torch.device, hidden: int, batch: int
+) -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
+    """The model under ``mode``'s parallelism on ``device``, and this rank's batch."""
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(IN_FEATURES, HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, OUT_FEATURES))
+    model = nn.Sequential(nn.Linear(IN_FEATURES, hidden), nn.ReLU(), nn.Linear(hidden, OUT_FEATURES)).to(
+        device
+    )
     torch.manual_seed(1 + (0 if mode == "tp" else rank))  # tensor parallel: every rank sees the same batch
-    x, y = torch.randn(BATCH, IN_FEATURES), torch.randn(BATCH, OUT_FEATURES)
+    x = torch.randn(batch, IN_FEATURES, device=device)
+    y = torch.randn(batch, OUT_FEATURES, device=device)
     if mode == "ddp":
-        return nn.parallel.DistributedDataParallel(model), x, y
+        ids = [device.index] if device.type == "cuda" else None
+        return nn.parallel.DistributedDataParallel(model, device_ids=ids), x, y
     if mode == "fsdp2":
         from torch.distributed.fsdp import fully_shard
 
@@ -75,15 +86,23 @@ def _model(mode: str, rank: int, world: int) -> tuple[nn.Module, torch.Tensor, t
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
-    mesh = init_device_mesh("cpu", (world,))
+    mesh = init_device_mesh(device.type, (world,))
     return parallelize_module(model, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()}), x, y
 
 
-def _worker(rank: int, world: int, out: str, steps: int, port: int, mode: str) -> None:
+def _worker(rank: int, world: int, args: argparse.Namespace) -> None:
     os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    model, x, y = _model(mode, rank, world)
+    os.environ["MASTER_PORT"] = str(args.port)
+    cuda = args.device == "cuda"
+    device = torch.device("cuda", rank % torch.cuda.device_count()) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    backend = args.backend or ("nccl" if cuda else "gloo")
+    dist.init_process_group(
+        backend, rank=rank, world_size=world, device_id=device if backend == "nccl" else None
+    )
+    model, x, y = _model(args.mode, rank, world, device, args.hidden, args.batch)
+    steps = args.steps
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
 
     def step() -> None:
@@ -93,12 +112,15 @@ def _worker(rank: int, world: int, out: str, steps: int, port: int, mode: str) -
         opt.step()
 
     step()  # warm-up outside the traces: DDP builds its buckets, FSDP2 its groups, on the first step
-    outdir = Path(out)
+    if cuda:
+        torch.cuda.synchronize()
+    outdir = Path(args.out)
     et_path = outdir / f"rank{rank}_et.json"
     kineto_path = outdir / f"rank{rank}_kineto.json"
     et = ExecutionTraceObserver().register_callback(str(et_path))
     sched = schedule(wait=0, warmup=0, active=steps, repeat=1)
-    with profile(activities=[ProfilerActivity.CPU], record_shapes=True, schedule=sched) as prof:
+    activities = [ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])]
+    with profile(activities=activities, record_shapes=True, schedule=sched) as prof:
         et.start()
         for _ in range(steps):
             step()
@@ -120,9 +142,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--ranks", type=int, default=2, help="processes (ranks)")
     parser.add_argument("--steps", type=int, default=2, help="training steps traced")
     parser.add_argument("--port", type=int, default=29531, help="rendezvous TCP port on 127.0.0.1")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where the model runs")
+    parser.add_argument("--backend", choices=("gloo", "nccl"), help="default: nccl on cuda, gloo on cpu")
+    parser.add_argument("--hidden", type=int, default=32, help="hidden width of the MLP")
+    parser.add_argument("--batch", type=int, default=8, help="samples per rank and step")
     args = parser.parse_args(argv)
     Path(args.out).mkdir(parents=True, exist_ok=True)
-    mp.spawn(_worker, args=(args.ranks, args.out, args.steps, args.port, args.mode), nprocs=args.ranks, join=True)
+    mp.spawn(_worker, args=(args.ranks, args), nprocs=args.ranks, join=True)
 
 
 if __name__ == "__main__":
