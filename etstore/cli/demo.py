@@ -145,10 +145,13 @@ def run_demo(*, store_location: str | None, console: Console, out_dir: Path) -> 
         recorded = store.load(name)
         rep = replay(recorded)
         render(rep.steps, console=console)
-        worst = max(abs(e) for e in rep.steps["error_pct"].to_pylist())
+        fit = replay(recorded, fit=True)
+        worst, worst_fit = (max(abs(e) for e in r.steps["error_pct"].to_pylist()) for r in (rep, fit))
         console.print(
-            f"every rank's simulated step within {worst:.1f}% of its measured one, on "
-            f"{rep.topology.name} fitted to the recording's own collective kernels (etstore replay)",
+            f"every rank's simulated step within {worst:.1f}% of its measured one, each collective "
+            f"lasting as it ran after its last peer arrived; within {worst_fit:.1f}% on "
+            f"{fit.topology.name}, the network fitted to its collectives that what-ifs change "
+            "(etstore replay [--topo fitted|SPEC])",
             soft_wrap=True,
         )
         cp = critical_path(recorded)

@@ -21,15 +21,21 @@ __all__ = ["register"]
 def _replay(args: argparse.Namespace, console: Console) -> int:
     with open_to_record(args) as store:  # records nothing: the store read-only, or none
         trace = trace_from(store, args.trace)
-    topo = topology_from(args) if args.topo else None
-    out = replay(trace, topo)
+    fit = args.topo == "fitted"
+    topo = topology_from(args) if args.topo and not fit else None
+    out = replay(trace, topo, fit=fit)
     table = out.collectives if args.collectives else out.steps
-    network = f"{out.topology.name} ({'fitted to its collectives' if out.fitted else 'given'})"
+    network = out.label
     if args.format == "json":
         sys.stdout.write(json_text(table.to_pylist()) + "\n")
         sys.stderr.write(f"network: {network}\n")
         return 0
-    render(table, args.format, title=f"{trace.name} replayed on {network}", console=console)
+    render(
+        table,
+        args.format,
+        title=f"{trace.name} replayed {'with' if out.network == 'recorded' else 'on'} {network}",
+        console=console,
+    )
     if args.format == "table":
         errors = [abs(e) for e in out.steps["error_pct"].to_pylist() if e is not None]
         worst = f"; worst rank error {max(errors):.1f}%" if errors else ""
@@ -50,7 +56,8 @@ def register(sub: Any) -> None:
         "--topo",
         default=None,
         metavar="SPEC",
-        help="network to replay on (default: switch:N fitted to the recording's own collective kernels)",
+        help="network to replay on: a topology (what-if), or 'fitted' (switch:N fitted to the recording's "
+        "collectives); default: each collective takes its recorded transfer time, as it ran",
     )
     sp.add_argument(
         "--bw", type=float, default=None, help="link bandwidth GB/s (GB = 2^30) where --topo leaves it unset"

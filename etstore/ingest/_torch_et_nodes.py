@@ -222,6 +222,7 @@ class Comm:
     tag: list[int | None]
     rank: int | None = None  # the rank the file's collectives name, if any
     group_ranks: dict[str, list[int]] = field(default_factory=dict)  # from the records' rank fields
+    issued_by: dict[int, int] = field(default_factory=dict)  # a backend's execution record → its call
 
 
 def _rpc_args(nodes: EtNodes, row: int, groups: Groups) -> tuple[Mapping[str, Any], int | None]:
@@ -359,6 +360,7 @@ def classify(nodes: EtNodes, groups: Groups) -> Comm:
         elif not nested_in_record:
             alone.append(r)
     single_pg = next(iter(groups.ranks)) if len(groups.ranks) == 1 else None
+    comm.issued_by.update({r: call for found in (nested, record) for call, r in found.items()})
     for call in outer:
         at = record.get(call, rpc.get(call, nested.get(call, call)))
         described = info[rpc[call]] if call in rpc else info[call]

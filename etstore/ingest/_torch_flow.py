@@ -24,7 +24,8 @@ import numpy as np
 
 __all__ = ["NO_READ_OPS", "storage_flow"]
 
-# ops that make a tensor that shares its input's storage, or only look at its metadata:
+# ops that make a tensor that shares its input's storage, or only look at its metadata
+# (a wait returns its input):
 # their inputs are no data reads
 NO_READ_OPS = frozenset(
     {
@@ -61,6 +62,7 @@ NO_READ_OPS = frozenset(
         "aten::empty_strided",
         "aten::empty",
         "aten::resize_",
+        "_c10d_functional::wait_tensor",  # returns its input: the collective wrote the data
     }
 )
 

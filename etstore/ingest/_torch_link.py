@@ -78,6 +78,7 @@ class LinkResult(NamedTuple):
     waits: HostWaits  # blocking runtime calls inside linked ops, with what released them
     thread: np.ndarray  # int64 per ET row: the Kineto thread (pid, tid) it ran on, as a code; -1 unlinked
     steps: list[tuple[str, int, int]]  # ProfilerStep#N annotations: name, start, duration (µs)
+    activity: tuple[np.ndarray, np.ndarray]  # every host event on a linked thread: thread code, start (µs)
 
 
 def _events(doc: Any, path: Path) -> list[dict[str, Any]]:
@@ -293,12 +294,20 @@ def _launchers(calls: list[dict[str, Any] | None], innermost: _Innermost) -> np.
     return out
 
 
-def _thread_codes(tid_of_row: np.ndarray) -> np.ndarray:
-    """Each row's Kineto thread as a small integer (-1 where unlinked)."""
+def _thread_codes(
+    tid_of_row: np.ndarray, events: Sequence[Mapping[str, Any]]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Each row's Kineto thread as a small integer (-1 where unlinked), and the thread code and
+    start of every event in ``events`` on one of those threads, by thread then start."""
     codes: dict[Any, int] = {}
-    return np.asarray(
+    rows = np.asarray(
         [-1 if t is None else codes.setdefault(t, len(codes)) for t in tid_of_row.tolist()], dtype=np.int64
     )
+    on = [(codes[k], _us(e.get("ts"))) for e in events if (k := (e.get("pid"), e.get("tid"))) in codes]
+    code = np.asarray([c for c, _ in on], dtype=np.int64)
+    ts = np.asarray([t for _, t in on], dtype=np.int64)
+    order = np.lexsort((ts, code))
+    return rows, code[order], ts[order]
 
 
 def _steps(events: list[dict[str, Any]]) -> list[tuple[str, int, int]]:
@@ -396,6 +405,7 @@ def link_rank(
     )
     info = doc.get("distributedInfo") if isinstance(doc, dict) else None
     rank = info.get("rank") if isinstance(info, dict) else None
+    thread, act_code, act_ts = _thread_codes(tid_of_row, cpu + runtime)
     return LinkResult(
         linked=linked,
         start_us=start,
@@ -409,8 +419,9 @@ def link_rank(
         world_size=world if isinstance(world := (info or {}).get("world_size"), int) else None,
         groups=process_groups(info if isinstance(info, dict) else None),
         waits=host_waits(runtime_keyed, device, innermost),
-        thread=_thread_codes(tid_of_row),
+        thread=thread,
         steps=_steps(cpu),
+        activity=(act_code, act_ts),
     )
 
 

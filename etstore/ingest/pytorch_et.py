@@ -19,11 +19,11 @@ What each node becomes (see ``docs/pytorch.md``):
 Dependencies (``src`` finishes before ``dst`` issues), all from a lower node id (entry
 order) to a higher one, so the result is acyclic:
 
-* ``data``: a node that reads a tensor id depends on the last node before it that wrote
-  that id (its outputs; a collective also writes the buffers it reads);
-* ``ctrl``: each thread's nodes in entry order (a wrapper issues before its children and
-  runs its self time, as in Chakra's converter), and each process group's
-  communication nodes in order.
+* ``data``: a node that reads bytes of a storage depends on the last node before it that
+  wrote them (:mod:`._torch_flow`; a collective also writes the buffers it reads);
+* ``ctrl``: each thread's nodes in the order they ran, the waits between threads and on
+  the device (:mod:`._torch_lanes`; without Kineto, each ET thread in entry order), and
+  each process group's communication nodes in order.
 
 Durations are not in the ET: without Kineto every op lasts 0 µs and the trace says so
 (``params["durations"] = "absent"``). With Kineto (:mod:`etstore.ingest._torch_link`)
@@ -36,7 +36,7 @@ import gc
 import json
 import re
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -60,6 +60,7 @@ from etstore.ingest._torch_et_nodes import (
     parse_nodes,
     tensors,
 )
+from etstore.ingest._torch_files import Spec, assign_ranks, doc_kind, name_rank, trace_paths
 from etstore.ingest._torch_flow import storage_flow
 from etstore.ingest._torch_lanes import run_threads, thread_lanes
 from etstore.ingest._torch_link import LinkResult, dumps, link_rank, recorded_window
@@ -73,8 +74,6 @@ FORMAT = "pytorch-et"
 NODE_ATTR = "pytorch_et_node"
 KINETO_ATTR = "kineto_event"
 
-_RANK_WORD = re.compile(r"(?:rank|worker)[_-]?(\d+)", re.IGNORECASE)  # rank3_et, worker3_step_12.<ts>
-_LAST_NUMBER = re.compile(r"(\d+)(?=\D*$)")  # dlrm_eg_3
 # calls that block their thread until a collective's work is done (c10d and functional waits,
 # awaitables' "## ... wait() ##" annotations)
 _WAIT_CALL = re.compile(r"(?:^c10d::wait|wait_tensor|\bwait\(\))")
@@ -266,9 +265,31 @@ def _add_host_waits(rank: _Rank, nodes: EtNodes, link: LinkResult, executes: np.
         ),
         keep_own=np.asarray([rank.comm.kind[i] is not None for i in seq.tolist()], dtype=bool),
         is_wait=np.asarray([_WAIT_CALL.search(rank.names[i]) is not None for i in seq.tolist()], dtype=bool),
+        is_sync=np.arange(len(seq)) >= len(executes),
+        activity=link.activity,
+        issuer=_issuers(rank.comm.issued_by, seq, tids),
     )
     rank.edge(lanes.src, lanes.dst, "ctrl")
     rank.dur[lanes.rows] = lanes.dur
+    rank.start[lanes.rows] = lanes.start
+
+
+def _issuers(issued_by: dict[int, int], seq: np.ndarray, tids: np.ndarray) -> np.ndarray:
+    """Per position of ``seq``: the position of the call whose work that record ran on another
+    thread (gloo's worker), else -1."""
+    at = np.full(int(seq.max(initial=-1)) + 1, -1, dtype=np.int64)
+    at[seq] = np.arange(len(seq))
+    out = np.full(len(seq), -1, dtype=np.int64)
+    for record, call in issued_by.items():
+        if (
+            record < len(at)
+            and call < len(at)
+            and at[record] >= 0
+            and at[call] >= 0
+            and tids[record] != tids[call]
+        ):
+            out[at[record]] = at[call]
+    return out
 
 
 def _extras_blob(extras: list[tuple[str, bytes]]) -> bytes:
@@ -353,67 +374,6 @@ def _metadata(header: Mapping[str, Any]) -> bytes:
     return bytes(meta.SerializeToString())
 
 
-# ---------------------------------------------------------------- files and ranks
-
-PathLike = str | Path
-Spec = PathLike | Sequence[PathLike] | Mapping[int, PathLike]
-
-
-def _paths(spec: Spec | None) -> list[tuple[int | None, Path]]:
-    """``(rank if given, path)`` for a file, directory, glob, list or ``{rank: path}``."""
-    if spec is None:
-        return []
-    if isinstance(spec, Mapping):
-        return [(int(r), Path(p)) for r, p in sorted(spec.items())]
-    if not isinstance(spec, (str, Path)):
-        return [(None, Path(p)) for p in spec]
-    text = str(spec)
-    path = Path(text)
-    if any(ch in text for ch in "*?["):
-        found = sorted(p for p in path.parent.glob(path.name) if p.is_file())
-    elif path.is_dir():
-        found = sorted(p for p in path.iterdir() if p.is_file() and p.name.endswith((".json", ".json.gz")))
-    elif path.is_file():
-        return [(None, path)]
-    else:
-        raise TraceFormatError(f"{text}: no such file or directory")
-    if not found:
-        raise TraceFormatError(f"{text}: no .json or .json.gz trace files found")
-    return [(None, p) for p in found]
-
-
-def _name_rank(path: Path) -> int | None:
-    """The rank a file name states: the number after ``rank``/``worker``, else its last number."""
-    stem = path.name.split(".json")[0]
-    m = _RANK_WORD.search(stem) or _LAST_NUMBER.search(stem)
-    return int(m[1]) if m else None
-
-
-def _assign(
-    items: list[tuple[int | None, Path, int | None]], what: str
-) -> dict[int, tuple[Path, int | None]]:
-    """Rank of each file: given, else the file's own (content), else its name's number, else its position."""
-    out: dict[int, tuple[Path, int | None]] = {}
-    names = [_name_rank(p) for _, p, _ in items]
-    use_names = None not in names and len(set(names)) == len(names)
-    for i, ((given, path, content), by_name) in enumerate(zip(items, names, strict=True)):
-        rank = given if given is not None else content
-        if rank is None:
-            rank = by_name if use_names and by_name is not None else i
-        if rank in out:
-            raise TraceFormatError(f"{path}: {what} of rank {rank} also given by {out[rank][0]}")
-        out[rank] = (path, content)
-    return out
-
-
-def _kind(doc: Any) -> str:
-    if isinstance(doc, dict) and "nodes" in doc:
-        return "et"
-    if isinstance(doc, dict) and "traceEvents" in doc:
-        return "kineto"
-    return "other"
-
-
 def read_pytorch_et(spec: Spec, *, name: str | None = None, kineto: Spec | None = None) -> Trace:
     """Read PyTorch execution traces (one per rank), optionally linked with their Kineto traces.
 
@@ -468,9 +428,9 @@ def _read(spec: Spec, *, name: str | None, kineto: Spec | None) -> Trace:
     ets: list[tuple[int | None, Path, int | None]] = []
     parsed: dict[Path, tuple[EtNodes, Groups, Comm]] = {}
     found_kineto: list[tuple[int | None, Path, Any]] = []
-    for given, path in _paths(spec):
+    for given, path in trace_paths(spec):
         doc = load_json(path)
-        kind = _kind(doc)
+        kind = doc_kind(doc)
         if kind == "kineto" and not isinstance(spec, (Mapping, list, tuple)):
             found_kineto.append((given, path, doc))
             continue
@@ -483,8 +443,8 @@ def _read(spec: Spec, *, name: str | None, kineto: Spec | None) -> Trace:
         ets.append((given, path, comm.rank))
     if not ets:
         raise TraceFormatError(f"{spec}: no PyTorch execution trace among the files")
-    ranks = _assign(ets, "execution trace")
-    kdocs = [(g, p, load_json(p)) for g, p in _paths(kineto)] if kineto is not None else found_kineto
+    ranks = assign_ranks(ets, "execution trace")
+    kdocs = [(g, p, load_json(p)) for g, p in trace_paths(kineto)] if kineto is not None else found_kineto
     links = _kineto_by_rank(kdocs, ranks)
     return _assemble(ranks, parsed, links, name=name, source=str(spec))
 
@@ -496,13 +456,13 @@ def _kineto_by_rank(
     if not kdocs:
         return {}
     for _, path, doc in kdocs:
-        if _kind(doc) != "kineto":
+        if doc_kind(doc) != "kineto":
             raise TraceFormatError(f"{path}: not a Kineto trace (expected a 'traceEvents' list)")
     if len(kdocs) == 1 and len(ranks) == 1:
         (rank, (et_path, content)), (_, kpath, doc) = next(iter(ranks.items())), kdocs[0]
         info = doc.get("distributedInfo") or {}
         krank = info.get("rank") if isinstance(info, dict) else None
-        et_states_rank = content is not None or _name_rank(et_path) is not None
+        et_states_rank = content is not None or name_rank(et_path) is not None
         if isinstance(krank, int) and krank != rank and et_states_rank:
             raise TraceFormatError(f"{kpath}: Kineto trace of rank {krank}, but {et_path} is rank {rank}")
         return {rank: (kpath, doc)}
@@ -511,7 +471,7 @@ def _kineto_by_rank(
         info = doc.get("distributedInfo") or {}
         krank = info.get("rank") if isinstance(info, dict) else None
         items.append((given, path, krank if isinstance(krank, int) else None))
-    by_rank = _assign(items, "Kineto trace")
+    by_rank = assign_ranks(items, "Kineto trace")
     docs = {p: d for _, p, d in kdocs}
     extra = sorted(set(by_rank) - set(ranks))
     if extra:

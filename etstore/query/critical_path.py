@@ -137,9 +137,7 @@ def critical_path(trace: Trace, *, rank: int | None = None, on_cycle: str = "bre
         if on_cycle == "raise":
             bad = np.flatnonzero(gen < 0)[:5]
             where = ", ".join(f"rank {ops['rank'][int(i)]} id {ops['id'][int(i)]}" for i in bad)
-            raise CycleError(
-                f"trace {trace.name!r} has a dependency cycle ({where}, ...); no critical path"
-            )
+            raise CycleError(f"trace {trace.name!r} has a dependency cycle ({where}, ...); no critical path")
         keep = break_cycles(n, src, dst)
         dropped = int((~keep).sum())
         src, dst = src[keep], dst[keep]

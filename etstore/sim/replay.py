@@ -3,20 +3,32 @@
 A recorded trace (PyTorch ET + Kineto, ``params["execution"] == "recorded"``) carries its
 measured compute: CPU ops with their own work (time blocked in a synchronizing call is a
 dependency on the device work it waited for, not a duration), GPU activities on their
-streams, each after its launch and the waits it was held by. What it does not carry is a
-network: a collective kernel's recorded time is mostly waiting for its peers. So:
+streams, each after its launch and the waits it was held by. A collective's recorded time
+is mostly waiting for its peers, which the replay models by the collective itself:
 
 * each rank enters the step when it did in the recording (its ``ProfilerStep#`` start,
   else its first op): one op per rank, ``etstore::enter_step``, lasts from the earliest
   rank's entry to its own, and every op of the rank without a dependency waits for it;
 * each collective instance (the k-th collective of a process group on every member) has a
-  *transfer* part, measured as the median end of its kernels less the latest start, when
-  every peer had arrived: the rest of a kernel's time is waiting for peers, which the
-  replay models by the collective itself;
-* the network is fitted to those transfer parts: link latency and bandwidth of a
-  one-switch topology (``switch:N``) by non-negative least squares on the relative error,
-  using that the simulated time of a collective is affine in latency and in 1/bandwidth;
-  a given topology is used as it is, for what-ifs.
+  *transfer* part, measured as the median end of its members less the latest start, when
+  every peer had arrived;
+* the network, one of three (``Replay.network``):
+
+  - ``recorded`` (the default): the step as it ran. Every collective waits for all its
+    members (it runs on a network that takes no time) and then, on each member, lasts
+    until that member's recorded end (an ``etstore::transfer`` op after it of the time
+    from the last arrival to its end);
+    point-to-point ops take their recorded time. What remains of the error is the
+    execution model's.
+  - ``fitted``: a one-switch network (``switch:N``) with the link latency and bandwidth
+    that best give the measured transfer parts (non-negative least squares on the relative
+    error; the simulated time of a collective is affine in latency and in 1/bandwidth).
+    What it adds to the error is the network model's: one time per collective and size,
+    where the recording may vary (gloo on a shared CPU, by ×40).
+  - a given topology, for what-ifs.
+
+  Collectives run ASTRA-sim's native algorithms; a broadcast, which has none, runs the
+  ``ring`` generator's chain from the group's first rank (:data:`ALGORITHMS`).
 
 The measured step of a rank runs from its entry to the end of the last of its ops (CPU or
 GPU) in the recording; the simulated one from the same entry to the same ops' simulated
@@ -42,9 +54,22 @@ from etstore.sim.result import SimResult
 from etstore.sim.sweep import collective_workload
 from etstore.topology import Topology
 
-__all__ = ["ENTRY_NAME", "Replay", "collective_transfers", "fit_network", "replay"]
+__all__ = [
+    "ALGORITHMS",
+    "ENTRY_NAME",
+    "TRANSFER_NAME",
+    "Replay",
+    "collective_transfers",
+    "fit_network",
+    "replay",
+]
 
 ENTRY_NAME = "etstore::enter_step"
+TRANSFER_NAME = "etstore::transfer"
+_FREE = "bw=1e+06,lat=0"  # the network of a ``recorded`` replay: it takes (next to) no time
+ALGORITHMS: Mapping[str, str] = {"BROADCAST": "ring"}
+"""Collectives whose default algorithm (:meth:`SimConfig.impl_for`) would replay their recorded
+time, and what a replay runs instead: a broadcast's recorded time includes waiting for the root."""
 _BASE_LAT_NS, _BASE_BW = 500.0, 50.0  # the point the affine model is taken at
 
 
@@ -54,9 +79,18 @@ class Replay:
 
     steps: pa.Table  # rank, step, measured_us, simulated_us, error_pct
     collectives: pa.Table  # per rank and instance: measured, transfer and simulated times
-    topology: Topology
-    fitted: bool
+    network: str  # "recorded", "fitted" or "given"
+    topology: Topology  # for "recorded", the free network the collectives synchronise on
     result: SimResult
+
+    @property
+    def label(self) -> str:
+        """How the network is named to a reader."""
+        if self.network == "recorded":
+            return "its recorded collectives"
+        return (
+            f"{self.topology.name} ({'fitted to its collectives' if self.network == 'fitted' else 'given'})"
+        )
 
 
 class _Entry(NamedTuple):
@@ -82,37 +116,97 @@ def _rank_entries(trace: Trace) -> dict[int, _Entry]:
 
 def _with_entries(trace: Trace, entries: Mapping[int, _Entry]) -> Trace:
     """The trace with one entry op per rank (see the module's note)."""
-    ops, deps = trace.ops, trace.deps
+    deps = trace.deps
     t0 = min(e.at for e in entries.values())
-    rank = ops["rank"].to_numpy()
-    ids = ops["id"].to_numpy().astype(np.uint64)
+    rank = trace.ops["rank"].to_numpy()
     has_dep = set(zip(deps["rank"].to_numpy().tolist(), deps["dst"].to_numpy().tolist(), strict=True))
-    new_rows: dict[str, list[Any]] = {f.name: [] for f in ops.schema}
+    ids = trace.ops["id"].to_numpy().astype(np.uint64)
+    rows: list[dict[str, Any]] = []
     e_src, e_dst, e_rank = [], [], []
     for r, entry in sorted(entries.items()):
         mine = ids[rank == r]
-        eid = int(mine.max()) + 1
-        row = dict.fromkeys(new_rows)
-        row.update(
-            rank=r,
-            id=eid,
-            name=ENTRY_NAME,
-            type="COMP_NODE",
-            duration_micros=entry.at - t0,
-            start_time_micros=t0,
-            is_cpu_op=True,
+        rows.append(
+            dict(rank=r, name=ENTRY_NAME, duration_micros=entry.at - t0, start_time_micros=t0, is_cpu_op=True)
         )
-        for k, v in row.items():
-            new_rows[k].append(v)
         roots = [int(i) for i in mine.tolist() if (r, int(i)) not in has_dep]
-        e_src += [eid] * len(roots)
+        e_src += [-len(rows)] * len(roots)
         e_dst += roots
         e_rank += [r] * len(roots)
-    extra = pa.Table.from_pydict(new_rows, schema=ops.schema)
-    new_deps = deps_table(np.asarray(e_rank, dtype=np.int32), e_src, e_dst, "ctrl")
-    return trace.replace(
+    return _append(trace, rows, e_rank, e_src, e_dst)[0]
+
+
+def _append(
+    trace: Trace, rows: list[dict[str, Any]], e_rank: list[int], e_src: list[int], e_dst: list[int]
+) -> tuple[Trace, list[int]]:
+    """``trace`` with compute ops ``rows`` (ids after each rank's largest, in order) and ctrl
+    edges (an end ``-(k + 1)`` is the k-th new op), and the new ops' ids."""
+    ops, deps = trace.ops, trace.deps
+    rank = ops["rank"].to_numpy()
+    ids = ops["id"].to_numpy().astype(np.uint64)
+    next_id = {int(r): int(ids[rank == r].max()) + 1 for r in np.unique(rank).tolist()}
+    new_ids = []
+    cols: dict[str, list[Any]] = {f.name: [] for f in ops.schema}
+    for row in rows:
+        r = int(row["rank"])
+        new_ids.append(next_id[r])
+        next_id[r] += 1
+        full = dict.fromkeys(cols)
+        full.update(type="COMP_NODE", **row, id=new_ids[-1])
+        for k, v in full.items():
+            cols[k].append(v)
+    src = [new_ids[-s - 1] if s < 0 else s for s in e_src]
+    dst = [new_ids[-d - 1] if d < 0 else d for d in e_dst]
+    extra = pa.Table.from_pydict(cols, schema=ops.schema)
+    new_deps = deps_table(np.asarray(e_rank, dtype=np.int32), src, dst, "ctrl")
+    out = trace.replace(
         ops=pa.concat_tables([ops, extra]), deps=pa.concat_tables([deps, new_deps.cast(deps.schema)])
     )
+    return out, new_ids
+
+
+def _with_transfers(trace: Trace, transfers: pa.Table) -> tuple[Trace, np.ndarray]:
+    """The trace with each collective followed by its instance's measured transfer part and each
+    point-to-point op by its recorded time (what depended on the op depends on that time), and
+    the transfer op of each row of ``transfers``."""
+    ops, deps = trace.ops, trace.deps
+    after: dict[tuple[int, int], float] = {
+        (int(r), int(i)): float(t)
+        for r, i, t in zip(
+            *(transfers[k].to_pylist() for k in ("rank", "id", "own_transfer_us")), strict=True
+        )
+    }
+    p2p = np.isin(ops["type"].to_numpy(zero_copy_only=False), ["COMM_SEND_NODE", "COMM_RECV_NODE"])
+    for r, i, d in zip(
+        ops["rank"].to_numpy()[p2p].tolist(),
+        ops["id"].to_numpy()[p2p].tolist(),
+        ops["duration_micros"].to_numpy(zero_copy_only=False)[p2p].tolist(),
+        strict=True,
+    ):
+        after[(int(r), int(i))] = float(d)
+    if not after:
+        return trace, np.zeros(0, dtype=np.uint64)
+    keys = list(after)
+    rows = [
+        dict(rank=r, name=TRANSFER_NAME, duration_micros=round(after[(r, i)]), is_cpu_op=False)
+        for r, i in keys
+    ]
+    k_rank = np.asarray([r for r, _ in keys], dtype=np.int64)
+    k_id = np.asarray([i for _, i in keys], dtype=np.uint64)
+    order = np.lexsort((k_id, k_rank))
+    sorted_keys = np.rec.fromarrays([k_rank[order], k_id[order]])
+    d_rank, d_src = deps["rank"].to_numpy().astype(np.int64), deps["src"].to_numpy().astype(np.uint64)
+    at = np.minimum(np.searchsorted(sorted_keys, np.rec.fromarrays([d_rank, d_src])), len(keys) - 1)
+    moved = (k_rank[order][at] == d_rank) & (k_id[order][at] == d_src)
+    # the op's dependents wait for its transfer part (new op k is -(k + 1)) instead
+    e_rank = [*d_rank[moved].tolist(), *k_rank.tolist()]
+    e_src = [*(-(order[at[moved]] + 1)).tolist(), *k_id.astype(np.int64).tolist()]
+    e_dst = [
+        *deps["dst"].to_numpy()[moved].astype(np.int64).tolist(),
+        *(-(np.arange(len(keys)) + 1)).tolist(),
+    ]
+    trace = trace.replace(deps=deps.filter(pa.array(~moved)))
+    out, ids = _append(trace, rows, e_rank, e_src, e_dst)
+    return out, np.asarray(ids[: transfers.num_rows], dtype=np.uint64)  # collectives come first in keys
 
 
 def collective_transfers(trace: Trace) -> pa.Table:
@@ -120,45 +214,54 @@ def collective_transfers(trace: Trace) -> pa.Table:
 
     The k-th ``COMM_COLL_NODE`` of a process group on each rank is instance k (the
     simulator pairs them the same way). The transfer part is the median end of the
-    instance's kernels less their latest start: the time after the last peer arrived.
+    instance's kernels less their latest start: the time after the last peer arrived;
+    ``own_transfer_us`` is each member's own end less that start (what a ``recorded``
+    replay gives it: members do not finish together, a gloo worker that lost its core
+    finishes late).
     """
     ops = trace.ops
     is_coll = np.asarray([t == "COMM_COLL_NODE" for t in ops["type"].to_pylist()], dtype=bool)
-    rows = np.flatnonzero(is_coll)
-    if not len(rows):
-        return pa.table({"rank": pa.array([], pa.int32())})
-    sub = ops.take(pa.array(rows))
+    sub = ops.take(pa.array(np.flatnonzero(is_coll), pa.int64()))
     rank = sub["rank"].to_numpy()
     ids = sub["id"].to_numpy().astype(np.int64)
     pg = [p or "" for p in sub["pg_name"].to_pylist()]
     start = sub["start_time_micros"].to_numpy(zero_copy_only=False).astype(np.int64)
     dur = sub["duration_micros"].to_numpy(zero_copy_only=False).astype(np.int64)
-    seq = np.zeros(len(rows), dtype=np.int64)
+    seq = np.zeros(sub.num_rows, dtype=np.int64)
     count: dict[tuple[int, str], int] = {}
     for i in np.lexsort((ids, rank)).tolist():
         key = (int(rank[i]), pg[i])
         seq[i] = count.get(key, 0)
         count[key] = seq[i] + 1
-    transfer = np.zeros(len(rows), dtype=np.float64)
+    transfer = np.zeros(sub.num_rows, dtype=np.float64)
+    own = np.zeros(sub.num_rows, dtype=np.float64)
     for group, k in {(p, int(s)) for p, s in zip(pg, seq.tolist(), strict=True)}:
         members = np.flatnonzero((np.asarray(pg, dtype=object) == group) & (seq == k))
         ends = start[members] + dur[members]
-        transfer[members] = max(1.0, float(np.median(ends)) - float(start[members].max()))
+        last = float(start[members].max())
+        transfer[members] = max(1.0, float(np.median(ends)) - last)
+        own[members] = np.maximum(ends - last, 0.0)
     return pa.table(
         {
             "rank": pa.array(rank, pa.int32()),
             "id": pa.array(ids.astype(np.uint64)),
-            "pg_name": pg,
+            "pg_name": pa.array(pg, pa.string()),
             "seq": seq,
             "comm_type": sub["comm_type"],
             "size_bytes": sub["comm_size"],
             "measured_us": dur.astype(np.float64),
             "transfer_us": transfer,
+            "own_transfer_us": own,
         }
     )
 
 
-def fit_network(transfers: pa.Table, num_npus: int, config: SimConfig | None = None) -> Topology:
+def fit_network(
+    transfers: pa.Table,
+    num_npus: int,
+    config: SimConfig | None = None,
+    algorithms: Mapping[str, str] = ALGORITHMS,
+) -> Topology:
     """``switch:N`` with the latency and bandwidth that best give the measured transfer parts.
 
     One simulation per distinct collective (type, size) at a base point and one per
@@ -184,6 +287,7 @@ def fit_network(transfers: pa.Table, num_npus: int, config: SimConfig | None = N
                     collective_workload(c, num_npus, s if c != "ALL_GATHER" else s * num_npus),
                     topo,
                     config=cfg,
+                    algorithms=algorithms,
                 ).total_ns
                 / 1e3
                 for c, s in keys
@@ -201,8 +305,10 @@ def fit_network(transfers: pa.Table, num_npus: int, config: SimConfig | None = N
     return Topology.from_spec(f"switch:{num_npus},bw={bw:.6g},lat={lat:.6g}")
 
 
-def replay(trace: Trace, topo: Topology | None = None, *, config: SimConfig | None = None) -> Replay:
-    """Replay ``trace`` (recorded) on ``topo``, or on a network fitted to its own collectives.
+def replay(
+    trace: Trace, topo: Topology | None = None, *, fit: bool = False, config: SimConfig | None = None
+) -> Replay:
+    """Replay ``trace`` (recorded) as it ran, on a network fitted to its collectives, or on ``topo``.
 
     Raises
     ------
@@ -216,15 +322,19 @@ def replay(trace: Trace, topo: Topology | None = None, *, config: SimConfig | No
             "Kineto trace): nothing measured to replay; 'etstore sim' simulates it"
         )
     entries = _rank_entries(trace)
-    ranks = sorted(entries)
+    npus = max(2, max(entries) + 1)
     transfers = collective_transfers(trace)
-    fitted = topo is None
-    if topo is None:
-        topo = fit_network(transfers, max(ranks) + 1, config)
-    work = _with_entries(trace, entries)
-    res = simulate(work, topo, config=config)
+    work, transfer_ids = trace, None
+    if topo is not None:
+        network, net = "given", topo
+    elif fit and len(entries) > 1:  # one rank has no network to fit: it replays as recorded
+        network, net = "fitted", fit_network(transfers, npus, config)
+    else:
+        network, net = "recorded", Topology.from_spec(f"switch:{npus},{_FREE}")
+        work, transfer_ids = _with_transfers(trace, transfers)
+    res = simulate(_with_entries(work, entries), net, config=config, algorithms=ALGORITHMS)
     steps = _steps(trace, res, entries)
-    return Replay(steps, _collective_rows(transfers, res), topo, fitted, res)
+    return Replay(steps, _collective_rows(transfers, res, transfer_ids), network, net, res)
 
 
 def _steps(trace: Trace, res: SimResult, entries: Mapping[int, _Entry]) -> pa.Table:
@@ -241,9 +351,9 @@ def _steps(trace: Trace, res: SimResult, entries: Mapping[int, _Entry]) -> pa.Ta
     cpu = pc.fill_null(ops["is_cpu_op"], False).to_numpy(zero_copy_only=False) & (start > 0)
     sim = res.ops
     s_rank = sim["rank"].to_numpy()
-    s_end = sim["end_ns"].to_numpy()
     is_entry = sim["name"].to_numpy(zero_copy_only=False) == ENTRY_NAME
-    n0 = ops.num_rows  # the replay's ops are the trace's, in its order, then the entries
+    s_end = sim["end_ns"].to_numpy()[_positions(ops, sim)]  # the end of each trace row in the replay
+    e_rank, e_end = s_rank[is_entry], sim["end_ns"].to_numpy()[is_entry]
     out: dict[str, list[Any]] = {
         "rank": [],
         "step": [],
@@ -255,14 +365,14 @@ def _steps(trace: Trace, res: SimResult, entries: Mapping[int, _Entry]) -> pa.Ta
         mine = np.flatnonzero((rank == r) & cpu)
         mine = mine[np.argsort(start[mine], kind="stable")]
         rec = [float(entry.at)]
-        rep = [float(s_end[(s_rank == r) & is_entry].max()) / 1e3]
+        rep = [float(e_end[e_rank == r].max()) / 1e3]
         for _, at in entry.steps[1:]:
             i = int(np.searchsorted(start[mine], at))
             b = int(mine[min(i, len(mine) - 1)])
             rec.append(float(start[b] - dur[b]))
             rep.append(float(s_end[b]) / 1e3 - float(dur[b]))
         rec.append(float(entry.last))
-        rep.append(float(s_end[:n0][s_rank[:n0] == r].max()) / 1e3)
+        rep.append(float(s_end[rank == r].max()) / 1e3)
         for k, (name, _) in enumerate(entry.steps):
             measured, simulated = rec[k + 1] - rec[k], rep[k + 1] - rep[k]
             out["rank"].append(r)
@@ -273,24 +383,24 @@ def _steps(trace: Trace, res: SimResult, entries: Mapping[int, _Entry]) -> pa.Ta
     return pa.table(out)
 
 
-def _collective_rows(transfers: pa.Table, res: SimResult) -> pa.Table:
-    if not transfers.num_rows or "id" not in transfers.column_names:
-        return transfers
+def _positions(ops: pa.Table, sim: pa.Table) -> np.ndarray:
+    """Where each row of ``ops`` is in ``sim`` (the replay's ops, by rank and id)."""
+    key = np.rec.fromarrays([sim["rank"].to_numpy(), sim["id"].to_numpy().astype(np.uint64)])
+    order = np.argsort(key, kind="stable")
+    want = np.rec.fromarrays([ops["rank"].to_numpy(), ops["id"].to_numpy().astype(np.uint64)])
+    return order[np.searchsorted(key[order], want)]
+
+
+def _collective_rows(transfers: pa.Table, res: SimResult, transfer_ids: np.ndarray | None) -> pa.Table:
+    """``transfers`` with each collective's simulated time: from its start to its end, or to
+    the end of its transfer part (op ``transfer_ids``) where the replay added one."""
     sim = res.ops
-    key = {
-        (int(r), int(i)): (s, e)
-        for r, i, s, e in zip(
-            sim["rank"].to_pylist(),
-            sim["id"].to_pylist(),
-            sim["start_ns"].to_pylist(),
-            sim["end_ns"].to_pylist(),
-            strict=True,
-        )
-    }
-    simulated = [
-        round((key[(int(r), int(i))][1] - key[(int(r), int(i))][0]) / 1e3, 3)
-        if (int(r), int(i)) in key
-        else None
-        for r, i in zip(transfers["rank"].to_pylist(), transfers["id"].to_pylist(), strict=True)
-    ]
+    start = sim["start_ns"].to_numpy()[_positions(transfers, sim)]
+    ends = (
+        transfers
+        if transfer_ids is None
+        else transfers.set_column(1, "id", pa.array(transfer_ids, pa.uint64()))
+    )
+    end = sim["end_ns"].to_numpy()[_positions(ends, sim)]
+    simulated = np.round((end - start) / 1e3, 3)
     return transfers.append_column("simulated_us", pa.array(simulated, pa.float64()))

@@ -86,15 +86,23 @@ def test_each_c10d_call_is_one_collective(name: str) -> None:
 
 
 def test_gloo_records_run_on_the_worker_thread_lane() -> None:
-    """A gloo record is the collective and keeps its own time; its caller's thread does not wait
-    in line behind it, so the untraced time after the call stays with the caller's thread."""
+    """A gloo record is the collective and keeps its own time, from where its worker could pick
+    it up (the call's start, or the worker's previous op's end) to its recorded end; its
+    caller's thread does not wait in line behind it, so the untraced time after the call stays
+    with the caller's thread."""
     t = _trace("torch_ddp_2r")
     rows = {(r["rank"], r["id"]): r for r in t.ops.to_pylist()}
     deps = {(d["rank"], d["src"], d["dst"]) for d in t.deps.to_pylist()}
     for (rank, op_id), r in rows.items():
         if r["name"] == "gloo:all_reduce":
             event = json.loads(_kineto_event(r))
-            assert r["type"] == "COMM_COLL_NODE" and r["duration_micros"] == round(event["dur"])
+            assert r["type"] == "COMM_COLL_NODE"
+            end = event["ts"] + event["dur"]
+            assert abs(r["start_time_micros"] + r["duration_micros"] - end) <= 1
+            assert r["duration_micros"] >= round(event["dur"])
+            calls = [c for c in rows.values() if c["rank"] == rank and c["name"] == "c10d::allreduce_"]
+            began = max(c["start_time_micros"] for c in calls if c["start_time_micros"] <= event["ts"])
+            assert r["start_time_micros"] >= began  # picked up no earlier than its call began
             # no op of the caller's thread follows it in a chain: it is on its own lane
             followers = [rows[(rank, d)] for (rr, s, d) in deps if rr == rank and s == op_id]
             assert all(

@@ -50,7 +50,8 @@ def _check_linked_times(trace: Trace, rank: int, kineto: dict[str, Any]) -> int:
     compute op lasts its thread time: on its Kineto thread, from where the previous op left
     the thread (that op's end, or this op's start if it comes first) to where this one leaves
     it (less only where it waited on something else: blocking calls, cross-thread waits); a
-    communication call its own event's time. Returns the linked ET op count."""
+    communication call its own event's time, from where its worker could pick it up. Returns
+    the linked ET op count."""
     events = {
         (e["args"]["External id"], e["name"]): e
         for e in kineto["traceEvents"]
@@ -65,7 +66,11 @@ def _check_linked_times(trace: Trace, rank: int, kineto: dict[str, Any]) -> int:
             event = json.loads(extra["kineto_event"])
             assert events[(event["args"]["External id"], event["name"])] == event
             assert event["name"] == r["name"]
-            assert r["start_time_micros"] == round(event["ts"])
+            if r["type"] == "COMP_NODE":
+                assert r["start_time_micros"] == round(event["ts"])
+            else:  # a worker's record: from where the worker could pick it up to its end
+                assert r["start_time_micros"] <= round(event["ts"])
+                assert abs(r["start_time_micros"] + r["duration_micros"] - (event["ts"] + event["dur"])) <= 1
             lanes.setdefault((event["pid"], event["tid"]), []).append((round(event["ts"]), r["id"], r, event))
             linked += "pytorch_et_node" in extra
     exact = checked = 0
@@ -74,8 +79,7 @@ def _check_linked_times(trace: Trace, rank: int, kineto: dict[str, Any]) -> int:
         left = [min(ts + round(e["dur"]), nxt) for (ts, _, _, e), (nxt, _, _, _) in itertools.pairwise(lane)]
         for (_, _, r, event), was_left, leaves in zip(lane[1:-1], left[:-1], left[1:], strict=True):
             if r["type"] != "COMP_NODE":
-                assert r["duration_micros"] == round(event["dur"]), r["name"]
-                continue
+                continue  # checked above
             checked += 1
             assert r["duration_micros"] <= leaves - was_left, r["name"]
             exact += r["duration_micros"] == leaves - was_left
@@ -229,10 +233,12 @@ def test_gloo_recording_links_by_record_function_id() -> None:
             node = json.loads(extra["pytorch_et_node"])
             rf_id = {a["name"]: a["value"] for a in node["attrs"]}["rf_id"]
             assert json.loads(extra["kineto_event"]) == by_rf[rf_id]
-        # the collective's duration: gloo's own record of the all-reduce (no children)
+        # the collective's duration: gloo's own record of the all-reduce (no children), from
+        # where the worker could pick it up to its recorded end
         ar = next(r for r in _rank(t, rank) if r["name"] == "gloo:all_reduce")
         event = json.loads(decode_attrs(ar["attrs"])["kineto_event"])
-        assert ar["duration_micros"] == round(event["dur"])
+        assert abs(ar["start_time_micros"] + ar["duration_micros"] - (event["ts"] + event["dur"])) <= 1
+        assert ar["duration_micros"] >= round(event["dur"])
         assert ar["comm_size"] == 676 * 4
         assert _check_linked_times(t, rank, kineto) > 150
 
