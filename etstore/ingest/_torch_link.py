@@ -295,17 +295,18 @@ def _launchers(calls: list[dict[str, Any] | None], innermost: _Innermost) -> np.
 
 
 def _thread_codes(
-    tid_of_row: np.ndarray, events: Sequence[Mapping[str, Any]]
+    tid_of_row: np.ndarray, start: np.ndarray, runtime: Sequence[Mapping[str, Any]]
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Each row's Kineto thread as a small integer (-1 where unlinked), and the thread code and
-    start of every event in ``events`` on one of those threads, by thread then start."""
+    start of every linked op and runtime call (``tid`` keyed as ``(pid, tid)``) on one of those
+    threads, by thread then start."""
     codes: dict[Any, int] = {}
     rows = np.asarray(
         [-1 if t is None else codes.setdefault(t, len(codes)) for t in tid_of_row.tolist()], dtype=np.int64
     )
-    on = [(codes[k], _us(e.get("ts"))) for e in events if (k := (e.get("pid"), e.get("tid"))) in codes]
-    code = np.asarray([c for c, _ in on], dtype=np.int64)
-    ts = np.asarray([t for _, t in on], dtype=np.int64)
+    code = np.fromiter((codes.get(e["tid"], -1) for e in runtime), np.int64, len(runtime))
+    ts = np.fromiter((_us(e.get("ts")) for e in runtime), np.int64, len(runtime))
+    code, ts = np.r_[rows[rows >= 0], code[code >= 0]], np.r_[start[rows >= 0], ts[code >= 0]]
     order = np.lexsort((ts, code))
     return rows, code[order], ts[order]
 
@@ -405,7 +406,7 @@ def link_rank(
     )
     info = doc.get("distributedInfo") if isinstance(doc, dict) else None
     rank = info.get("rank") if isinstance(info, dict) else None
-    thread, act_code, act_ts = _thread_codes(tid_of_row, cpu + runtime)
+    thread, act_code, act_ts = _thread_codes(tid_of_row, start, runtime_keyed)
     return LinkResult(
         linked=linked,
         start_us=start,

@@ -60,6 +60,7 @@ from etstore.ingest._torch_et_nodes import (
     parse_nodes,
     tensors,
 )
+from etstore.ingest._torch_etplus import et_plus_link, split_device_nodes
 from etstore.ingest._torch_files import Spec, assign_ranks, doc_kind, name_rank, trace_paths
 from etstore.ingest._torch_flow import storage_flow
 from etstore.ingest._torch_lanes import run_threads, thread_lanes
@@ -157,7 +158,14 @@ def _chain(rows: np.ndarray, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return r[:-1][same], r[1:][same]
 
 
-def _rank_columns(nodes: EtNodes, comm: Comm, link: LinkResult | None) -> _Rank:
+_Parsed = tuple[EtNodes, Groups, Comm, tuple[list[dict[str, Any]], list[dict[str, Any]]] | None]
+"""A rank's parsed ET: nodes, declared groups, communication columns, and for an ET+ its host
+and device nodes as JSON."""
+
+
+def _rank_columns(nodes: EtNodes, comm: Comm, link: LinkResult | None, *, lanes: bool = True) -> _Rank:
+    """One rank's op columns and edges; ``lanes``: the execution model of a Kineto-linked ET (an
+    ET+ lacks the runtime calls and threads it reads: its ops chain by ET thread, as without Kineto)."""
     n = len(nodes.names)
     types = _node_types(nodes, comm)
     raw_kineto = link.raw if link is not None else [None] * n
@@ -179,7 +187,7 @@ def _rank_columns(nodes: EtNodes, comm: Comm, link: LinkResult | None) -> _Rank:
     executes = np.flatnonzero(np.asarray([t != "METADATA_NODE" for t in types]))
     if link is not None and link.kernels.names:
         _add_kernels(rank, nodes, link)
-    if link is not None:
+    if link is not None and lanes:
         _add_host_waits(rank, nodes, link, executes)
     else:
         rank.edge(*_chain(executes, nodes.tids[executes]), "ctrl")
@@ -426,7 +434,7 @@ def read_pytorch_et(spec: Spec, *, name: str | None = None, kineto: Spec | None 
 
 def _read(spec: Spec, *, name: str | None, kineto: Spec | None) -> Trace:
     ets: list[tuple[int | None, Path, int | None]] = []
-    parsed: dict[Path, tuple[EtNodes, Groups, Comm]] = {}
+    parsed: dict[Path, _Parsed] = {}
     found_kineto: list[tuple[int | None, Path, Any]] = []
     for given, path in trace_paths(spec):
         doc = load_json(path)
@@ -436,10 +444,11 @@ def _read(spec: Spec, *, name: str | None, kineto: Spec | None) -> Trace:
             continue
         if kind != "et":
             raise TraceFormatError(f"{path}: not a PyTorch execution trace (expected a 'nodes' list)")
+        doc, device = split_device_nodes(doc)  # an ET+ (Chakra's trace linker) carries its Kineto times
         nodes = parse_nodes(doc, path)
         groups = declared_groups(nodes)
         comm = classify(nodes, groups)
-        parsed[path] = (nodes, groups, comm)
+        parsed[path] = (nodes, groups, comm, None if device is None else (doc["nodes"], device))
         ets.append((given, path, comm.rank))
     if not ets:
         raise TraceFormatError(f"{spec}: no PyTorch execution trace among the files")
@@ -484,7 +493,7 @@ def _kineto_by_rank(
 
 def _assemble(
     ranks: Mapping[int, tuple[Path, int | None]],
-    parsed: Mapping[Path, tuple[EtNodes, Groups, Comm]],
+    parsed: Mapping[Path, _Parsed],
     links: Mapping[int, tuple[Path, Any]],
     *,
     name: str | None,
@@ -493,7 +502,7 @@ def _assemble(
     ops_parts, deps_parts, metas = [], [], []
     comm_groups: dict[str, list[int]] = {}
     collectives: Counter[str] = Counter()
-    linked = linkable = 0
+    linked = linkable = et_plus = 0
     device = [0, 0]  # device activities kept (launched by linked ops), and in the Kineto files
     schemas = set()
     steps: dict[str, list[list[Any]]] = {}  # rank → its ProfilerStep#N annotations [name, start µs, dur µs]
@@ -501,12 +510,16 @@ def _assemble(
     worlds: set[int] = set()  # the Kineto files' distributedInfo.world_size
     for rank_no in sorted(ranks):
         path = ranks[rank_no][0]
-        nodes, groups, comm = parsed[path]
+        nodes, groups, comm, plus = parsed[path]
         link = None
         if rank_no in links:
             kpath, doc = links[rank_no]
             is_root = np.asarray([bool(ROOT.match(x)) for x in nodes.names])
             link = link_rank(doc, kpath, nodes.names, nodes.rf_ids, nodes.tids, nodes.parent_row, ~is_root)
+        elif plus is not None:
+            link = et_plus_link(nodes, *plus)
+            et_plus += 1
+        if link is not None:
             linked += int(link.linked.sum())
             linkable += link.num_linkable
             device[0] += len(link.kernels.names)
@@ -519,7 +532,7 @@ def _assemble(
                 comm_groups.setdefault(pg.name, list(pg.ranks))
         for pg_name, pg_ranks in [*groups.ranks.items(), *comm.group_ranks.items()]:
             comm_groups.setdefault(pg_name, pg_ranks)
-        r = _rank_columns(nodes, comm, link)
+        r = _rank_columns(nodes, comm, link, lanes=plus is None)
         ops_parts.append(_ops_table(rank_no, r))
         deps_parts.append(_deps(rank_no, r))
         metas.append(_metadata(nodes.header))
@@ -527,9 +540,9 @@ def _assemble(
         for k in r.comm.kind:
             if k is not None:
                 collectives[k.comm_type or k.node_type.removeprefix("COMM_").removesuffix("_NODE")] += 1
-    unlinked_ranks = len(ranks) - len(links)
-    if links and unlinked_ranks:  # ranks without a Kineto trace count as unlinked
-        linkable += sum(len(parsed[ranks[r][0]][0].names) for r in ranks if r not in links)
+    timed = len(links) + et_plus
+    if timed and timed < len(ranks):  # ranks without Kineto times count as unlinked
+        linkable += sum(len(parsed[ranks[r][0]][0].names) for r in ranks if str(r) not in steps)
     ops = pa.concat_tables(ops_parts).combine_chunks()
     present, missing = split_missing(ops, pa.concat_tables(deps_parts).combine_chunks())
     meta = pa.Table.from_pydict({"rank": sorted(ranks), "metadata": metas}, schema=META_SCHEMA)
@@ -538,14 +551,19 @@ def _assemble(
     partial = partial_ranks(list(ranks), world)
     warnings = ([partial] if partial else []) + collective_mismatches(ops)
     params: dict[str, Any] = {
-        "durations": "kineto" if links else "absent",
+        "durations": ("et+" if et_plus else "kineto") if timed else "absent",
         "world_size": world,
-        **({"execution": "recorded", "profiler_steps": steps, "windows": windows} if links else {}),
+        **(
+            {"execution": "recorded", "profiler_steps": steps, "windows": windows}
+            if links and not et_plus
+            else {}
+        ),
         "recognised": {
             "format": FORMAT,
             "ops": ops.num_rows,
             "collectives": dict(sorted(collectives.items())),
-            "linked_fraction": (linked / linkable if linkable else 0.0) if links else None,
+            "linked_fraction": (linked / linkable if linkable else 0.0) if timed else None,
+            **({"et_plus_ranks": et_plus} if et_plus else {}),
             **({"warnings": warnings} if warnings else {}),
         },
         "comm_groups": {k: v for k, v in sorted(comm_groups.items()) if v},

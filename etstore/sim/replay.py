@@ -316,6 +316,11 @@ def replay(
         The trace carries no recorded timings (an execution trace without Kineto, a
         Chakra or synthetic trace): there is nothing measured to replay.
     """
+    if trace.params.get("durations") == "et+":
+        raise OptionError(
+            f"trace {trace.name!r} is an ET+ (Chakra's trace linker output): it has Kineto's times but not the "
+            "runtime calls and threads a replay reads; replay the execution trace with its Kineto trace"
+        )
     if trace.params.get("execution") != RECORDED:
         raise OptionError(
             f"trace {trace.name!r} was not recorded with timings (a PyTorch execution trace linked with its "
