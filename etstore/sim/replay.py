@@ -318,8 +318,9 @@ def replay(
     """
     if trace.params.get("durations") == "et+":
         raise OptionError(
-            f"trace {trace.name!r} is an ET+ (Chakra's trace linker output): it has Kineto's times but not the "
-            "runtime calls and threads a replay reads; replay the execution trace with its Kineto trace"
+            f"trace {trace.name!r} is an ET+ (Chakra's trace linker output): it has Kineto's times "
+            "but not the runtime calls and threads a replay reads; replay the execution trace with "
+            "its Kineto trace"
         )
     if trace.params.get("execution") != RECORDED:
         raise OptionError(

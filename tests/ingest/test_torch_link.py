@@ -77,7 +77,7 @@ def _check_linked_times(trace: Trace, rank: int, kineto: dict[str, Any]) -> int:
     for lane in lanes.values():
         lane.sort(key=lambda x: (x[0], x[1]))
         left = [min(ts + round(e["dur"]), nxt) for (ts, _, _, e), (nxt, _, _, _) in itertools.pairwise(lane)]
-        for (_, _, r, event), was_left, leaves in zip(lane[1:-1], left[:-1], left[1:], strict=True):
+        for (_, _, r, _), was_left, leaves in zip(lane[1:-1], left[:-1], left[1:], strict=True):
             if r["type"] != "COMP_NODE":
                 continue  # checked above
             checked += 1
