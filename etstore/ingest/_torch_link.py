@@ -387,8 +387,12 @@ def link_rank(
     calls = _launch_calls(gpu, by_corr)
     launcher = _launchers(calls, innermost)
     num_device = len(gpu)
-    # only what the ET's ops launched: a Kineto trace often spans more iterations than the ET
-    keep = np.flatnonzero(launcher >= 0)
+    # what the ET's ops launched (a Kineto trace often spans more iterations than the ET), and
+    # what was launched before them but still ran once they began (the previous step's tail)
+    first = int(start[linked].min()) if linked.any() else 0
+    g_end = np.asarray([_us(e.get("ts")) + _us(e.get("dur")) for e in gpu], dtype=np.int64)
+    own_launch = np.asarray([c is None or _us(c.get("ts")) < first for c in calls], dtype=bool)
+    keep = np.flatnonzero((launcher >= 0) | (own_launch & (g_end > first)))
     gpu = [gpu[i] for i in keep.tolist()]
     calls = [calls[i] for i in keep.tolist()]
     launcher = launcher[keep]

@@ -178,7 +178,8 @@ def test_single_rank_pairs_link(pt: Path, et: str, kineto: str, device_events: i
     device = [e for e in doc["traceEvents"] if e.get("ph") == "X" and e.get("cat") in _DEVICE]
     if device_events is not None:
         assert len(device) == device_events
-    # kept: the device events whose launch call lies in the ET's time span (its linked events')
+    # kept: the device events whose launch call lies in the ET's time span (its linked events'),
+    # and those launched before it (or by no recorded call) that still ran once it began
     linked = [
         json.loads(decode_attrs(b)["kineto_event"])
         for b, cpu in zip(t.ops["attrs"].to_pylist(), t.ops["is_cpu_op"].to_pylist(), strict=True)
@@ -190,7 +191,13 @@ def test_single_rank_pairs_link(pt: Path, et: str, kineto: str, device_events: i
         for e in doc["traceEvents"]
         if e.get("cat") == "cuda_runtime" and "correlation" in e.get("args", {})
     }
-    inside = [e for e in device if lo <= calls.get(e["args"].get("correlation"), -1) <= hi]
+    def kept(e: dict[str, Any]) -> bool:
+        at = calls.get(e["args"].get("correlation"))
+        if at is not None and lo <= at <= hi:
+            return True
+        return (at is None or at < lo) and e["ts"] + e["dur"] > lo
+
+    inside = [e for e in device if kept(e)]
     blocking = [n for n in t.ops["name"].to_pylist() if n in SYNC_CALLS]  # blocking calls: ops of their own
     assert t.num_ops == len(nodes) + len(inside) + len(blocking)
     assert t.params["device_events"] == {"kept": len(inside), "in_kineto": len(device)}
