@@ -50,6 +50,7 @@ from etstore.model import Trace, deps_table
 from etstore.sim._lsq import nonneg_lstsq
 from etstore.sim.config import SimConfig
 from etstore.sim.engine import RECORDED, simulate
+from etstore.sim.perturb import Perturbation, perturb
 from etstore.sim.result import SimResult
 from etstore.sim.sweep import collective_workload
 from etstore.topology import Topology
@@ -306,9 +307,16 @@ def fit_network(
 
 
 def replay(
-    trace: Trace, topo: Topology | None = None, *, fit: bool = False, config: SimConfig | None = None
+    trace: Trace,
+    topo: Topology | None = None,
+    *,
+    fit: bool = False,
+    config: SimConfig | None = None,
+    perturbation: Perturbation | None = None,
 ) -> Replay:
-    """Replay ``trace`` (recorded) as it ran, on a network fitted to its collectives, or on ``topo``.
+    """Replay ``trace`` (recorded) as it ran, on a network fitted to its collectives, or on ``topo``;
+    with ``perturbation``, its compute changed (stragglers, jitter, :mod:`etstore.sim.perturb`)
+    while the measured side stays the recording's.
 
     Raises
     ------
@@ -330,21 +338,23 @@ def replay(
     entries = _rank_entries(trace)
     npus = max(2, max(entries) + 1)
     transfers = collective_transfers(trace)
-    work, transfer_ids = trace, None
+    played = perturb(trace, perturbation) if perturbation is not None else trace
+    work, transfer_ids = played, None
     if topo is not None:
         network, net = "given", topo
     elif fit and len(entries) > 1:  # one rank has no network to fit: it replays as recorded
         network, net = "fitted", fit_network(transfers, npus, config)
     else:
         network, net = "recorded", Topology.from_spec(f"switch:{npus},{_FREE}")
-        work, transfer_ids = _with_transfers(trace, transfers)
+        work, transfer_ids = _with_transfers(played, transfers)
     res = simulate(_with_entries(work, entries), net, config=config, algorithms=ALGORITHMS)
-    steps = _steps(trace, res, entries)
+    steps = _steps(trace, played, res, entries)
     return Replay(steps, _collective_rows(transfers, res, transfer_ids), network, net, res)
 
 
-def _steps(trace: Trace, res: SimResult, entries: Mapping[int, _Entry]) -> pa.Table:
-    """One row per rank and profiler step: the measured step beside the simulated one.
+def _steps(trace: Trace, played: Trace, res: SimResult, entries: Mapping[int, _Entry]) -> pa.Table:
+    """One row per rank and profiler step: the measured step (``trace``) beside the simulated one
+    (``played``, the same ops, perhaps perturbed).
 
     A step starts where the thread left off before the first op that started in it (that op's
     start less its thread time), in the recording and in the replay alike; the first starts at
@@ -354,6 +364,7 @@ def _steps(trace: Trace, res: SimResult, entries: Mapping[int, _Entry]) -> pa.Ta
     rank = ops["rank"].to_numpy()
     start = ops["start_time_micros"].to_numpy(zero_copy_only=False).astype(np.int64)
     dur = ops["duration_micros"].to_numpy(zero_copy_only=False).astype(np.int64)
+    played_dur = played.ops["duration_micros"].to_numpy(zero_copy_only=False).astype(np.int64)
     cpu = pc.fill_null(ops["is_cpu_op"], False).to_numpy(zero_copy_only=False) & (start > 0)
     sim = res.ops
     s_rank = sim["rank"].to_numpy()
@@ -376,7 +387,7 @@ def _steps(trace: Trace, res: SimResult, entries: Mapping[int, _Entry]) -> pa.Ta
             i = int(np.searchsorted(start[mine], at))
             b = int(mine[min(i, len(mine) - 1)])
             rec.append(float(start[b] - dur[b]))
-            rep.append(float(s_end[b]) / 1e3 - float(dur[b]))
+            rep.append(float(s_end[b]) / 1e3 - float(played_dur[b]))
         rec.append(float(entry.last))
         rep.append(float(s_end[rank == r].max()) / 1e3)
         for k, (name, _) in enumerate(entry.steps):
