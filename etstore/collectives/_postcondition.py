@@ -124,7 +124,7 @@ def spec(coll: str, N: int, C: int, root: int) -> Spec:
 
 def alias(coll: str, mode: str, rank: int, buf: int, idx: int, cf: int) -> tuple[int, int]:
     """Physical (buffer, index) of a logical slot; in-place layouts share input and output."""
-    if mode == "out-of-place":
+    if mode != "in-place":  # out-of-place, or as written (a collective without postcondition)
         return buf, idx
     if coll == "allgather":
         return (_O, rank * cf + idx) if buf == _I else (buf, idx)

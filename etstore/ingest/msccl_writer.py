@@ -10,6 +10,10 @@ dependency per step with extra ones as ``nop`` steps right before it (the interp
 counts each such ``nop`` as one step), double-quoted attributes separated by single
 spaces, no XML declaration. Limits checked by default: at most 256 steps per
 threadblock and ``cnt`` below 72 (``MSCCL_MAX_NUM_STEPS``, ``MSCCL_MAX_COUNT``).
+
+An algorithm that cannot run to completion is not written: :func:`etstore.ir.run_verdict`
+decides (unmatched messages, two threadblocks on one connection, a deadlock), and the
+refusal carries its words, the same ``etstore check`` and the simulator use.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from etstore.ir import (
     STEP_TYPES,
     TYPE_CODE,
     node_semantics,
+    run_verdict,
 )
 from etstore.model import Trace
 
@@ -228,9 +233,11 @@ def _global_order(trace: Trace, steps: list[_Step], src: np.ndarray, dst: np.nda
             indeg[j] -= 1
             if indeg[j] == 0:
                 ready.append(j)
-    if k < n:
+    if k < n:  # run_verdict found no deadlock: the n-th-in-node-order matching is what waits in a circle
         raise _fail(
-            trace, "its dependencies and messages form a cycle (the algorithm deadlocks); run check_algorithm"
+            trace,
+            "matching each stream's sends and receives in node order makes them wait on each other in a "
+            "cycle; order the messages of each (src, dst, tag) stream by dependencies",
         )
     return pos
 
@@ -368,6 +375,11 @@ def to_msccl_xml(
     """The MSCCL-IR XML text of an algorithm trace; options, errors and cost as :func:`write_msccl_xml`."""
     params = trace.params
     steps, step_of = _steps(trace)
+    verdict = run_verdict(trace)  # the runtime would hang or mix messages up: refuse in the check's words
+    if not verdict.ok:
+        more = len(verdict.problems) - 1 + verdict.more
+        tail = f" (+{more} more; check_algorithm lists them)" if more else ""
+        raise _fail(trace, verdict.headline + tail)
     src, dst = _edges(trace, step_of)
     pos = _global_order(trace, steps, src, dst)
     _assign_threadblocks(trace, steps, pos)
@@ -561,9 +573,11 @@ def write_msccl_xml(
     ------
     UnsatisfiableError
         The trace cannot be expressed in MSCCL-IR: a node that is not a send,
-        receive, reduce or copy; a threadblock with two send or receive peers; two
-        threadblocks on the same (peer, channel); unmatched messages or a cycle;
-        an exceeded interpreter limit. The message names rank and threadblock.
+        receive, reduce or copy; a threadblock with two send or receive peers; an
+        exceeded interpreter limit. Or it cannot run to completion, in the words of
+        :func:`etstore.ir.run_verdict` (and ``etstore check``): unmatched messages,
+        two threadblocks on the same (peer, channel), a deadlock named with its
+        wait-for cycle. The message names rank and threadblock or node.
 
     Notes
     -----

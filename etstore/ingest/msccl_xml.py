@@ -48,17 +48,26 @@ and ``s_chunks`` (keyword ``max_chunks_per_loop`` raises it): what checks and si
 algorithm allocates per declared chunk."""
 _INT64 = (-(1 << 63), (1 << 63) - 1)
 
-# What an <algo coll=...> may name: the collectives etstore checks, plus those RCCL also accepts
-# (ingested, but their postcondition cannot be checked).
-_XML_COLLECTIVES = frozenset((*ALGORITHM_COLLECTIVES, "gather", "scatter", "send", "recv", "alltoallv"))
+# Collective names besides etstore's own that are read without a word: those RCCL's runtime
+# also accepts, and msccl-tools' "custom" (a collective defined by its program, such as
+# alltonext). Any other name is read too (with a warning: a typo reads the same way);
+# the checker proves no postcondition for these, only matched messages and no deadlock.
+_XML_COLLECTIVES = frozenset(
+    (*ALGORITHM_COLLECTIVES, "gather", "scatter", "send", "recv", "alltoallv", "custom")
+)
 
 
 def _collective(coll: str) -> str | None:
-    name = coll.lower()
-    if name in _XML_COLLECTIVES:
-        return name
-    short = short_name(name) if "_" in name else None  # all_reduce, reduce_scatter, ...
-    return short if short in _XML_COLLECTIVES else None
+    """The collective's name for ``params["collective"]``: etstore's short name for one it knows
+    (``all_reduce`` → ``allreduce``), else the name as written; None for an empty name."""
+    name = coll.strip()
+    if not name:
+        return None
+    low = name.lower()
+    if low in _XML_COLLECTIVES:
+        return low
+    short = short_name(low) if "_" in low else None  # all_reduce, reduce_scatter, ...
+    return short if short in _XML_COLLECTIVES else name
 
 
 class _Fallback(Exception):
@@ -332,8 +341,15 @@ def _header(parsed: _Parsed, where: Callable[[], str], limits: _Limits) -> dict[
     short = _collective(coll)
     if short is None:
         raise TraceFormatError(
-            f"{where()}: unknown collective coll={coll!r} (expected one of allreduce, allgather, "
-            "reducescatter, alltoall, broadcast, reduce)"
+            f"{where()}: <algo> coll is empty (expected a collective: allreduce, allgather, "
+            "reducescatter, alltoall, broadcast, reduce, or custom)"
+        )
+    if short not in _XML_COLLECTIVES:
+        log.warning(
+            "%s: coll=%r is no collective etstore knows; read as a custom collective (checked for "
+            "matched messages and deadlocks, not for what it computes)",
+            where(),
+            coll,
         )
     h["coll"] = short
     h["ngpus"] = _int(a.get("ngpus"), "ngpus", where)
@@ -406,7 +422,7 @@ def _assemble(
     if "nchunksperloop" not in header:
         header["nchunksperloop"] = int(max(gpu_cols["i_chunks"].max(), gpu_cols["o_chunks"].max()))
     if "nchannels" not in header:
-        header["nchannels"] = int(tb_cols["chan"].max()) + 1 if t else 1
+        header["nchannels"] = max(int(tb_cols["chan"].max()), 0) + 1 if t else 1  # chan=-1: no peers
     st = StepTable(
         rank=rank,
         tb=tb_cols["id"][step_tb] if len(step_tb) else np.zeros(0, np.int64),
@@ -510,8 +526,11 @@ def read_msccl_xml(
 
     Every step type (``s r rcs rrs rrc rrcs cpy re nop``, and ``d``/``st`` as
     dependency-only steps), ``<step>`` and ``<op>`` elements, all buffers and
-    offsets, channels, threadblocks and cross-threadblock dependencies
-    (``depid``/``deps``, including chains through ``nop`` steps) are understood.
+    offsets, channels (``chan="-1"`` on a threadblock without peers, as msccl-tools
+    may write), threadblocks and cross-threadblock dependencies (``depid``/``deps``,
+    including chains through ``nop`` steps) are understood. ``coll`` may name any
+    collective: etstore's own, RCCL's others, msccl-tools' ``custom``; a name outside
+    these is read with a logged warning (the checker proves no postcondition for it).
     Fused steps become the node sequence they mean, e.g. ``rrcs`` is
     ``RECV → reduce COMP → SEND``; see :mod:`etstore.ir` and
     ``docs/algorithms.md``.
@@ -545,10 +564,11 @@ def read_msccl_xml(
     TraceFormatError
         The file cannot be read, is not well-formed (e.g. truncated), declares a
         DOCTYPE/ENTITY (XML bombs), is not UTF-8, lacks a required attribute, has
-        an integer attribute that is not a signed 64-bit integer, declares sizes
-        above the limits, has an unknown step type, a ``depid``/``deps`` that points
-        nowhere, a peer or buffer range that is impossible, or a dependency cycle. The message starts with
-        ``file:line`` and names the gpu, threadblock and step.
+        an integer attribute that is not a signed 64-bit integer, an empty ``coll``,
+        declares sizes above the limits, has an unknown step type, a
+        ``depid``/``deps`` that points nowhere, a peer, channel or buffer range that is
+        impossible, or a dependency cycle. The message starts with ``file:line`` and
+        names the gpu, threadblock and step.
 
     Notes
     -----

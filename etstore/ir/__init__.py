@@ -7,7 +7,9 @@ of any algorithm trace does to which buffer slots.
 
 Modules: :mod:`~etstore.ir.steps` (the step vocabulary and :class:`StepTable`),
 :mod:`~etstore.ir.build` (steps → trace, after the checks of ``_validate``),
-:mod:`~etstore.ir.semantics` (trace → what each node does).
+:mod:`~etstore.ir.semantics` (trace → what each node does),
+:mod:`~etstore.ir.verdict` (whether the trace runs to completion as MSCCL runs it: matched
+messages, no deadlock; the verdict the checker, the writer and the simulator share).
 
 Step → nodes (runtime semantics of the MSCCL interpreter; ``src`` of a received step
 is the *local* operand):
@@ -46,6 +48,7 @@ from etstore.ir.steps import (
     Locate,
     StepTable,
 )
+from etstore.ir.verdict import RunVerdict, run_verdict
 
 __all__ = [
     "BUFFERS",
@@ -61,8 +64,10 @@ __all__ = [
     "TYPE_CODE",
     "Locate",
     "NodeSemantics",
+    "RunVerdict",
     "StepTable",
     "build_trace",
     "default_buffers",
     "node_semantics",
+    "run_verdict",
 ]

@@ -115,13 +115,17 @@ def _check_threadblocks(
                 f"gpu {int(st.tb_rank[i])} tb {int(st.tb_id[i])}: {what} peer {int(peer[i])} must be -1 or "
                 f"another gpu in 0..{ngpus - 1}",
             )
-    neg = np.flatnonzero(st.tb_chan < 0)
+    # a threadblock without peers moves nothing over a connection: msccl-tools writes chan="-1"
+    # for it (local copies and reductions, e.g. reducing scratch chunks in place)
+    local = (st.tb_send < 0) & (st.tb_recv < 0)
+    neg = np.flatnonzero((st.tb_chan < 0) & ~(local & (st.tb_chan == -1)))
     if len(neg):
         i = int(neg[0])
         raise fail(
             origin,
             locate("tb", i),
-            f"gpu {int(st.tb_rank[i])} tb {int(st.tb_id[i])}: chan must not be negative",
+            f"gpu {int(st.tb_rank[i])} tb {int(st.tb_id[i])}: chan={int(st.tb_chan[i])} must not be "
+            "negative (only a threadblock without peers, send=-1 recv=-1, may say chan=-1)",
         )
     return tkey, torder
 

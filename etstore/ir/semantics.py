@@ -224,6 +224,8 @@ def _step_types(
     """Step type code of each node from the kinds of its group (in ops order); -1 when none fits."""
     n = len(kind)
     stype = np.full(n, -1, dtype=np.int64)
+    if n == 0:
+        return stype
     order = np.lexsort((np.arange(n), group))
     g_sorted = group[order]
     starts = np.flatnonzero(np.concatenate([[True], g_sorted[1:] != g_sorted[:-1]]))

@@ -4,11 +4,21 @@ The k-th ``COMM_COLL_NODE`` of a communicator group on every member rank is one
 instance; :class:`Algorithms` turns an instance's (collective, size, group) into
 the :class:`~etstore.sim._templates.Template` its ranks expand into, or None to
 replay the node's own duration.
+
+An algorithm given as a trace is judged first, by the verdict ``etstore check`` and
+the MSCCL-IR writer share (:func:`~etstore.collectives.check.check_algorithm`): one
+that cannot run to completion as MSCCL runs it (a deadlock, a receive that waits
+forever, a send that is never received) is refused, since a simulated time for it
+would be wrong; one that runs but fails the check otherwise (a wrong result, two
+threadblocks on one connection, a race) is simulated as written, with a logged warning
+naming its first problem.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import logging
+import weakref
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,8 +27,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from etstore.collective import COLLECTIVE_NAMES
+from etstore.collectives.check import CheckReport, check_algorithm
 from etstore.collectives.generators import GENERATORS, generate
 from etstore.errors import ConfigError, EtstoreError
+from etstore.ir import run_verdict
 from etstore.model import Trace
 from etstore.sim import _templates as tpl
 from etstore.sim._native import native_template
@@ -33,7 +45,14 @@ __all__ = [
     "CollectiveInstance",
     "check_complete",
     "collective_instances",
+    "vet_algorithm",
 ]
+
+log = logging.getLogger(__name__)
+
+FULL_CHECK_WORDS = 50_000_000
+"""Above this many bitset word operations ((V + E)·N·C/64) a trace algorithm gets only the
+run verdict before it is simulated, not the whole symbolic check (which proves its result)."""
 
 AlgorithmSpec = str | Trace
 
@@ -131,6 +150,7 @@ class Algorithms:
                 trace = self._generated(spec, coll, n)
             else:
                 trace = spec
+                vet_algorithm(trace)
                 if trace.num_ranks != n:
                     raise not_stuck(
                         f"algorithm {trace.name!r} has {trace.num_ranks} ranks but the {coll} group has {n}"
@@ -311,3 +331,77 @@ def check_complete(trace: Trace, inst: CollectiveInstance, rank: np.ndarray) -> 
             f"trace {trace.name!r}: collective #{inst.seq} ({inst.type}) of group "
             f"{inst.pg or 'all'} has no matching COMM_COLL_NODE on rank(s) {lacking}"
         )
+
+
+# verdicts of the trace algorithms seen, by object (a sweep simulates one algorithm many times):
+# the check's report (None when only the run verdict was affordable) and why it cannot finish
+_VETTED: dict[int, tuple[weakref.ref[Trace], CheckReport | None, str]] = {}
+
+
+def vet_algorithm(trace: Trace) -> CheckReport | None:
+    """Judge an algorithm trace before it is simulated: refuse it if it cannot finish, warn if it is wrong.
+
+    The verdict is the one ``etstore check`` prints and the MSCCL-IR writer refuses with
+    (:func:`~etstore.collectives.check.check_algorithm`, whose first problem is a
+    deadlock or hang when there is one). It is made once per trace object, and its
+    warning logged once. A trace too large for the whole check within
+    :data:`FULL_CHECK_WORDS` gets the run verdict only (:func:`etstore.ir.run_verdict`),
+    and None is returned for it.
+
+    Raises
+    ------
+    SimulationError
+        The algorithm cannot run to completion as MSCCL/RCCL run it: a deadlock (named
+        with its wait-for cycle), a receive without a send, or a send never received.
+
+    Notes
+    -----
+    O(V + E) for the run verdict; the check costs O((V + E)·N·C/64) word operations.
+    """
+    key = id(trace)
+    seen = _VETTED.get(key)
+    if seen is None or seen[0]() is not trace:
+        report = _judge(trace)
+        if report is not None:
+            hang = report.hang
+        else:
+            verdict = run_verdict(trace)
+            hang = "" if verdict.ok else verdict.headline
+        seen = (weakref.ref(trace, _forget(key)), report, hang)
+        _VETTED[key] = seen
+        if report is not None and not report.ok and not hang:
+            more = len(report.problems) - 1
+            if report.checked:
+                log.warning(
+                    "algorithm %r fails its check, simulated as written: %s%s",
+                    trace.name,
+                    report.verdict,
+                    f" (+{more} more; etstore check lists them)" if more else "",
+                )
+            else:
+                log.info("algorithm %r simulated unchecked: %s", trace.name, report.verdict)
+    if seen[2]:
+        raise not_stuck(
+            f"algorithm {trace.name!r} cannot run to completion, so it has no simulated time: {seen[2]}"
+        )
+    return seen[1]
+
+
+def _forget(key: int) -> Callable[[weakref.ref[Trace]], None]:
+    """A callback dropping ``key``'s verdict when its trace is gone (its id may be reused)."""
+
+    def forget(_ref: weakref.ref[Trace]) -> None:
+        _VETTED.pop(key, None)
+
+    return forget
+
+
+def _judge(trace: Trace) -> CheckReport | None:
+    """The whole check when it is affordable, else None (the run verdict then decides alone)."""
+    params = trace.params or {}
+    n = int(params.get("ngpus") or trace.num_ranks or 1)
+    c = int(params.get("nchunksperloop") or 1)
+    if (trace.num_ops + trace.num_deps) * max(1, n * c // 64) > FULL_CHECK_WORDS:
+        log.info("algorithm %r: too large to check whole before simulating, run verdict only", trace.name)
+        return None
+    return check_algorithm(trace)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -258,7 +259,7 @@ def test_reading_a_slot_that_holds_no_data() -> None:
 @pytest.mark.parametrize(
     ("params", "message"),
     [
-        ({"collective": "allsum"}, r"cannot check collective 'allsum'"),
+        ({"collective": ""}, r"cannot check: params\['collective'\] names no collective"),
         ({"collective": "allgather", "nchunksperloop": 3}, r"nchunksperloop=3 is not a multiple of ngpus=2"),
         ({"collective": "broadcast", "root": None}, r"cannot tell the root"),
     ],
@@ -335,3 +336,76 @@ def test_empty_problems_means_ok() -> None:
         params={"collective": "allreduce"},
     )
     assert not check_algorithm(empty).ok
+
+
+# ---------------------------------------------------------------- collectives without postcondition
+
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "msccl"
+
+
+def test_local_only_threadblocks_with_channel_minus_one_are_checked() -> None:
+    # tests/data/msccl: each gpu reduces the peer's chunk from scratch in a threadblock
+    # send="-1" recv="-1" chan="-1"
+    r = check_algorithm(read_msccl_xml(DATA / "allreduce_2g_local_tb.xml"))
+    assert r == CheckReport(
+        ok=True,
+        problems=[],
+        collective="allreduce",
+        ranks=2,
+        chunks=2,
+        ops=10,
+        sends=4,
+        recvs=4,
+        reduces=2,
+        copies=0,
+        messages=4,
+        chunks_moved=4,
+        depth=5,
+        modes=("in-place",),
+    )
+    assert r.postcondition and r.checked and r.verdict == "ok"
+
+
+def test_a_custom_collective_gets_a_check_without_postcondition() -> None:
+    # MSCCL's alltonext as msccl-tools writes it: coll="custom", 16 gpus
+    r = check_algorithm(read_msccl_xml(DATA / "alltonext_forward_2n.xml"))
+    assert r.ok and r.checked and not r.postcondition, r.problems
+    assert (r.collective, r.ranks, r.sends, r.recvs, r.messages, r.modes) == (
+        "custom",
+        16,
+        36,
+        36,
+        36,
+        ("as written",),
+    )
+    assert r.summary().endswith(
+        "checked as written (no postcondition for 'custom': matched messages and no deadlock only)"
+    )
+
+
+def test_a_custom_collective_still_fails_on_unmatched_messages_and_deadlocks() -> None:
+    lines = (DATA / "alltonext_forward_2n.xml").read_text().splitlines()
+    last = lines.index('    <tb id="1" send="-1" recv="14" chan="0">') + 1  # gpu 15 receives gpu 14's chunks
+    dropped = check_algorithm(parse_msccl_xml("\n".join(lines[:last] + lines[last + 1 :])))
+    assert not dropped.ok and dropped.hang == dropped.verdict
+    assert re.fullmatch(
+        r"rank 14 send_tb\d+_s0 \(id \d+\) is never received: rank 14 sends 1 message\(s\) to rank 15 "
+        r"on tag 0, but rank 15 posts 0 receive\(s\)",
+        dropped.verdict,
+    ), dropped.problems
+    nodes = [recv(0, 0, 1, 1), send(0, 1, 1, 0), recv(1, 0, 0, 0), send(1, 1, 0, 1)]
+    stuck = check_algorithm(algo(nodes, [(0, 0, 1), (1, 0, 1)], collective="custom", nchunksperloop=2))
+    assert stuck.verdict.startswith("deadlock: rank ") and not stuck.postcondition, stuck.problems
+
+
+def test_any_collective_name_without_a_postcondition_is_checked_as_written() -> None:
+    nodes, edges = two_rank_allreduce()
+    r = check_algorithm(algo(nodes, edges, collective="allsum"))
+    assert r.ok and not r.postcondition and r.modes == ("as written",), r.problems
+    # a symbol reduced twice is still a problem, postcondition or not
+    nodes, edges = two_rank_allreduce()
+    nodes.append(comp(0, 5, "reduce_again", 0))
+    edges.append((0, 4, 5))
+    r = check_algorithm(algo(nodes, edges, collective="allsum"))
+    assert any("rank 0 reduce_again (id 5) reduces chunk 0 of rank 0 a second time" in p for p in r.problems)

@@ -273,8 +273,10 @@ def test_two_threadblocks_on_one_connection(custom_allreduce_xml: Path) -> None:
         '    </tb>\n  </gpu>\n  <gpu id="2"', "    </tb>\n" + other + '  </gpu>\n  <gpu id="2"', 1
     )
     t = parse_msccl_xml(text)
+    verdict = check_algorithm(t).verdict  # export refuses in the check's words
+    assert verdict.startswith("rank 0: threadblocks 0 and 1 both send to rank 1 on channel 0; message order")
     with pytest.raises(
-        UnsatisfiableError, match=r"rank 0 threadblocks 0 and 1 both send peer 1 on channel 0"
+        UnsatisfiableError, match=re.escape(f"cannot write 'algorithm' as MSCCL-IR: {verdict}")
     ):
         to_msccl_xml(t)
 
@@ -296,13 +298,17 @@ def test_unmatched_messages_and_cycles_are_refused() -> None:
     nodes, edges = two_rank_allreduce()
     with pytest.raises(
         UnsatisfiableError,
-        match=r"rank 0 sends 3 message\(s\) to rank 1 on tag 0 but rank 1 "
-        r"posts 2 receive\(s\); run check_algorithm",
+        match=r"'hand' as MSCCL-IR: rank 0 x \(id 9\) is never received: rank 0 sends 3 message\(s\) to "
+        r"rank 1 on tag 0, but rank 1 posts 2 receive\(s\)$",
     ):
         to_msccl_xml(
             algo([*nodes, {**nodes[0], "id": 9, "name": "x", "tb_id": None, "local_time_step": None}], edges)
         )
-    with pytest.raises(UnsatisfiableError, match=r"form a cycle \(the algorithm deadlocks\)"):
+    # a cycle is named as the deadlock it is, with its nodes, as check_algorithm names it
+    with pytest.raises(
+        UnsatisfiableError,
+        match=r"'hand' as MSCCL-IR: deadlock: rank 0 recv4 \(id 4\) → rank 0 send3 \(id 3\) → ",
+    ):
         to_msccl_xml(algo(nodes, [*edges, (0, 4, 0)]))
 
 

@@ -15,6 +15,7 @@ import pytest
 from etstore.errors import TraceFormatError
 from etstore.ingest import read_trace
 from etstore.ingest.et import read_et
+from etstore.ingest.msccl_writer import to_msccl_xml
 from etstore.ingest.msccl_xml import parse_msccl_xml, read_msccl_xml
 from etstore.model import Trace, decode_attrs
 from etstore.testing import MSCCL_HEAD as HEAD
@@ -445,7 +446,12 @@ def test_missing_and_empty_files(tmp_path: Path) -> None:
         (doc(tb(0, 0, -1, step(0, "s"))), r"send peer 0 must be -1 or another gpu"),
         (doc(tb(0, 1, -1, step(0, "s", cnt=0))), r"cnt must be at least 1"),
         (doc(tb(0, 1, -1, step(0, "s")).replace(' chan="0"', "")), r"gpu 0 <tb>: missing attribute 'chan'"),
-        (doc("").replace('coll="allreduce"', 'coll="allsum"'), r"unknown collective coll='allsum'"),
+        (doc("").replace('coll="allreduce"', 'coll=" "'), r"x\.xml:1: <algo> coll is empty"),
+        (
+            doc(tb(0, 1, -1, step(0, "s"), chan=-1)),
+            r"x\.xml:3: gpu 0 tb 0: chan=-1 must not be negative \(only a threadblock without peers",
+        ),
+        (doc(tb(0, -1, -1, step(0, "cpy"), chan=-2)), r"gpu 0 tb 0: chan=-2 must not be negative"),
         (doc("").replace(' coll="allreduce"', ""), r"<algo> has no 'coll' attribute"),
         (doc("").replace('<gpu id="1"', '<gpu id="7"'), r"gpu id 7 is outside 0\.\.1"),
         (doc("").replace('<gpu id="1"', '<gpu id="0"'), r"gpu id 0 appears twice"),
@@ -561,3 +567,59 @@ def test_the_header_is_kept_as_written(shared_fixture: Callable[[str], Path]) ->
     written = re.findall(r'(\w+)="([^"]*)"', head[1])
     assert t.params["xml_header"] == [list(p) for p in written]
     assert ["maxcount", "1"] in t.params["xml_header"]  # attributes etstore does not interpret too
+
+
+# ---------------------------------------------------------------- what msccl-tools writes, runtimes or not
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "msccl"
+
+
+def test_threadblocks_without_peers_may_say_channel_minus_one() -> None:
+    # each gpu reduces its peer's chunk from scratch in <tb send="-1" recv="-1" chan="-1">
+    t = read_msccl_xml(DATA / "allreduce_2g_local_tb.xml")
+    assert (t.num_ranks, t.num_ops, t.params["nchannels"], t.params["gpu_chunks"]["s"]) == (2, 10, 1, [1, 1])
+    reduce = [o for o in rank_ops(t, 0) if o["tb_id"] == 1]
+    assert [(o["name"], o["type"], o["comm_tag"]) for o in reduce] == [("reduce_tb1_s0", "COMP_NODE", None)]
+    assert "chan" not in decode_attrs(reduce[0]["attrs"])  # no channel to give back
+    assert {(1, 4), (4, 2)} <= edges(t, 0)  # it waits for the receive (id 1), the next send (id 2) for it
+    # the runtimes refuse a negative channel: the writer gives the threadblock one it may use
+    written = to_msccl_xml(t)
+    assert written.count('<tb id="1" send="-1" recv="-1" chan="0">') == 2 and 'chan="-1"' not in written
+    again = parse_msccl_xml(written)
+    assert again.deps.equals(t.deps) and again.ops.drop_columns(["attrs"]).equals(
+        t.ops.drop_columns(["attrs"])
+    )
+    # the scanner and expat read it alike (an attribute the scanner does not know sends it to expat)
+    text = (DATA / "allreduce_2g_local_tb.xml").read_text()
+    assert parse_msccl_xml(
+        text.replace('<step s="0" type="re"', '<step note="x" s="0" type="re"')
+    ).ops.equals(t.ops)
+
+
+def test_a_custom_collective_is_read(caplog: pytest.LogCaptureFixture) -> None:
+    # msccl-tools' alltonext (examples/mscclang/alltonext_forward.py 2 1): coll="custom"
+    with caplog.at_level("WARNING", logger="etstore.ingest.msccl_xml"):
+        t = read_msccl_xml(DATA / "alltonext_forward_2n.xml")
+    assert not caplog.records  # custom is a name msccl-tools writes: nothing to warn about
+    assert (t.params["collective"], t.num_ranks, t.num_ops, t.params["nchunksperloop"]) == (
+        "custom",
+        16,
+        72,
+        8,
+    )
+    assert 'coll="custom"' in to_msccl_xml(t).splitlines()[0]
+
+
+def test_any_collective_name_is_read_with_a_warning(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level("WARNING", logger="etstore.ingest.msccl_xml"):
+        t = parse_msccl_xml(
+            doc(tb(0, 1, -1, step(0, "s")), tb(0, -1, 0, step(0, "r"))).replace("allreduce", "AllToNext")
+        )
+    assert t.params["collective"] == "AllToNext"
+    assert [r.getMessage() for r in caplog.records] == [
+        "<memory>:1: coll='AllToNext' is no collective etstore knows; read as a custom collective (checked "
+        "for matched messages and deadlocks, not for what it computes)"
+    ]
+    assert parse_msccl_xml(doc("").replace('coll="allreduce"', 'coll="all_gather"')).params["collective"] == (
+        "allgather"
+    )
