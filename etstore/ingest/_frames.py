@@ -9,6 +9,7 @@ import zlib
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import orjson
 
 from etstore.errors import TraceFormatError
@@ -17,6 +18,8 @@ from etstore.units import BUDGET_ENV_VAR, format_bytes, memory_budget
 __all__ = [
     "BYTES_PER_NODE",
     "DECODED_BYTES_FACTOR",
+    "MAX_JSON_DEPTH",
+    "check_json_depth",
     "frame_limit_message",
     "load_json",
     "max_decoded_bytes",
@@ -153,9 +156,69 @@ def read_bytes(path: Path, *, sniff: bool = True, limit: int | None = None) -> b
     return data
 
 
+MAX_JSON_DEPTH = 1000
+"""Deepest nesting of JSON lists and objects read. Traces nest a few levels (a PyTorch ET's
+tensor lists a few more); decoders recurse per level, so a deeper file would end in a
+RecursionError or overflow the C stack (orjson's object decoder) instead of a message."""
+
+
+def check_json_depth(data: bytes, path: Path | str, limit: int = MAX_JSON_DEPTH) -> None:
+    """Refuse JSON text nested deeper than ``limit`` lists and objects, before any decoder sees it.
+
+    Raises
+    ------
+    TraceFormatError
+        One line naming the file, the byte offset where the nesting passes ``limit`` and
+        the limit.
+
+    Notes
+    -----
+    A vectorised scan, no decoding (UTF-8 continuation bytes are never ASCII): a few
+    passes over the bytes pick out the brackets and quotes, then O(k) over those k
+    bytes: a quote after an odd run of backslashes is escaped, brackets between an
+    opening and a closing quote are inside a string, and the depth is the running sum
+    of the rest. A text with at most ``limit`` opening brackets is accepted after one
+    pass. Under a tenth of the time orjson takes to decode the same text.
+    """
+    raw = np.frombuffer(data, dtype=np.uint8)
+    folded = raw | 0x20  # '[' 0x5B and '{' 0x7B, ']' 0x5D and '}' 0x7D differ in bit 5 only
+    opens = folded == 0x7B
+    if np.count_nonzero(opens) <= limit:
+        return
+    events = opens | (folded == 0x7D) | (raw == 0x22)  # 0x22 | 0x20 is itself
+    del folded, opens
+    kind = raw[events]
+    quote = kind == 0x22
+    after_slash = np.flatnonzero((raw[1:] == 0x22) & (raw[:-1] == 0x5C)) + 1
+    at: np.ndarray | None = None
+    if after_slash.size:  # a quote after a run of backslashes is escaped when the run is odd
+        at = np.flatnonzero(events)
+        slashes = np.flatnonzero(raw == 0x5C)
+        first = np.maximum.accumulate(
+            np.where(np.r_[True, np.diff(slashes) != 1], np.arange(len(slashes)), 0)
+        )
+        last = np.searchsorted(slashes, after_slash - 1)
+        escaped = after_slash[(last - first[last]) % 2 == 0]  # run length last - first + 1 is odd
+        quote[np.searchsorted(at, escaped)] = False
+    inside = (np.cumsum(quote, dtype=np.uint8) & 1).astype(bool)  # parity survives the uint8 wrap
+    inside |= quote
+    step = np.where((kind | 0x20) == 0x7B, 1, -1).astype(np.int8)
+    step[inside] = 0
+    depth = np.cumsum(step, dtype=np.int32 if len(step) < 1 << 31 else np.int64)
+    deep = np.flatnonzero(depth > limit)
+    if deep.size:
+        at = np.flatnonzero(events) if at is None else at
+        raise TraceFormatError(
+            f"{path}: byte {int(at[deep[0]])}: JSON nested more than {limit:,} lists and objects deep "
+            f"({int(depth.max()):,} at its deepest); no trace format etstore reads nests that deep"
+        )
+
+
 def load_json(path: Path) -> Any:
-    """Decode a JSON file (plain or gzip); truncated or invalid JSON is a TraceFormatError."""
+    """Decode a JSON file (plain or gzip); truncated, invalid or too deeply nested JSON is a
+    TraceFormatError (:func:`check_json_depth`: the decoder would recurse once per level)."""
     data = read_bytes(path, sniff=False)
+    check_json_depth(data, path)
     try:
         return orjson.loads(data)  # strict JSON (no NaN), ~1.7x the standard library's speed
     except (ValueError, UnicodeDecodeError) as exc:  # orjson.JSONDecodeError is a ValueError

@@ -181,7 +181,7 @@ def is_tuner_log(path: str | Path) -> bool:
         if line.startswith("{"):
             try:
                 obj = json.loads(line)
-            except ValueError:
+            except (ValueError, RecursionError):  # RecursionError: nested too deeply to decode
                 return False
             return isinstance(obj, dict) and _complete(_header_fields(list(_flat_keys(obj))))
         return any(_complete(_header_fields(line.split(sep))) for sep in (",", "\t"))
@@ -404,7 +404,7 @@ def _read_jsonl(text: str, rows: _Rows) -> list[str]:
             continue
         try:
             obj = json.loads(raw)
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:  # RecursionError: nested too deeply to decode
             raise TraceFormatError(f"{rows.source}:{i}: not a JSON object ({exc})") from exc
         if not isinstance(obj, dict):
             raise TraceFormatError(

@@ -74,6 +74,8 @@ def pulled_lstsq(
     groups: list[np.ndarray],
     effect: np.ndarray,
     weight: float,
+    *,
+    anchor: np.ndarray | None = None,
 ) -> np.ndarray:
     """``argmin ||a u − b||`` over ``u ≥ lower``, with faint pulls where the data say nothing.
 
@@ -87,10 +89,12 @@ def pulled_lstsq(
         Boolean masks of columns the data cannot tell apart: each group is pulled towards
         a common value, so its columns move by one common factor.
     effect
-        Columns that change the model; the others are pulled towards u = 1 (their start)
+        Columns that change the model; the others are pulled towards their ``anchor``
         with ``weight``, these a million times more faintly.
     weight
         Squared weight of the pulls, relative to one row of ``a``.
+    anchor
+        Where each column is pulled (default u = 1, its start).
 
     Returns
     -------
@@ -113,7 +117,7 @@ def pulled_lstsq(
             targets.append(np.zeros(m))
     pin = np.where(effect, root * 1e-3, root)
     rows.append(np.diag(pin))
-    targets.append(pin)
+    targets.append(pin * (1.0 if anchor is None else anchor))
     a_all, b_all = np.vstack(rows), np.concatenate(targets)
     out: np.ndarray = lower + nonneg_lstsq(a_all, b_all - a_all @ lower)
     return out

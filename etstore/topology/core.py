@@ -227,7 +227,9 @@ class Topology(LinkArrays):
 
         Notes
         -----
-        O(E · N) time and memory over the hop-distance matrix. Cached.
+        See :func:`etstore.topology.paths.next_link`: O(N² · axes) in closed form for
+        intact built-in shapes (a fully connected axis costs its N × N table, not N³),
+        O(E · N) time and memory over the hop-distance matrix otherwise. Cached.
         """
         return paths.next_link(self)
 

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from etstore.errors import TopologyError
-from etstore.topology.axes import GIB, coordinates, link_values, require_budget
+from etstore.topology.axes import GIB, Dim, coordinates, link_values, require_budget
 from etstore.topology.links import LinkArrays
 
 __all__ = [
@@ -216,13 +216,19 @@ def next_link(t: LinkArrays) -> np.ndarray:
 
     Notes
     -----
-    O(E · N) time and memory over the hop-distance matrix. Cached.
+    Intact built-in shapes: a closed form, O(N² · axes) time and the N × N table (the
+    route leaves along the lowest axis where source and destination differ). Other
+    topologies: O(E · N) time and memory over the hop-distance matrix. Cached.
     """
     return t.memo("next_link", lambda: _next_link(t))
 
 
 def _next_link(t: LinkArrays) -> np.ndarray:
     """Uncached :func:`next_link`."""
+    if t.is_regular():
+        table = _product_next_link(t)
+        if table is not None:
+            return table
     n = t.num_npus
     _require_table(t, 4 + 24 * t.num_links / max(n, 1), "next-link")  # int32 table, int64 scores per link
     hops = hop_distances(t)
@@ -238,6 +244,97 @@ def _next_link(t: LinkArrays) -> np.ndarray:
         best = np.minimum.reduceat(score, offsets[has], axis=0)
         best[best == big] = -1
         table[has] = best
+    return table
+
+
+_ROW_BLOCK_BYTES = 32 << 20  # temporaries of the closed-form next-link table, at most, per block of rows
+
+
+def _axis_step(d: Dim, c: np.ndarray, t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """From coordinate ``c`` towards ``t != c`` on axis ``d`` (broadcast int32 arrays): the index of
+    the link taken among the NPU's links on this axis, and the coordinate it leads to.
+
+    The lowest link id among those on a shortest path: ``+`` before ``-`` on a ring whose
+    two ways are equally short, the link towards ``t`` on a line, the direct link (links
+    to the other coordinates in ascending order) on an all-pairs axis.
+    """
+    size = d.size
+    if d.kind in ("fc", "switch"):
+        return t - (t > c), np.broadcast_to(t, np.broadcast_shapes(c.shape, t.shape))
+    if d.kind == "line":
+        up = t > c
+        return np.where(up, 0, c < size - 1), np.where(up, c + 1, c - 1)
+    ahead = (c + 1) % size
+    if d.kind == "uniring" or size == 2:
+        return np.zeros(np.broadcast_shapes(c.shape, t.shape), dtype=np.int32), np.broadcast_to(
+            ahead, np.broadcast_shapes(c.shape, t.shape)
+        )
+    forward = (t - c) % size
+    plus = 2 * forward <= size  # the forward way is no longer than the backward one
+    return np.where(plus, 0, 1), np.where(plus, ahead, (c - 1) % size)
+
+
+def _product_next_link(t: LinkArrays) -> np.ndarray | None:
+    """:func:`next_link` of an intact built-in shape in closed form, or None when its links are not in
+    the order :func:`~etstore.topology.axes.compose_links` writes them.
+
+    The route moves along the lowest axis on which source and destination differ, and
+    the link is found from the coordinates alone: O(N² · axes) time, the N × N int32
+    table plus :data:`_ROW_BLOCK_BYTES` of temporaries (no per-link work, so a fully
+    connected axis of N NPUs costs N², not N³). Every link the table names is checked
+    to start at its source and lead to the NPU the route moves to; a topology whose
+    arrays disagree (:meth:`~etstore.topology.Topology.transpose` keeps the axes) gets
+    None and the search over links.
+    """
+    n = t.num_npus
+    _require_table(t, 4, "next-link")
+    sizes = [int(d.size) for d in t.dims]
+    coords = coordinates(n, sizes).astype(np.int32)
+    strides = [int(x) for x in np.cumprod([1, *sizes[:-1]])]
+    # first link of each NPU, and of each axis within it (a mesh line's ends have one link fewer)
+    counts = []
+    for k, d in enumerate(t.dims):
+        c = coords[:, k]
+        if d.size < 2:
+            counts.append(np.zeros(n, dtype=np.int64))
+        elif d.kind == "line":
+            counts.append((c < d.size - 1).astype(np.int64) + (c > 0))
+        elif d.kind in ("fc", "switch"):
+            counts.append(np.full(n, d.size - 1, dtype=np.int64))
+        else:
+            counts.append(np.full(n, 1 if d.kind == "uniring" or d.size == 2 else 2, dtype=np.int64))
+    per_npu = np.sum(counts, axis=0) if counts else np.zeros(n, dtype=np.int64)
+    if int(per_npu.sum()) != t.num_links or t.num_links >= 1 << 31:  # link ids are int32
+        return None
+    axis_first = []
+    acc = np.concatenate([[0], np.cumsum(per_npu)[:-1]]).astype(np.int32)
+    for cnt in counts:
+        axis_first.append(acc.copy())
+        acc += cnt.astype(np.int32)
+    table = np.full((n, n), -1, dtype=np.int32)
+    rows = max(1, _ROW_BLOCK_BYTES // (24 * n))  # the next NPU, a gathered column, masks, the check
+    for lo in range(0, n, rows):
+        hi = min(n, lo + rows)
+        here = np.arange(lo, hi, dtype=np.int32)[:, None]
+        block = table[lo:hi]
+        nxt = np.empty((hi - lo, n), dtype=np.int32)
+        for k, d in enumerate(t.dims):
+            if d.size < 2:
+                continue
+            cs, cd = coords[lo:hi, k, None], coords[None, :, k]
+            take = cs != cd
+            take &= block < 0
+            col, to = _axis_step(d, cs, cd)
+            np.copyto(block, axis_first[k][lo:hi, None] + col, where=take, casting="unsafe")
+            np.copyto(nxt, here + (to - cs) * strides[k], where=take, casting="unsafe")
+        np.copyto(nxt, here, where=block < 0)  # the diagonal: compared with itself below
+        safe = np.maximum(block, 0)
+        if not (
+            (int(block.max()) < t.num_links)
+            and bool(((t.src[safe] == here) | (block < 0)).all())
+            and bool((np.where(block < 0, here, t.dst[safe]) == nxt).all())
+        ):
+            return None
     return table
 
 
