@@ -87,10 +87,10 @@ def main() -> int:
     tmp = Path(tempfile.mkdtemp(prefix="etstore-bench-"))
     try:
         if not args.skip_embedded:
-            with open_store(tmp / "store") as store:  # type: ignore[attr-defined]
+            with open_store(tmp / "store", write=True) as store:  # type: ignore[attr-defined]
                 measure("embedded", store, trace, args.reps)
         os.environ.setdefault("ETSTORE_WAREHOUSE", str(tmp / "warehouse"))
-        with open_store(args.url) as store:  # type: ignore[attr-defined]
+        with open_store(args.url, write=True) as store:  # type: ignore[attr-defined]
             stale = [t.name for t in store.traces() if t.name == f"bench_{trace.num_ops}"]
             for name in stale:
                 store.remove(name)

@@ -117,7 +117,7 @@ def main() -> None:
             store_dir = Path(tmp) / f"store{i}"
             gc.collect()
             t = time.perf_counter()
-            with open_store(store_dir) as store:
+            with open_store(store_dir, write=True) as store:
                 ops = store.ingest(read_trace(linked)).trace.ops
             ingest_runs.append(time.perf_counter() - t)
             shutil.rmtree(store_dir)

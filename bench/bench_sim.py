@@ -388,7 +388,7 @@ def main() -> None:
             emit(
                 "sweep.allreduce.busbw",
                 round(row["busbw_gb_per_s"], 3),
-                "GB/s (2^30)",
+                "GB/s (10^9)",
                 row["num_npus"],
                 topology=row["topology"],
                 algorithm=row["algorithm"],

@@ -3,11 +3,12 @@
 Entry points::
 
     import etstore
-    store = etstore.open_store(".etstore")        # or "neo4j://user:pass@host:7687"
-    report = store.ingest(etstore.read_trace("traces/"))
-    store.cypher("MATCH (o:Op) RETURN o.type, count(*)").to_pandas()
-    store.sql("SELECT rank, count(*) FROM ops GROUP BY rank").to_arrow()
-    etstore.critical_path(store.load(report.trace.name))
+    with etstore.open_store(".etstore", write=True) as store:   # or "neo4j://user:pass@host:7687"
+        report = store.ingest(etstore.read_trace("traces/"))
+    with etstore.open_store(".etstore") as store:               # read-only unless write=True
+        store.cypher("MATCH (o:Op) RETURN o.type, count(*)").to_pandas()
+        store.sql("SELECT rank, count(*) FROM ops GROUP BY rank").to_arrow()
+        etstore.critical_path(store.load(report.trace.name))
 
 The entry points are imported on first use, so ``import etstore`` (and the CLI's
 ``--help``) does not load the engines; the error classes are cheap and imported at once.

@@ -55,6 +55,7 @@ if _CONSOLE_SCRIPT and signal.getsignal(signal.SIGINT) is signal.default_int_han
         signal.signal(signal.SIGINT, _interrupted_while_starting)
 
 import argparse  # noqa: E402  (after the interrupt handler, on purpose)
+import difflib  # noqa: E402
 import importlib  # noqa: E402
 from collections.abc import Sequence  # noqa: E402
 from typing import NamedTuple  # noqa: E402
@@ -103,6 +104,10 @@ COMMANDS: dict[str, Command] = {
     "replay": Command(
         "replay", "replay a recorded PyTorch trace (ET + Kineto) as it ran; measured beside simulated"
     ),
+    "breakdown": Command(
+        "breakdown", "where a recorded step's time went, as measured: per rank, kernel class and collective"
+    ),
+    "diff": Command("breakdown", "two traces side by side by op, kernel, collective and rank"),
     "calibrate": Command("calibrate", "fit a topology's latency and bandwidth to a measured nccl-tests run"),
     "expand": Command(
         "expand", "replace collective nodes by an algorithm's send/recv/reduce ops (stores a new trace)"
@@ -132,20 +137,7 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
         description="Store, query, expand and simulate Chakra execution traces and collective algorithms.",
     )
     p.add_argument("--version", action="version", version=f"etstore {__version__}")
-    p.add_argument(
-        "--store",
-        default=None,
-        help=f"store directory or neo4j://user:pass@host:7687 URL "
-        f"(default: ${_STORE_ENV_VAR} or ./{_DEFAULT_STORE})",
-    )
-    p.add_argument(
-        "--wait",
-        type=float,
-        default=None,
-        metavar="SECONDS",
-        help="how long to wait for another etstore process writing (or reading) the store "
-        "(default: $ETSTORE_WAIT or 300)",
-    )
+    _add_global_options(p, default=None)
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     module = COMMANDS[command].module if command is not None else None
     registered = False
@@ -155,7 +147,61 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
         elif not registered:  # the module adds all of its commands at once
             importlib.import_module(f"{__name__}.{module}").register(sub)
             registered = True
+    for parser in _command_parsers(p):  # the global options after the command too
+        _add_global_options(parser, default=argparse.SUPPRESS)
     return p
+
+
+def _add_global_options(p: argparse.ArgumentParser, *, default: object) -> None:
+    """``--store`` and ``--wait``: before the command (``default`` None), and after it, where a
+    suppressed default leaves the value given before the command (or its default) alone."""
+    p.add_argument(
+        "--store",
+        default=default,
+        help=f"store directory or neo4j://user:pass@host:7687 URL "
+        f"(default: ${_STORE_ENV_VAR} or ./{_DEFAULT_STORE})",
+    )
+    p.add_argument(
+        "--wait",
+        type=float,
+        default=default,
+        metavar="SECONDS",
+        help="how long to wait for another etstore process writing (or reading) the store "
+        "(default: $ETSTORE_WAIT or 300)",
+    )
+
+
+def _command_parsers(p: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
+    """Every parser below ``p``: its commands' and their actions' (``algo gen``), depth first."""
+    found: list[argparse.ArgumentParser] = []
+    for action in p._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for parser in action.choices.values():
+                found += [parser, *_command_parsers(parser)]
+    return found
+
+
+def _refuse_unknown(parser: argparse.ArgumentParser, command: str, extras: list[str]) -> None:
+    """Exit 2 with one line naming the first unknown option (and the nearest known one), or the
+    arguments left over when none is an option."""
+    below = [p for p in _command_parsers(parser) if p.prog.split()[1:2] == [command]]
+    own = below[0] if below else parser  # ``etstore COMMAND``: its usage line comes with the error
+    unknown = next((a for a in extras if a.startswith("-") and not _is_number(a)), None)
+    if unknown is None:
+        own.error(f"unrecognized arguments: {' '.join(extras)}")
+    name = unknown.split("=", 1)[0]
+    known = sorted({o for q in (parser, *below) for a in q._actions for o in a.option_strings})
+    near = difflib.get_close_matches(name, [o for o in known if o.startswith("--")], n=1, cutoff=0.6)
+    hint = f"; did you mean {near[0]}?" if near else f" (etstore {command} --help lists its options)"
+    own.error(f"unknown option {name}{hint}")
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -176,12 +222,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     -----
     The arguments are parsed twice: once against the placeholders, which answers
     ``--help`` and ``--version`` and names the command, then against the parser its
-    module completes.
+    module completes. ``--store`` and ``--wait`` go before or after the command; an
+    unknown option is named, with the nearest known one (exit 2).
     """
     try:
         arg_list = list(sys.argv[1:] if argv is None else argv)
         chosen, _ = _parser().parse_known_args(arg_list)
-        args = _parser(chosen.command).parse_args(arg_list)  # imports the command's module
+        parser = _parser(chosen.command)  # imports the command's module
+        args, extras = parser.parse_known_args(arg_list)
+        if extras:
+            _refuse_unknown(parser, chosen.command, extras)
         # only now has anything started: until here a Ctrl-C leaves at once, which also keeps it
         # out of C extensions' module initialisation (orjson's crashes when interrupted there)
         if signal.getsignal(signal.SIGINT) is _interrupted_while_starting:

@@ -34,7 +34,7 @@ from etstore.progress import ProgressFn
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from etstore.store import EmbeddedStore, Store
+    from etstore.store import EmbeddedStore, IngestReport, Store
 
 __all__ = [
     "add_format",
@@ -46,6 +46,8 @@ __all__ = [
     "progress",
     "progress_to",
     "say",
+    "status_words",
+    "stored_status",
 ]
 
 
@@ -70,6 +72,26 @@ def params(args: argparse.Namespace) -> dict[str, Any]:
     return dict(_parse_param(p) for p in args.param or [])
 
 
+def stored_status(report: IngestReport) -> dict[str, Any]:
+    """``status`` and ``same_as`` of a stored trace, as every command that stores one prints them.
+
+    ``new``: new content under its name; ``new name``: the content was stored already, under
+    the name in ``same_as``, and only this name was added; ``already stored``: the name
+    already pointed at this content, nothing was written.
+    """
+    if not report.created:
+        return {"status": "already stored", "same_as": None}
+    if report.same_as is not None:
+        return {"status": "new name", "same_as": report.same_as}
+    return {"status": "new", "same_as": None}
+
+
+def status_words(report: IngestReport) -> str:
+    """:func:`stored_status` for a sentence: ``new``, ``already stored`` or ``new name of X's content``."""
+    got = stored_status(report)
+    return f"new name of {got['same_as']}'s content" if got["same_as"] else str(got["status"])
+
+
 def say(line: str) -> None:
     """One line on stderr, ``etstore: `` first (waiting, recovering, interrupted)."""
     sys.stderr.write(f"etstore: {line}\n")
@@ -89,7 +111,7 @@ def open_from_args(args: argparse.Namespace, *, read_only: bool = False) -> Stor
     """
     store = stores.open_store(
         args.store,
-        read_only=read_only,
+        write=not read_only,
         wait_s=getattr(args, "wait", None),
         notify=say,
         purpose=_purpose(args),

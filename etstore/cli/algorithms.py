@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from etstore.cli._common import add_format, open_from_args, print_json
+from etstore.cli._common import add_format, open_from_args, print_json, stored_status
 from etstore.cli._inputs import trace_from
 from etstore.cli._render import render
 from etstore.collectives.check import check_algorithm
@@ -51,7 +51,7 @@ def _gen(args: argparse.Namespace, console: Console) -> int:
     info = report.trace
     row = {
         "trace": info.name,
-        "status": "new" if report.created else "already stored",
+        **stored_status(report),
         "collective": trace.params.get("collective"),
         "ranks": info.ranks,
         "chunks_per_rank": args.chunks,

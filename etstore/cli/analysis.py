@@ -9,8 +9,9 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from etstore.cli._common import add_format, open_from_args
+from etstore.cli._common import add_format, open_from_args, stored_status
 from etstore.cli._render import json_text, render
+from etstore.cli._tables import add_table, chosen_table, one_row, print_table
 from etstore.errors import OptionError
 from etstore.query.overlap import explain, find_opportunities
 from etstore.query.rewrite import rewrite_stored
@@ -29,12 +30,14 @@ def _config(congestion: str | None) -> Any:
 
 def _overlap(args: argparse.Namespace, console: Console) -> int:
     if args.explain:
+        # beside a csv or json table the queries go to stderr: stdout is that one table
+        out = sys.stdout if args.trace is None else sys.stderr
         for finder, engine, text in explain():
             if args.format == "table":
                 console.print(f"[bold]-- {finder} ({engine})[/]")
                 console.print(text, highlight=False, markup=False)
             else:
-                sys.stdout.write(f"-- {finder} ({engine})\n{text}\n")
+                out.write(f"-- {finder} ({engine})\n{text}\n")
         if args.trace is None:
             return 0
     if args.trace is None:
@@ -84,7 +87,7 @@ def _rewrite(args: argparse.Namespace, console: Console) -> int:
         "parent": args.trace,
         "applied": args.apply,
         "changes": params.get("changes"),
-        "status": "new" if report.created else "already stored",
+        **stored_status(report),
         "ops": info.ops,
         "deps": info.deps,
     }
@@ -95,33 +98,29 @@ def _rewrite(args: argparse.Namespace, console: Console) -> int:
 def _compare(args: argparse.Namespace, console: Console) -> int:
     with open_from_args(args) as store:
         cmp = compare(store, args.a, args.b, args.topo, congestion=args.congestion)
-    if args.format == "json":
-        doc = {
-            "comparison_id": cmp.comparison_id,
-            "trace_a": cmp.trace_a,
-            "trace_b": cmp.trace_b,
-            "run_a": cmp.run_a,
-            "run_b": cmp.run_b,
-            "topology": cmp.topology,
-            "total_a_ns": cmp.total_a_ns,
-            "total_b_ns": cmp.total_b_ns,
-            "diff_ns": cmp.diff_ns,
-            "ranks": cmp.table.to_pylist(),
-        }
-        sys.stdout.write(json_text(doc) + "\n")
+    summary = {
+        "comparison_id": cmp.comparison_id,
+        "trace_a": cmp.trace_a,
+        "trace_b": cmp.trace_b,
+        "run_a": cmp.run_a,
+        "run_b": cmp.run_b,
+        "topology": cmp.topology,
+        "total_a_ns": cmp.total_a_ns,
+        "total_b_ns": cmp.total_b_ns,
+        "diff_ns": cmp.diff_ns,
+    }
+    only = chosen_table(args)
+    if only is not None:
+        print_table(cmp.table if only == "ranks" else one_row(summary), args.format, console=console)
         return 0
     render(
-        cmp.table,
-        args.format,
-        title=f"{cmp.trace_a} (A) vs {cmp.trace_b} (B) on {cmp.topology}",
-        console=console,
+        cmp.table, "table", title=f"{cmp.trace_a} (A) vs {cmp.trace_b} (B) on {cmp.topology}", console=console
     )
-    if args.format == "table":
-        pct = cmp.diff_ns / cmp.total_a_ns * 100 if cmp.total_a_ns else 0.0
-        console.print(
-            f"makespan A {cmp.total_a_ns:,.0f} ns, B {cmp.total_b_ns:,.0f} ns: {cmp.diff_ns:+,.0f} ns "
-            f"({pct:+.1f}%); runs {cmp.run_a} and {cmp.run_b}, comparison {cmp.comparison_id}"
-        )
+    pct = cmp.diff_ns / cmp.total_a_ns * 100 if cmp.total_a_ns else 0.0
+    console.print(
+        f"makespan A {cmp.total_a_ns:,.0f} ns, B {cmp.total_b_ns:,.0f} ns: {cmp.diff_ns:+,.0f} ns "
+        f"({pct:+.1f}%); runs {cmp.run_a} and {cmp.run_b}, comparison {cmp.comparison_id}"
+    )
     return 0
 
 
@@ -167,4 +166,12 @@ def register(sub: Any) -> None:
     _topo_arg(sp)
     sp.add_argument("--congestion", choices=("unaware", "aware"), default=None, help="network model")
     add_format(sp)
+    add_table(
+        sp,
+        {
+            "ranks": "per rank: time in A and in B and their difference (ns)",
+            "summary": "one row: the traces, runs, topology, makespans A and B and their difference",
+        },
+        "ranks",
+    )
     sp.set_defaults(handler=_compare)

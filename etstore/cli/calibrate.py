@@ -10,8 +10,9 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from etstore.cli._common import add_format, open_to_record, print_json
+from etstore.cli._common import add_format, open_to_record
 from etstore.cli._render import render
+from etstore.cli._tables import add_table, chosen_table, one_row, print_table
 from etstore.collectives.stored import resolve_algorithm
 from etstore.errors import OptionError, UnknownTraceError
 from etstore.model import Trace
@@ -72,6 +73,13 @@ def _write_system_config(path: str, cal: Calibration) -> None:
     Path(path).write_text(json.dumps({"local-mem-bw": cal.local_mem_bw_gb_per_s}, indent=2) + "\n")
 
 
+_CALIBRATE_TABLES = {
+    "points": "per size: measured, simulated before and after (µs), errors (%%), whether fitted",
+    "params": "one row per network parameter: name, start, value, status",
+    "summary": "one row: run, algorithm, start and fitted spec, RMS and max errors before and after",
+}
+
+
 def _calibrate(args: argparse.Namespace, console: Console) -> int:
     config = SimConfig(congestion=args.congestion) if args.congestion else SimConfig()
     with open_to_record(args) as store:
@@ -94,31 +102,31 @@ def _calibrate(args: argparse.Namespace, console: Console) -> int:
         )
     if args.write_system_config:
         _write_system_config(args.write_system_config, cal)
-    if args.format == "json":
-        print_json(
-            {
-                "calibration": cal.name,
-                "calibration_id": cal.calibration_id,
-                "run": cal.run,
-                "collective": cal.collective,
-                "ranks": cal.num_npus,
-                "algorithm": cal.algorithm,
-                "start_spec": cal.start_spec,
-                "spec": cal.spec,
-                "local_mem_bw_gb_per_s": cal.local_mem_bw_gb_per_s,
-                "params": [q.as_dict() for q in cal.params],
-                **cal.summary(),
-                "rounds": cal.rounds,
-                "simulations": cal.simulations,
-                "points": cal.points().to_pylist(),
-            }
-        )
-        return 0
-    if args.format == "csv":
-        render(cal.points(), "csv", console=console)
+    only = chosen_table(args)
+    if only is not None:
+        tables = {"points": cal.points(), "params": _params(cal), "summary": one_row(_summary(cal))}
+        print_table(tables[only], args.format, console=console)
         return 0
     _print_table(cal, args, console)
     return 0
+
+
+def _summary(cal: Calibration) -> dict[str, Any]:
+    """The calibration in one row: what was fitted to what, the fitted spec, errors before and after."""
+    return {
+        "calibration": cal.name,
+        "calibration_id": cal.calibration_id,
+        "run": cal.run,
+        "collective": cal.collective,
+        "ranks": cal.num_npus,
+        "algorithm": cal.algorithm,
+        "start_spec": cal.start_spec,
+        "spec": cal.spec,
+        "local_mem_bw_gb_per_s": cal.local_mem_bw_gb_per_s,
+        **cal.summary(),
+        "rounds": cal.rounds,
+        "simulations": cal.simulations,
+    }
 
 
 def _print_table(cal: Calibration, args: argparse.Namespace, console: Console) -> None:
@@ -207,4 +215,5 @@ def register(sub: Any) -> None:
     )
     sp.add_argument("--no-record", action="store_true", help="do not store the calibration")
     add_format(sp)
+    add_table(sp, _CALIBRATE_TABLES, "points")
     sp.set_defaults(handler=_calibrate)

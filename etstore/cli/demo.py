@@ -114,7 +114,7 @@ def run_demo(*, store_location: str | None, console: Console, out_dir: Path) -> 
         Whatever the stage that fails raises (a store that cannot be opened, most often).
     """
     out_dir.mkdir(parents=True, exist_ok=True)
-    with open_store(store_location) as store:
+    with open_store(store_location, write=True) as store:
         name, algo, ring_fits = _ingest_step(store, console)
         _query_steps(store, name, console)
         expanded = _expand_step(store, name, algo if ring_fits else None, console)

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from etstore.cli._common import add_format, open_from_args, progress_to
+from etstore.cli._common import add_format, open_from_args, progress_to, status_words
 from etstore.cli._render import render
 from etstore.collectives.specs import algorithms_by_type, parse_by_type
 from etstore.collectives.stored import expand_stored, resolve_algorithm
@@ -43,7 +43,7 @@ def _expand(args: argparse.Namespace, console: Console) -> int:
     info = report.trace
     coll = result.collectives
     if args.format == "table":
-        status = "new" if report.created else "already stored"
+        status = status_words(report)
         console.print(
             f"[bold]{info.name}[/] (expanded, {status}) from {args.trace}: {info.ranks} ranks, "
             f"{info.ops:,} ops, {info.deps:,} deps, {info.messages:,} messages; "

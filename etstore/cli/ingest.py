@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from etstore.cli._common import add_format, open_from_args, phase_step, progress
+from etstore.cli._common import add_format, open_from_args, phase_step, progress, stored_status
 from etstore.cli._console import warn
-from etstore.cli._render import recognised_line, render
-from etstore.errors import OptionError
-from etstore.store.base import IngestReport
-from etstore.store.batch import BatchProgressFn, OnError, ingest_paths
+from etstore.cli._inputs import read_files
+from etstore.cli._render import recognised_line
+from etstore.cli._tables import add_table, chosen_table, note, print_table
+from etstore.store.base import IngestReport, Store
+from etstore.store.batch import BatchProgressFn, BatchStats, OnError, ingest_paths
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -21,25 +23,39 @@ if TYPE_CHECKING:
 __all__ = ["register"]
 
 
+_TABLES = {
+    "traces": "one row per trace stored (status new, new name or already stored; same_as)",
+    "measured": "one row per nccl-tests / rccl-tests log stored as a measured run",
+    "tuner": "one row per tuner trajectory stored as a tuner run",
+}
+
+
 def _ingest(args: argparse.Namespace, console: Console) -> int:
-    if args.name and len(args.paths) > 1:
-        raise OptionError("ingest: --name names one trace; give one path with it")
     on_error: OnError = "skip" if args.keep_going else "raise"
     with open_from_args(args) as store:
         bar = progress(console)
-        if bar:
-            with bar:
-                stats = ingest_paths(
-                    store, args.paths, name=args.name, on_error=on_error, progress=_bar_step(bar)
-                )
-        else:
-            stats = ingest_paths(store, args.paths, name=args.name, on_error=on_error)
-    if stats.reports or not (stats.measured or stats.tuner):
-        render(pa.Table.from_pylist([_report_row(r) for r in stats.reports]), args.format, console=console)
-    if stats.measured:  # nccl-tests / rccl-tests logs became measured runs
-        render(pa.Table.from_pylist([m.as_row() for m in stats.measured]), args.format, console=console)
-    if stats.tuner:  # tuner trajectories became tuner runs
-        render(pa.Table.from_pylist([t.as_row() for t in stats.tuner]), args.format, console=console)
+        with bar or contextlib.nullcontext():
+            step = _bar_step(bar) if bar else None
+            if args.name and len(args.paths) > 1:  # the files of one trace, as a glob of them reads
+                stats = _ingest_files(store, args.paths, args.name, step)
+            else:
+                stats = ingest_paths(store, args.paths, name=args.name, on_error=on_error, progress=step)
+    tables = {
+        "traces": pa.Table.from_pylist([_report_row(r) for r in stats.reports]),
+        "measured": pa.Table.from_pylist([m.as_row() for m in stats.measured]),
+        "tuner": pa.Table.from_pylist([t.as_row() for t in stats.tuner]),
+    }
+    only = chosen_table(args)
+    if only is None:  # the table format: each kind of input stored
+        for name in [n for n, t in tables.items() if t.num_rows] or ["traces"]:
+            print_table(tables[name], "table", console=console)
+    else:
+        if args.table is None and not stats.reports:  # the one kind stored, when no trace was
+            only = "measured" if stats.measured or not stats.tuner else "tuner"
+        print_table(tables[only], args.format, console=console)
+        others = [f"{t.num_rows} {n} (--table {n})" for n, t in tables.items() if n != only and t.num_rows]
+        if args.table is None and others:  # inputs of several kinds: say where the rest is
+            note(f"printed the {only} table; also stored: {', '.join(others)}", args.format, console)
     for report in stats.reports:  # what each input was recognised as; stdout stays data unless a table
         line = recognised_line(report.trace.name, report.trace.params)
         if line and args.format == "table":
@@ -51,6 +67,17 @@ def _ingest(args: argparse.Namespace, console: Console) -> int:
     for _path, message in stats.skipped:  # on stderr, beside errors: stdout may be JSON
         sys.stderr.write(f"etstore: skipped {message}\n")
     return 1 if stats.skipped else 0
+
+
+def _ingest_files(store: Store, paths: list[str], name: str, step: BatchProgressFn | None) -> BatchStats:
+    """``ingest F1 F2 ... --name X``: the files are one trace's, read together as a glob of them is."""
+    label = f"{name} ({len(paths)} files)"
+    read = (lambda done, total: step(label, "read", done, total)) if step else None
+    trace = read_files(paths, name=name, progress=read)
+    stored = (lambda stage, done, total: step(label, stage, done, total)) if step else None
+    report = store.ingest(trace, name=name, progress=stored)
+    info = report.trace
+    return BatchStats(1, 0, info.ops, info.deps, info.missing, (report,))
 
 
 def _bar_step(bar: Any) -> BatchProgressFn:
@@ -71,7 +98,7 @@ def _report_row(report: IngestReport) -> dict[str, Any]:
     return {
         "trace": info.name,
         "kind": info.kind,
-        "status": "new" if report.created else "already stored",
+        **stored_status(report),
         "ranks": info.ranks,
         "ops": info.ops,
         "deps": info.deps,
@@ -86,13 +113,21 @@ def _report_row(report: IngestReport) -> dict[str, Any]:
 def register(sub: Any) -> None:
     sp = sub.add_parser("ingest", help="read traces or algorithms into the store")
     sp.add_argument(
-        "paths", nargs="+", help=".et/.json file, directory, glob or <dir>/<prefix>; .xml for MSCCL-IR"
+        "paths",
+        nargs="+",
+        help=".et/.json file, directory, glob or <dir>/<prefix>; .xml for MSCCL-IR; each one trace "
+        "(with --name: the files of one trace)",
     )
-    sp.add_argument("--name", help="trace name (default: the file prefix)")
+    sp.add_argument(
+        "--name",
+        help="trace name (default: the file prefix); given several files, they are read as one trace, "
+        "as a glob of them would be",
+    )
     sp.add_argument(
         "--keep-going",
         action="store_true",
         help="skip inputs that fail (listed after the summary; exit 1) instead of stopping at the first",
     )
     add_format(sp)
+    add_table(sp, _TABLES, "traces")
     sp.set_defaults(handler=_ingest)

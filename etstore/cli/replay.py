@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from etstore.cli._common import add_format, open_to_record
 from etstore.cli._inputs import trace_from
+from etstore.cli._perturb_args import add_perturbation, perturbation_from
 from etstore.cli._render import json_text, render
 from etstore.cli._topology_args import topology_from
 from etstore.sim.replay import replay
@@ -23,7 +24,7 @@ def _replay(args: argparse.Namespace, console: Console) -> int:
         trace = trace_from(store, args.trace)
     fit = args.topo == "fitted"
     topo = topology_from(args) if args.topo and not fit else None
-    out = replay(trace, topo, fit=fit)
+    out = replay(trace, topo, fit=fit, perturbation=perturbation_from(args))
     table = out.collectives if args.collectives else out.steps
     network = out.label
     if args.format == "json":
@@ -68,5 +69,6 @@ def register(sub: Any) -> None:
         action="store_true",
         help="one row per rank and collective kernel instead of per rank",
     )
+    add_perturbation(sp)
     add_format(sp)
     sp.set_defaults(handler=_replay, no_record=True)

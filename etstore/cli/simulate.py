@@ -6,17 +6,14 @@ import argparse
 import dataclasses
 from typing import TYPE_CHECKING, Any
 
+import pyarrow as pa
+
 from etstore import collectives
-from etstore.cli._common import (
-    add_format,
-    open_to_record,
-    print_json,
-    progress,
-    progress_to,
-)
+from etstore.cli._common import add_format, open_to_record, progress, progress_to
 from etstore.cli._console import warn
 from etstore.cli._inputs import trace_from
 from etstore.cli._render import render
+from etstore.cli._tables import add_limit, add_table, chosen_table, one_row, print_table
 from etstore.cli._topology_args import add_topology_options, topology_from
 from etstore.collective import COLLECTIVE_NAMES
 from etstore.collectives.specs import algorithms_by_type, parse_by_type
@@ -91,6 +88,13 @@ def _network(args: argparse.Namespace) -> tuple[Any, Any]:
     return topology_from(args), None
 
 
+_SIM_TABLES = {
+    "summary": "one row: run_id, makespan total_ns, events, means, collectives, overloaded links",
+    "ranks": "per rank: finish, compute, communication, exposed communication and idle time (ns)",
+    "collectives": "per collective instance: type, algorithm, group, size, time, bus bandwidth",
+}
+
+
 def _sim(args: argparse.Namespace, console: Console) -> int:
     topo, dims = _network(args)
     config = _config(args)
@@ -120,17 +124,10 @@ def _sim(args: argparse.Namespace, console: Console) -> int:
     warning = result.overload_warning()
     if warning:  # on stderr, so json and csv output stay parseable
         warn(warning)
-    if args.format == "json":
-        print_json(
-            {
-                **summary,
-                "ranks": result.ranks.to_pylist(),
-                "collectives": result.collectives.slice(0, args.limit).to_pylist(),
-            }
-        )
-        return 0
-    if args.format == "csv":
-        render(result.ranks, "csv", console=console)
+    tables = {"summary": one_row(summary), "ranks": result.ranks, "collectives": _collectives(result, args)}
+    only = chosen_table(args)
+    if only is not None:
+        print_table(tables[only], args.format, limit=args.limit, console=console)
         return 0
     head = f"run {run_id}: " if run_id is not None else ""
     console.print(
@@ -140,25 +137,13 @@ def _sim(args: argparse.Namespace, console: Console) -> int:
         highlight=False,
         soft_wrap=True,
     )
-    render(result.ranks.slice(0, args.limit), "table", title="per rank (ns)", console=console)
+    print_table(result.ranks, "table", limit=args.limit, title="per rank (ns)", console=console)
     if result.collectives.num_rows:
-        cols = [
-            c
-            for c in (
-                "pg_name",
-                "comm_type",
-                "algorithm",
-                "group_size",
-                "size_bytes",
-                "time_ns",
-                "busbw_gb_per_s",
-            )
-            if c in result.collectives.column_names
-        ]
-        render(
-            result.collectives.select(cols).slice(0, args.limit),
+        print_table(
+            tables["collectives"],
             "table",
-            title=f"collectives ({result.collectives.num_rows}; busbw GB/s, GB = 2^30)",
+            limit=args.limit,
+            title=f"collectives ({result.collectives.num_rows}; busbw GB/s, GB = 10^9)",
             console=console,
         )
     if run_id is not None:
@@ -166,6 +151,14 @@ def _sim(args: argparse.Namespace, console: Console) -> int:
             f"metrics recorded: SELECT * FROM runs WHERE run_id = {run_id}", highlight=False, soft_wrap=True
         )
     return 0
+
+
+def _collectives(result: Any, args: argparse.Namespace) -> Any:
+    """The collectives table: every column in CSV and JSON, the ones people read in the table format."""
+    if args.format != "table":
+        return result.collectives
+    shown = ("pg_name", "comm_type", "algorithm", "group_size", "size_bytes", "time_ns", "busbw_gb_per_s")
+    return result.collectives.select([c for c in shown if c in result.collectives.column_names])
 
 
 def _sweep(args: argparse.Namespace, console: Console) -> int:
@@ -196,14 +189,15 @@ def _sweep(args: argparse.Namespace, console: Console) -> int:
         sweep_id = None
         if store is not None and not args.no_record:
             sweep_id = record_sweep(store.warehouse, points, params={"algo": args.algo, "topo": args.topo})
-    if args.format == "json":
-        print_json({"sweep_id": sweep_id, "points": points.to_pylist()})
+    if args.format != "table":  # one table: every point, each with its sweep's id (null: not recorded)
+        ids = pa.array([sweep_id] * points.num_rows, pa.int64())
+        render(points.add_column(0, "sweep_id", ids), args.format, console=console)
         return 0
     shown = points.select(
         ["topology", "algorithm", "size_bytes", "time_ns", "algbw_gb_per_s", "busbw_gb_per_s"]
     )
-    render(shown, args.format, title=f"{args.coll} bus bandwidth (GB/s, GB = 2^30)", console=console)
-    if sweep_id is not None and args.format == "table":
+    render(shown, "table", title=f"{args.coll} bus bandwidth (GB/s, GB = 10^9)", console=console)
+    if sweep_id is not None:
         console.print(
             f"sweep {sweep_id} recorded: SELECT * FROM sweep_points WHERE sweep_id = {sweep_id}",
             highlight=False,
@@ -261,9 +255,10 @@ def register(sub: Any) -> None:
         metavar="FILE",
         help="ASTRA-sim communicator group JSON; replaces the trace's groups, every pg_name must be in it",
     )
-    sp.add_argument("--limit", type=int, default=20, help="rows of each table to print (default 20)")
+    add_limit(sp, 20)
     _common(sp)
     add_format(sp)
+    add_table(sp, _SIM_TABLES, "summary")
     sp.set_defaults(handler=_sim)
 
     sp = sub.add_parser("sweep", help="bus bandwidth over sizes x algorithms x topologies")

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from etstore.cli._common import add_format, open_from_args, print_json, progress_to
+from etstore.cli._common import add_format, open_from_args, print_json, progress_to, stored_status
 from etstore.cli._render import render
 from etstore.cli._topology_args import add_topology_options, topology_from
 from etstore.collectives.synth import SynthResult, synthesize
@@ -31,8 +31,11 @@ rank range (about 400 bytes per op of a part at its peak), never whole."""
 def _topo_show(args: argparse.Namespace, console: Console) -> int:
     topo = topology_from(args, args.spec)
     doc = topo.describe()
-    if args.format == "json":
-        print_json(doc)
+    if args.format == "json":  # one row, as the CSV prints it
+        print_json([doc])
+        return 0
+    if args.format == "csv":
+        render(pa.Table.from_pylist([{k: str(v) for k, v in doc.items()}]), "csv", console=console)
         return 0
     rows = [{"property": k, "value": "" if v is None else str(v)} for k, v in doc.items()]
     render(pa.Table.from_pylist(rows), args.format, title=f"topology {topo.name}", console=console)
@@ -85,13 +88,13 @@ def _synth(args: argparse.Namespace, console: Console) -> int:
             at = list(doc).index("ops") + 1  # deps beside ops, as the stored trace counts them
             doc = {
                 "trace": report.trace.name,
-                "status": "new" if report.created else "already stored",
+                **stored_status(report),
                 **dict(items[:at]),
                 "deps": report.trace.deps,
                 **dict(items[at:]),
             }
-    if args.format == "json":
-        print_json(doc)
+    if args.format == "json":  # one row, as the CSV prints it
+        print_json([doc])
         return 0
     if args.format == "csv":
         render(pa.Table.from_pylist([{k: str(v) for k, v in doc.items()}]), "csv", console=console)

@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 from typing import TYPE_CHECKING, Any
 
-from etstore.cli._common import add_format, open_from_args, phase_step, progress
-from etstore.cli._render import render
+from etstore.cli._common import add_format, open_from_args, phase_step, progress, status_words
+from etstore.cli._tables import add_table, chosen_table, one_row, print_table
 from etstore.errors import OptionError
 from etstore.ingest.comm_groups import write_astra_et
 from etstore.ingest.export import EXPORT_FORMATS, export_trace
@@ -22,28 +20,37 @@ if TYPE_CHECKING:
 __all__ = ["register"]
 
 
+_SHOW_TABLES = {
+    "ops": "ops and duration per rank and type",
+    "collectives": "collective nodes by type, size and group",
+    "missing": "dependencies on absent nodes per rank and kind",
+    "trace": "the trace's catalog row",
+}
+
+
 def _show(args: argparse.Namespace, console: Console) -> int:
     with open_from_args(args, read_only=True) as store:
         info = store.info(args.trace)
         s = summarize(store, args.trace)
-    if args.format == "json":
-        doc: dict[str, Any] = {
-            "trace": info.as_row(),
-            "by_type_rank": s.by_type_rank.to_pylist(),
-            "collectives": s.collectives.to_pylist(),
-            "missing": s.missing.to_pylist(),
-        }
-        sys.stdout.write(json.dumps(doc, indent=1, default=str) + "\n")
+    tables = {
+        "ops": (s.by_type_rank, "ops per rank and type"),
+        "collectives": (s.collectives, "collectives"),
+        "missing": (s.missing, "dependencies on absent nodes"),
+        "trace": (one_row(info.as_row()), None),
+    }
+    only = chosen_table(args)
+    if only is not None:
+        table, title = tables[only]
+        print_table(table, args.format, title=title, console=console)
         return 0
     console.print(
         f"[bold]{info.name}[/] ({info.kind}) {info.ranks} ranks, {info.ops:,} ops, "
         f"{info.deps:,} deps, {info.missing:,} missing deps, {info.messages:,} messages"
     )
-    render(s.by_type_rank, args.format, title="ops per rank and type", console=console)
-    if s.collectives.num_rows:
-        render(s.collectives, args.format, title="collectives", console=console)
-    if s.missing.num_rows:
-        render(s.missing, args.format, title="dependencies on absent nodes", console=console)
+    for name in ("ops", "collectives", "missing"):
+        table, title = tables[name]
+        if name == "ops" or table.num_rows:
+            print_table(table, "table", title=title, console=console)
     return 0
 
 
@@ -105,7 +112,7 @@ def _workload(args: argparse.Namespace, console: Console) -> int:
             report = store.ingest(trace, name=args.name)
         console.print(
             f"stored [bold]{report.trace.name}[/]: {report.trace.ops:,} ops, {report.trace.ranks} ranks"
-            + ("" if report.created else " (already stored)"),
+            + ("" if status_words(report) == "new" else f" ({status_words(report)})"),
             soft_wrap=True,
         )
     if not args.out and not args.ingest:
@@ -117,6 +124,7 @@ def register(sub: Any) -> None:
     sp = sub.add_parser("show", help="counts per type and rank, collectives by type and size")
     sp.add_argument("trace")
     add_format(sp)
+    add_table(sp, _SHOW_TABLES, "ops")
     sp.set_defaults(handler=_show)
 
     sp = sub.add_parser("rm", help="remove traces")

@@ -8,6 +8,7 @@ name (``rank0_et.json``, ``worker3_step_12.<ts>.pt.trace.json``, ``dlrm_eg_3.jso
 
 from __future__ import annotations
 
+import codecs
 import glob
 import gzip
 import json
@@ -19,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from etstore.errors import ConfigError, TraceFormatError
-from etstore.ingest._frames import load_json
+from etstore.ingest._frames import check_json_depth, load_json
 
 __all__ = [
     "CHAKRA_ET",
@@ -199,17 +200,32 @@ def sniff_format(path: Path) -> str:
     Raises
     ------
     TraceFormatError
-        An unreadable or empty file, or a JSON document that is none of the JSON forms.
+        An unreadable or empty file, or one of a kind etstore does not read, in one line
+        naming the file and what it is: a JSON document that is none of the JSON forms (a
+        JSON list, say), XML other than MSCCL-IR (an NCCL graph or topology dump), other text.
     """
     head = _head(path)
     text = head.lstrip(b"\xef\xbb\xbf \t\r\n")
     if not text:
         raise TraceFormatError(f"{path}: empty file; a trace file cannot be empty")
     # a Chakra frame length may be the byte of "<" or "{" (60, 123): look one token further
+    root = (
+        _XML_ELEMENT.search(text)
+        if text.startswith((b"<?xml", b"<!--", b"<!DOCTYPE"))
+        else _XML_ELEMENT.match(text)
+    )
+    if root is not None and root[1] != b"algo":
+        raise TraceFormatError(f"{path}: {_xml_kind(root[1].decode())}")
     if text.startswith((b"<?xml", b"<algo", b"<!--")):
         return MSCCL_XML
     whole = len(head) < _HEAD  # the head is the whole (decompressed) file
+    if text[:1] == b"[" and _is_text(text) and not _JSON_START.match(text):
+        raise TraceFormatError(f"{path}: a JSON list that is no trace etstore reads {_JSON_FORMS}")
     if not (_JSON_START.match(text) or (text[:1] in (b"{", b"[") and whole and head[0] >= len(head))):
+        if _is_text(text):
+            raise TraceFormatError(
+                f"{path}: a text file ({_first_line(text)!r}) that is no trace etstore reads"
+            )
         return CHAKRA_ET
     if _CHAKRA_JSON_KEYS.search(head):
         return CHAKRA_JSON
@@ -218,14 +234,48 @@ def sniff_format(path: Path) -> str:
     if _ET_KEYS.search(head) or _ET_SCHEMA.search(head):
         return PYTORCH_ET
     if whole:
+        check_json_depth(head, path)  # the standard decoder recurses once per level
         try:
             json.loads(head)
         except (ValueError, UnicodeDecodeError) as exc:
             raise TraceFormatError(f"{path}: not valid JSON (truncated or corrupt): {exc}") from exc
-    raise TraceFormatError(
-        f"{path}: a JSON document that is no trace etstore reads (expected Chakra JSON "
-        "'workload_graph', a PyTorch execution trace 'nodes' or a Kineto 'traceEvents')"
-    )
+    what = "a JSON list" if text[:1] == b"[" else "a JSON document"
+    raise TraceFormatError(f"{path}: {what} that is no trace etstore reads {_JSON_FORMS}")
+
+
+_JSON_FORMS = (
+    "(expected a JSON object: Chakra JSON 'workload_graph', a PyTorch execution trace 'nodes' "
+    "or a Kineto 'traceEvents')"
+)
+_XML_ELEMENT = re.compile(rb"<([A-Za-z_][\w.:-]*)[\s>/]")  # an element's start tag (not <? or <!)
+_KNOWN_XML = {
+    "graphs": "an NCCL graph dump (NCCL_GRAPH_DUMP_FILE)",
+    "system": "an NCCL topology dump (NCCL_TOPO_DUMP_FILE)",
+}
+
+
+def _xml_kind(root: str) -> str:
+    """What an XML document whose root element is ``root`` (not ``algo``) is, in words."""
+    known = _KNOWN_XML.get(root)
+    what = f"{known}, root element <{root}>" if known else f"XML with root element <{root}>"
+    return f"{what}: not MSCCL-IR (<algo>) nor any other trace etstore reads"
+
+
+def _is_text(data: bytes) -> bool:
+    """Whether ``data`` (a file's first bytes) reads as text: UTF-8 without control characters.
+    A Chakra ``.et`` file never does: its first bytes hold a frame length and a field tag."""
+    sample = data[:512]
+    try:
+        decoded = codecs.getincrementaldecoder("utf-8")().decode(sample, final=len(data) <= 512)
+    except UnicodeDecodeError:
+        return False
+    return bool(decoded) and all(ch >= " " or ch in "\t\r\n" for ch in decoded)
+
+
+def _first_line(data: bytes) -> str:
+    """The first line of a text file's head, at most 60 characters."""
+    line = data.split(b"\n", 1)[0].decode("utf-8", errors="replace").strip()
+    return line if len(line) <= 60 else line[:57] + "..."
 
 
 _RANK_WORD = re.compile(r"(?:rank|worker|gpu|device|node|proc)[_\-.]?(\d+)", re.IGNORECASE)

@@ -20,7 +20,7 @@ that; the reader keeps what it recognises and skips the rest:
 A line that looks like a table row (two integers and a type name) but does not fit the
 column header above it is an error naming the file and line. Bandwidths stay as the
 tool prints them: GB/s with **GB = 10^9 bytes** (nccl-tests divides bytes per second by
-1.0E9), not the 2^30 of the simulator's tables.
+1.0E9), the unit of the simulator's tables too.
 """
 
 from __future__ import annotations

@@ -343,7 +343,7 @@ def _runs_page(
     page.add(f"<h1>{html.escape(heading)}</h1>")
     page.add(
         f'<p class="sub">etstore {html.escape(__version__)} · times in simulated ns/µs/ms · bandwidth '
-        "GB/s with GB = 2^30 (nccl-tests busbw) · drag to zoom, double-click to reset</p>"
+        "GB/s with GB = 10^9 (nccl-tests busbw) · drag to zoom, double-click to reset</p>"
     )
     _summary(page, runs, warehouse)
     if len(runs) >= 2:
@@ -404,7 +404,7 @@ def _sweep_page(warehouse: Warehouse, sweep_ids: list[int], *, title: str | None
     heading = title or "etstore report: sweep " + ", ".join(str(i) for i in sweep_ids)
     page.add(f"<h1>{html.escape(heading)}</h1>")
     page.add(
-        f'<p class="sub">etstore {html.escape(__version__)} · bandwidth GB/s with GB = 2^30 '
+        f'<p class="sub">etstore {html.escape(__version__)} · bandwidth GB/s with GB = 10^9 '
         "(nccl-tests busbw) · drag to zoom, double-click to reset</p>"
     )
     page.add("<h2>Bus bandwidth</h2>")

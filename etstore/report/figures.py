@@ -3,8 +3,9 @@
 Every function takes a :class:`~etstore.store.warehouse.Warehouse` holding the
 metrics tables of :mod:`etstore.sim.metrics` and returns a :class:`plotly.graph_objects.Figure`, or
 ``None`` when the runs hold nothing to draw (no collectives, no links, ...).
-Times are shown in µs, sizes in bytes (log axes labelled at powers of two), bandwidth
-in GB/s with GB = 2^30. The per-rank timeline is :mod:`etstore.report.gantt`.
+Times are shown in µs, sizes in bytes (log axes labelled at powers of two), bus bandwidth
+in GB/s with GB = 10^9 as nccl-tests prints it (link bandwidths, topology inputs, keep
+GB = 2^30). The per-rank timeline is :mod:`etstore.report.gantt`.
 """
 
 from __future__ import annotations
@@ -163,9 +164,9 @@ def collective_busbw_figure(warehouse: Warehouse, run_ids: Sequence[int]) -> go.
         )
     fig.update_layout(
         template=TEMPLATE,
-        title="Collectives in the run(s): bus bandwidth vs size (nccl-tests busbw, GB = 2^30)",
+        title="Collectives in the run(s): bus bandwidth vs size (nccl-tests busbw, GB = 10^9)",
         xaxis=size_axis(t["size_bytes"].to_numpy(), "collective size (bytes)"),
-        yaxis={"title": "busbw (GB/s)", "rangemode": "tozero"},
+        yaxis={"title": "busbw (GB/s, GB = 10^9)", "rangemode": "tozero"},
         height=420,
     )
     return fig
@@ -230,9 +231,9 @@ def sweep_busbw_figure(warehouse: Warehouse, sweep_ids: Sequence[int]) -> go.Fig
         )
     fig.update_layout(
         template=TEMPLATE,
-        title="Bus bandwidth vs message size per algorithm and topology (nccl-tests busbw, GB = 2^30)",
+        title="Bus bandwidth vs message size per algorithm and topology (nccl-tests busbw, GB = 10^9)",
         xaxis=size_axis(size, "message size S (bytes)"),
-        yaxis={"title": "busbw (GB/s)", "rangemode": "tozero"},
+        yaxis={"title": "busbw (GB/s, GB = 10^9)", "rangemode": "tozero"},
         height=460,
     )
     return fig

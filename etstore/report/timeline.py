@@ -11,10 +11,14 @@ through a :class:`~etstore.store.warehouse.Warehouse` and lays them out as
   collective instance (the k-th collective op of a process group on each member rank)
   are one flow across the member ranks;
 - a ``collectives`` process with one slice per collective instance (its span, type,
-  algorithm, size and bus bandwidth, GB/s with GB = 2^30 as in ``collectives``);
+  algorithm, size and bus bandwidth, GB/s with GB = 10^9 as in ``collectives``);
 - a ``network`` process with one counter per directed link: its utilisation over the
   run (``link_util`` holds one value per link, so the counter steps from that value at
   0 to 0 at the makespan).
+
+A run's simulated time starts at 0, so its timeline needs no rebasing. A trace's own
+timeline (recorded times: threads, streams, launches, the critical path) is
+:mod:`etstore.report.recorded_timeline`.
 """
 
 from __future__ import annotations
@@ -107,7 +111,7 @@ def run_timeline(warehouse: Warehouse, run_id: int) -> dict[str, Any]:
             "congestion": info["congestion"],
             "makespan_ns": info["total_ns"],
             "time_unit": "us (simulated)",
-            "bandwidth_unit": "GB/s, GB = 2^30",
+            "bandwidth_unit": "GB/s, GB = 10^9",
         },
     )
 

@@ -25,6 +25,7 @@ from etstore.sim.result import (
     RANK_BREAKDOWN_SCHEMA,
     busbw_factor,
     nccl_bytes,
+    rate_gb_per_s,
 )
 from etstore.topology import GIB
 
@@ -109,7 +110,7 @@ def _breakdown(
 
 
 def _collectives(built: Built, start: np.ndarray, end: np.ndarray) -> pa.Table:
-    """:data:`COLLECTIVES_SCHEMA`: one row per collective instance."""
+    """:data:`COLLECTIVES_SCHEMA`: one row per collective instance, rates in GB/s with GB = 10^9."""
     rows: dict[str, list[Any]] = {f.name: [] for f in COLLECTIVES_SCHEMA}
     for inst in built.instances:
         rws = np.asarray(inst.rows)
@@ -118,7 +119,7 @@ def _collectives(built: Built, start: np.ndarray, end: np.ndarray) -> pa.Table:
         t = e - s
         nbytes = nccl_bytes(inst.type, inst.size, n)
         f = busbw_factor(inst.type, n)
-        algbw = nbytes / t * 1e9 / GIB if t > 0 else 0.0
+        algbw = rate_gb_per_s(nbytes, t)
         for k, v in (
             ("coll_seq", inst.seq),
             ("pg_name", inst.pg),
@@ -205,7 +206,7 @@ def _overloaded(net: Network, msgs: _Messages, links: pa.Table) -> pa.Table:
     bw = links["bandwidth_gb_per_s"].to_numpy()
     window = hi - lo
     used = (nbytes > 0) & (window > 0)
-    offered = np.zeros(len(nbytes))
+    offered = np.zeros(len(nbytes))  # in the links' unit (GB = 2^30), to compare with their bandwidth
     offered[used] = nbytes[used] / window[used] * 1e9 / GIB
     over = np.flatnonzero(used & (offered > bw * (1 + 1e-9)))
     over = over[np.argsort(-(offered[over] / bw[over]), kind="stable")]

@@ -1,8 +1,10 @@
 """Simulation metrics in DuckDB: a documented, stable schema that dashboards can read.
 
 Tables (declared in :mod:`etstore.store.warehouse`, created when a writable store
-opens and by :func:`create_schema`; every time is ns, every size bytes, bandwidth
-GB/s with GB = 2^30):
+opens and by :func:`create_schema`; every time is ns, every size bytes; reported
+rates ``algbw_gb_per_s`` / ``busbw_gb_per_s`` are GB/s with GB = 10^9 as nccl-tests prints
+them, so they join ``measurements`` like with like; ``link_util.bandwidth_gb_per_s`` is the
+topology's input, GB = 2^30 as ASTRA-sim):
 
 ``runs``
     one row per simulation: ``run_id`` (primary key), ``trace``, ``topology``,
@@ -25,16 +27,16 @@ GB/s with GB = 2^30):
 ``collectives``
     per run and collective instance: ``coll_seq`` (k-th collective of its group),
     ``pg_name``, ``comm_type``, ``algorithm``, ``group_size``, ``size_bytes``,
-    ``start_ns``, ``end_ns``, ``time_ns``, ``algbw_gb_per_s``, ``busbw_gb_per_s``,
-    ``busbw_factor`` (nccl-tests).
+    ``start_ns``, ``end_ns``, ``time_ns``, ``algbw_gb_per_s``, ``busbw_gb_per_s``
+    (GB = 10^9), ``busbw_factor`` (nccl-tests).
 ``link_util``
     per run and directed link: ``link``, ``src``, ``dst``, ``latency_ns``,
-    ``bandwidth_gb_per_s``, ``bytes``, ``messages``, ``busy_ns``, ``utilization``
-    (busy / makespan).
+    ``bandwidth_gb_per_s`` (the link's, GB = 2^30), ``bytes``, ``messages``, ``busy_ns``,
+    ``utilization`` (busy / makespan).
 ``sweep_points``
     per sweep and point: ``sweep_id``, ``topology``, ``num_npus``, ``collective``,
     ``algorithm``, ``congestion``, ``size_bytes``, ``time_ns``, ``algbw_gb_per_s``,
-    ``busbw_gb_per_s``, ``events``, ``wall_s``, ``params`` (JSON).
+    ``busbw_gb_per_s`` (GB = 10^9), ``events``, ``wall_s``, ``params`` (JSON).
 
 Views (re-created by :func:`create_schema`; stable names and columns for dashboards):
 
@@ -46,12 +48,14 @@ Views (re-created by :func:`create_schema`; stable names and columns for dashboa
     ``hidden_share`` (overlap / comm, the part of communication hidden under compute).
 ``v_link_utilization``
     ``link_util`` joined with the run's ``topology`` and ``total_ns``, plus ``mib``
-    and ``gib_per_s`` (bytes moved per simulated second, GB = 2^30).
+    ``gb_per_s`` (bytes moved per simulated second, GB = 10^9) and ``gib_per_s`` (the same
+    in GiB = 2^30, kept for dashboards written before ``gb_per_s``).
 ``v_sweep_busbw``
     ``sweep_points`` with ``size_mib`` and ``time_us``: one row per curve point.
 
 ``docs/metrics.md`` documents keys, units and example SQL for dashboard tools.
-The schema version is kept in ``etstore_sim_schema``; columns are only ever added.
+The schema version is kept in ``etstore_sim_schema``; columns are only ever added. Rates
+that version 1 stored in GB = 2^30 are rescaled to GB = 10^9 by the first writable open.
 
 Examples
 --------

@@ -1,7 +1,10 @@
 """What a replay produces: :class:`SimResult`, the schemas of its tables, bus bandwidth.
 
-Every table is Arrow and every time is in ns; bandwidths are GB/s with GB = 2^30,
-like link bandwidths.
+Every table is Arrow and every time is in ns. Reported rates (``algbw_gb_per_s``,
+``busbw_gb_per_s``) are GB/s with GB = 10^9 bytes, as nccl-tests prints them, so they
+compare with measured runs directly; link bandwidths (``bandwidth_gb_per_s``, an input)
+and the offered load compared with them (``offered_gb_per_s``) keep the topology's
+GB = 2^30 (ASTRA-sim's convention).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ __all__ = [
     "busbw_factor",
     "nccl_bytes",
     "not_stuck",
+    "rate_gb_per_s",
 ]
 
 OP_TIMINGS_SCHEMA = pa.schema(
@@ -126,6 +130,19 @@ def nccl_bytes(comm_type: str, comm_size: int, n: int) -> int:
     return comm_size * n if comm_type == "ALL_GATHER" else comm_size
 
 
+def rate_gb_per_s(nbytes: float, time_ns: float) -> float:
+    """A reported rate: ``nbytes`` over ``time_ns`` in GB/s with GB = 10^9 (nccl-tests), 0 when no time.
+
+    Bytes per ns are exactly 10^9 bytes per s, so the rate is ``nbytes / time_ns``:
+    nccl-tests' ``algbw = S / t / 1.0E9`` with t in seconds. It is not the 2^30-based GB
+    of link bandwidths (a link of 50 GB/s moves 53.687 GB/s in this unit).
+
+    >>> rate_gb_per_s(1e9, 1e9)  # 10^9 bytes in one second
+    1.0
+    """
+    return nbytes / time_ns if time_ns > 0 else 0.0
+
+
 @dataclass(frozen=True, eq=False)
 class SimResult:
     """What one replay produced; every table is Arrow, every time ns.
@@ -143,7 +160,7 @@ class SimResult:
     collectives
         :data:`COLLECTIVES_SCHEMA`: per collective instance, first start to last end
         over its ranks, and nccl-tests ``algbw = S / t`` and ``busbw = algbw · f``
-        (GB = 2^30, like link bandwidths).
+        (GB/s with GB = 10^9, as nccl-tests prints them; not the 2^30 of link bandwidths).
     links
         :data:`LINKS_SCHEMA`: bytes and busy time per directed link, utilization =
         busy / ``total_ns`` (congestion-unaware: the load offered, may exceed 1).
@@ -158,9 +175,10 @@ class SimResult:
         :data:`OVERLOAD_SCHEMA`, congestion-unaware only: links offered more than their
         bandwidth, i.e. the bytes of the messages routed over a link divided by the
         window from the first one's start to the last one's arrival exceed the
-        link's bandwidth (GB = 2^30). Such a result is physically impossible (the
-        unaware model lets messages share a link at full speed); worst first.
-        Empty when congestion-aware (links queue) or nothing exceeds.
+        link's bandwidth. ``offered_gb_per_s`` is in the unit of ``bandwidth_gb_per_s``,
+        the topology's GB = 2^30, so the two compare directly. Such a result is
+        physically impossible (the unaware model lets messages share a link at full
+        speed); worst first. Empty when congestion-aware (links queue) or nothing exceeds.
     """
 
     ops: pa.Table

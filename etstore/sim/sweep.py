@@ -2,7 +2,8 @@
 
 Each point simulates a one-collective workload (one ``COMM_COLL_NODE`` per NPU of
 the topology) with :func:`etstore.sim.simulate` and reports nccl-tests ``algbw``
-and ``busbw`` (GB/s, GB = 2^30).
+and ``busbw`` (GB/s with GB = 10^9, as nccl-tests prints them, so a curve compares with
+a measured log's directly; the topology's link bandwidths keep GB = 2^30).
 """
 
 from __future__ import annotations
@@ -19,8 +20,8 @@ from etstore.errors import SimulationError, UnsatisfiableError
 from etstore.model import Trace, ops_table
 from etstore.sim.config import SimConfig, collective_name
 from etstore.sim.engine import simulate
-from etstore.sim.result import busbw_factor
-from etstore.topology import GIB, Topology, parse_topology
+from etstore.sim.result import busbw_factor, rate_gb_per_s
+from etstore.topology import Topology, parse_topology
 from etstore.units import parse_size
 
 __all__ = ["SWEEP_SCHEMA", "collective_workload", "parse_sizes", "sweep"]
@@ -159,7 +160,8 @@ def sweep(
     -------
     pyarrow.Table
         :data:`SWEEP_SCHEMA`: topology, num_npus, collective, algorithm, congestion,
-        size_bytes, time_ns, algbw_gb_per_s and busbw_gb_per_s (GB = 2^30), events, wall_s.
+        size_bytes, time_ns, algbw_gb_per_s and busbw_gb_per_s (GB = 10^9, as nccl-tests),
+        events, wall_s.
 
     Raises
     ------
@@ -202,7 +204,7 @@ def sweep(
                     ) from exc
                 wall = time.perf_counter() - t0
                 t = res.total_ns
-                algbw = int(size) / t * 1e9 / GIB if t > 0 else 0.0
+                algbw = rate_gb_per_s(int(size), t)
                 for key, value in (
                     ("topology", topo.name),
                     ("num_npus", n),

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +63,7 @@ class LadybugGraph:
         self.db: Any = None
         self.columns: tuple[str, ...] = GRAPH_OP_COLUMNS
         """The op properties this graph has (a graph made by an older etstore may have more)."""
+        self._scratch: tempfile.TemporaryDirectory[str] | None = None  # see _empty_graph
 
     def open(self, incoming: int = 0, *, pool: int | None = None) -> Any:
         """The connection, opened once with a pool sized for ``incoming`` more bytes of rows
@@ -70,30 +72,45 @@ class LadybugGraph:
         A store this read-only open created gets its empty graph first."""
         if self.conn is None and self.read_only:
             graph = self.path
-            if not self.engines_read_only and not graph.exists():
+            if not graph.exists() and not self.engines_read_only:
                 self._open(0, read_only=False)
                 self.release()
+            elif not graph.exists():  # nothing was ever stored: an empty graph, outside the store
+                graph = self._empty_graph()
             self.db = self.conn = SandboxedGraph.start(
                 graph, buffer_pool_bytes=buffer_pool_bytes(graph, 0)
             )  # closing either ends the process
             if self.conn is None:
-                self._open(0, read_only=True)
+                self._open(0, read_only=True, path=graph)
         if self.conn is None:
             self._open(incoming, read_only=self.engines_read_only, pool=pool)
         return self.conn
 
-    def _open(self, incoming: int, *, read_only: bool, pool: int | None = None) -> None:
-        """Open the graph in this process (writable ones get the schema)."""
+    def _empty_graph(self) -> Path:
+        """A graph with the schema and no rows in a scratch directory (removed by :meth:`release`):
+        what a reader of a store without a graph queries, since Ladybug cannot create one
+        read-only and a reader writes nothing into the store."""
+        self._scratch = tempfile.TemporaryDirectory(prefix="etstore-empty-graph-")
+        path = Path(self._scratch.name) / "graph"
+        self._open(0, read_only=False, path=path)
+        self.release(keep_scratch=True)
+        return path
+
+    def _open(
+        self, incoming: int, *, read_only: bool, pool: int | None = None, path: Path | None = None
+    ) -> None:
+        """Open the graph (or the one at ``path``) in this process (writable ones get the schema)."""
         import ladybug  # imported lazily: SQL-only commands never pay for it
 
+        path = path or self.path
         try:
             # checkpoints are ours: one per ingest or removal instead of one per COPY
             # statement (each commit of a bulk load would otherwise checkpoint by itself)
             self.db = ladybug.Database(
-                str(self.path),
+                str(path),
                 read_only=read_only,
                 auto_checkpoint=read_only,
-                buffer_pool_size=pool or buffer_pool_bytes(self.path, incoming),
+                buffer_pool_size=pool or buffer_pool_bytes(path, incoming),
             )
             conn: Any = ladybug.Connection(self.db)
         except RuntimeError as exc:
@@ -106,7 +123,7 @@ class LadybugGraph:
             self.columns = tuple(info["name"].to_pylist())
         self.conn = conn
 
-    def release(self) -> None:
+    def release(self, *, keep_scratch: bool = False) -> None:
         """Close the database (after a bulk load); the next use reopens it (a few ms)."""
         if self.conn is not None:
             self.conn.close()
@@ -114,6 +131,9 @@ class LadybugGraph:
             self.db.close()
             self.db = None
             trim_heap()
+        if self._scratch is not None and not keep_scratch:
+            self._scratch.cleanup()
+            self._scratch = None
 
 
 def trim_heap() -> None:

@@ -54,6 +54,7 @@ class Session:
         self.owner = self.lock is mine  # else an earlier open of this process holds the store
         self.purpose = purpose
         self.directory = directory
+        self.closed = False
 
     def interrupted(self) -> JournalEntry | None:
         """The journal an interrupted writer left, when this open is the one to deal with it
@@ -114,8 +115,27 @@ class Session:
             self.current = self.entry
             self.journal.write(self.entry)
 
+    def become_reader(self) -> None:
+        """A writer that has finished writing (the open that created a store for reading): remove
+        its journal and hold the store as a reader from now on, beside other readers.
+
+        Raises
+        ------
+        StoreError
+            Another writer came in between and held the store for longer than the wait limit.
+        """
+        if self.entry is not None:
+            self.journal.clear()
+            self.entry = self.current = None
+        if self.owner:
+            self.lock.downgrade()
+
     def close(self) -> None:
-        """Remove this writer's journal (all it wrote is committed or rolled back) and unlock."""
+        """Remove this writer's journal (all it wrote is committed or rolled back) and unlock
+        (idempotent: an open gives back its share of the lock once)."""
+        if self.closed:
+            return
+        self.closed = True
         if self.entry is not None:
             self.journal.clear()
             self.entry = self.current = None

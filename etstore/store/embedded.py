@@ -28,10 +28,13 @@ writable open; a read-only open of one says how to upgrade it.
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import json
 import logging
 import os
 import time
+import weakref
 from collections.abc import Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -124,8 +127,9 @@ class EmbeddedStore:
         self.read_only = read_only
         if self.path.exists() and not self.path.is_dir():
             raise StoreError(f"{self.path}: exists and is not a store directory")
-        if read_only and not (self.path / "catalog.sqlite").exists():
-            read_only = False  # a fresh store: create it once, then nothing writes
+        creating = read_only and not (self.path / "catalog.sqlite").exists()
+        if creating:
+            read_only = False  # a fresh store: create it as its writer, then read it as a reader
         self.path.mkdir(parents=True, exist_ok=True)
         self._read_only_engines = self.read_only and read_only
         self._warehouse: Warehouse | None = None
@@ -149,9 +153,13 @@ class EmbeddedStore:
                 self._warehouse = upgrade_format1(self.catalog, self.path / "warehouse.duckdb", self.location)
             if not self.read_only:
                 self._sweep()
+            if creating:  # nothing more to write: share the store with other readers from now on
+                self.session.become_reader()
+                self._read_only_engines = self._graph.engines_read_only = True
         except BaseException:
             self.close()
             raise
+        _open_stores.add(self)
 
     # ------------------------------------------------------------ engines
 
@@ -172,15 +180,30 @@ class EmbeddedStore:
         return self._graph.open()
 
     def close(self) -> None:
-        """Close the engines, then (the writer) remove the journal and unlock (idempotent)."""
+        """Close the engines, then (the writer) remove the journal and unlock (idempotent).
+
+        A store never closed is closed when it is garbage-collected or, still open, when the
+        interpreter exits: a writer's lock and journal never outlive its handle.
+        """
         self._close_engines()
-        self.session.close()
+        session: Session | None = getattr(self, "session", None)  # absent if the open failed early
+        if session is not None:
+            session.close()
+        _open_stores.discard(self)
+
+    def __del__(self) -> None:
+        """A handle dropped without :meth:`close`: close it (engines, journal, lock)."""
+        with contextlib.suppress(Exception):
+            self.close()
 
     def _close_engines(self) -> None:
-        if self._warehouse is not None:
-            self._warehouse.close()
+        warehouse: Warehouse | None = getattr(self, "_warehouse", None)  # absent if the open failed early
+        if warehouse is not None:
+            warehouse.close()
             self._warehouse = None
-        self._graph.release()
+        graph: LadybugGraph | None = getattr(self, "_graph", None)
+        if graph is not None:
+            graph.release()
         catalog: Catalog | None = getattr(self, "catalog", None)  # absent if the open failed early
         if catalog is not None:
             catalog.close()
@@ -802,6 +825,20 @@ class EmbeddedStore:
             warehouse.close()
             self._warehouse = warehouse = Warehouse.open(self.path / "warehouse.duckdb", read_only=True)
         return warehouse.query(query, params)
+
+
+_open_stores: weakref.WeakSet[EmbeddedStore] = weakref.WeakSet()
+"""The stores of this process not closed yet (closed at exit: :func:`_close_at_exit`)."""
+
+
+@atexit.register
+def _close_at_exit() -> None:
+    """Close the stores left open when the interpreter exits, so that the next command finds no
+    journal to recover from. (``os._exit`` skips this on purpose: the CLI's Ctrl-C during a
+    write leaves the journal for the next command to roll back.)"""
+    for store in list(_open_stores):
+        with contextlib.suppress(Exception):
+            store.close()
 
 
 def _stat(path: Path) -> tuple[int, int]:

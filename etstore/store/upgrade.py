@@ -36,7 +36,7 @@ def upgrade_store(location: str | os.PathLike[str] | None = None) -> None:
     O(rows in the warehouse) for an embedded store of format 1; instant when the store
     is already current.
     """
-    open_store(location).close()
+    open_store(location, write=True).close()
 
 
 def main(argv: list[str] | None = None) -> int:

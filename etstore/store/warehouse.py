@@ -133,8 +133,18 @@ TRACE_TABLES = tuple(TRACE_VIEWS)
 
 # ------------------------------------------------------------------ simulator metrics
 
-SCHEMA_VERSION = 1
-"""Version of the metrics tables; columns are only ever added."""
+SCHEMA_VERSION = 2
+"""Version of the metrics tables; columns are only ever added.
+
+Version 2: ``algbw_gb_per_s`` and ``busbw_gb_per_s`` of ``collectives`` and ``sweep_points``
+are GB/s with GB = 10^9 (nccl-tests, like ``measurements``); version 1 stored them with
+GB = 2^30, and the first writable open rescales such rows."""
+
+_GIB_RATE_COLUMNS: dict[str, tuple[str, ...]] = {
+    "collectives": ("algbw_gb_per_s", "busbw_gb_per_s"),
+    "sweep_points": ("algbw_gb_per_s", "busbw_gb_per_s"),
+}
+"""The rate columns metrics schema 1 stored in GB = 2^30, by table (now GB = 10^9)."""
 
 TABLES: dict[str, str] = {
     "runs": """CREATE TABLE IF NOT EXISTS runs (
@@ -179,7 +189,8 @@ VIEWS: dict[str, str] = {
     "v_link_utilization": """CREATE OR REPLACE VIEW v_link_utilization AS
         SELECT l.run_id, r.trace, r.topology, l.link, l.src, l.dst, l.latency_ns, l.bandwidth_gb_per_s,
             l.bytes, l.bytes / 2^20 AS mib, l.messages, l.busy_ns, l.utilization, r.total_ns,
-            CASE WHEN r.total_ns > 0 THEN l.bytes / 2^30 / (r.total_ns / 1e9) END AS gib_per_s
+            CASE WHEN r.total_ns > 0 THEN l.bytes / 2^30 / (r.total_ns / 1e9) END AS gib_per_s,
+            CASE WHEN r.total_ns > 0 THEN l.bytes / r.total_ns END AS gb_per_s
         FROM link_util l JOIN runs r USING (run_id)""",
     "v_sweep_busbw": """CREATE OR REPLACE VIEW v_sweep_busbw AS
         SELECT sweep_id, topology, num_npus, collective, algorithm, congestion, size_bytes,
@@ -311,8 +322,10 @@ CALIBRATION_DDL: tuple[str, ...] = (
 )
 """DDL of the calibrations (:mod:`etstore.sim.calibrate` writes them, ``docs/measured.md``
 documents them) and of the view ``v_measured_vs_sim``: per calibrated size, the measured time
-beside the simulated ones before and after the fit. Its bandwidths are GB/s with GB = 10^9,
-as nccl-tests prints them, so they compare with ``measurements`` directly."""
+beside the simulated ones before and after the fit. Its bandwidths are computed from the times
+the way nccl-tests does (``size / time · busbw_factor``, bytes per ns), so they are GB/s with
+GB = 10^9, the one unit of every reported rate: they compare directly with ``measurements``
+and with the simulator's ``collectives`` and ``sweep_points``."""
 
 MIRROR_STATE_DDL = (
     "CREATE TABLE IF NOT EXISTS _etstore_mirror_contents "
@@ -656,7 +669,11 @@ class Warehouse:
             )
         for ddl in (*TABLES.values(), *VIEWS.values()):
             self.execute(ddl)
-        if have is None:
+        if have is not None and have < 2:  # rates stored with GB = 2^30
+            for table, columns in _GIB_RATE_COLUMNS.items():
+                sets = ", ".join(f"{c} = {c} * $k" for c in columns)
+                self.execute(f"UPDATE {table} SET {sets}", {"k": 2**30 / 1e9})
+        if have is None or have < SCHEMA_VERSION:
             self.execute("INSERT INTO etstore_sim_schema VALUES ($v)", {"v": SCHEMA_VERSION})
 
     # ------------------------------------------------------------ store format 1

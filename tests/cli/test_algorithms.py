@@ -49,7 +49,7 @@ def test_check_every_msccl_fixture_and_a_broken_algorithm(
         pc.equal(deps["rank"], 1), pc.or_(pc.equal(deps["src"], rid), pc.equal(deps["dst"], rid))
     )
     broken = algo.replace(ops=ops.filter(pa.array(keep)), deps=deps.filter(pc.invert(touches)), name="broken")
-    with open_store(tmp_path / "s") as store:
+    with open_store(tmp_path / "s", write=True) as store:
         store.ingest(broken)
     code, out, _ = run(capsys, tmp_path / "s", "check", "broken")
     assert code == 1
@@ -115,14 +115,14 @@ def test_algo_gen_export_xml_round_trip_and_astra_et(
 def test_topo_show_and_synth_against_tacos(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     s = tmp_path / "s"
     code, out, _ = run(capsys, s, "topo", "show", "mesh2d:8x8,bw=50,lat=500", "--format", "json")
-    doc = json.loads(out)
+    (doc,) = json.loads(out)  # one row
     # 8x8 mesh: 2·8·7 undirected = 224 directed links, diameter 14, bisection 8 links · 50 GB/s
     assert code == 0 and (doc["npus"], doc["links"], doc["diameter_hops"]) == (64, 224, 14)
     assert doc["bisection_bandwidth_gb_per_s"] == 400.0
     code, out, _ = run(
         capsys, s, "synth", "--topo", "mesh2d:5x5,bw=50,lat=500", "--coll", "allgather", "--format", "json"
     )
-    doc = json.loads(out)
+    (doc,) = json.loads(out)
     # TACOS's published All-Gather of 1 GiB on a 5x5 mesh, 50 GiB/s, 0.5 µs: 9606 µs
     assert code == 0 and doc["time_ns"] == pytest.approx(9606e3, rel=0.01) and doc["ratio"] >= 1.0
     code, out, _ = run(capsys, s, "check", doc["trace"])

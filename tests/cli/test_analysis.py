@@ -51,18 +51,21 @@ def test_overlap_rewrite_compare(capsys: pytest.CaptureFixture[str], loaded: Pat
             "applied": "reorder",
             "changes": 6,
             "status": "new",
+            "same_as": None,
             "ops": 16,
             "deps": 28,
         }
     ]
-    code, out, _ = run(capsys, loaded, "compare", "hand", "hand2", "--topo", "ring:2", "--format", "json")
-    doc = json.loads(out)
+    compare = ("compare", "hand", "hand2", "--topo", "ring:2", "--format", "json")
+    code, out, _ = run(capsys, loaded, *compare, "--table", "summary")
+    (doc,) = json.loads(out)
     assert code == 0 and (doc["total_a_ns"], doc["total_b_ns"], doc["diff_ns"]) == (
         141131.0,
         121100.0,
         -20031.0,
     )
-    assert [r["rank"] for r in doc["ranks"]] == [0, 1, None]
+    code, out, _ = run(capsys, loaded, *compare)  # the per-rank table
+    assert code == 0 and [r["rank"] for r in json.loads(out)] == [0, 1, None]
     code, out, _ = run(capsys, loaded, "compare", "hand", "hand2", "--topo", "ring:2")
     assert code == 0 and "makespan A 141,131 ns, B 121,100 ns: -20,031 ns" in out.replace("\n", " ")
     code, out, _ = run(capsys, loaded, "ls", "--format", "json")

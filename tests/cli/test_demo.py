@@ -52,7 +52,7 @@ def test_demo_runs_on_the_recorded_dlrm_trace(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     out = done.stdout
     text = " ".join(out.split())  # the console wraps long lines
-    assert "dlrm_8r: pytorch-et; 15,596 ops; collectives: ALL_REDUCE 24, ALL_TO_ALL 40; linked 100.0%" in text
+    assert "dlrm_8r: pytorch-et; 15,724 ops; collectives: ALL_REDUCE 24, ALL_TO_ALL 40; linked 100.0%" in text
     assert "over 8 ranks" in text
     # step 3: per rank, the all-reduce bytes counted from the execution trace
     assert text.count("ALL_REDUCE │ 3 │ 2485252 │ 1576964") == 8

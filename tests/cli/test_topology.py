@@ -34,7 +34,7 @@ def test_synth_names_follow_their_inputs(capsys: pytest.CaptureFixture[str], tmp
             capsys, s, "synth", "--topo", "mesh2d:3x3", "--coll", "allgather", "--format", "json", *extra
         )
         assert code == 0
-        names.append(json.loads(out)["trace"])
+        names.append(json.loads(out)[0]["trace"])
     assert names == [
         "synth-allgather-mesh2d-3x3-bw-50-lat-500-1c-s0",
         "synth-allgather-mesh2d-3x3-bw-50-lat-500-1c-s0-1MiB",
@@ -58,7 +58,7 @@ def test_synth_reports_the_bisection_bound(capsys: pytest.CaptureFixture[str], t
         "--format",
         "json",
     )
-    doc = json.loads(out)
+    (doc,) = json.loads(out)
     assert code == 0 and doc["lower_bound_ns"] == pytest.approx(40_064_000.0)
     assert doc["ratio"] == pytest.approx(doc["time_ns"] / 40_064_000.0)
 
@@ -87,7 +87,7 @@ def test_synth_without_storing_never_builds_the_trace(
         "--format",
         "json",
     )
-    doc = json.loads(out)
+    (doc,) = json.loads(out)
     assert (doc["transfers"], doc["ops"]) == (240, 480) and "deps" not in doc
 
 

@@ -189,7 +189,7 @@ def test_ingest_export_ingest_keeps_everything(shared_fixture: Any, tmp_path: Pa
     assert attrs["source_format"].string_val == "kineto" and attrs["rank"].int64_val == 3
     document = json.loads(attrs["kineto_document"].string_val)
     assert document["distributedInfo"] == {"backend": "nccl", "rank": 3, "world_size": 8}
-    with open_store(tmp_path / "store") as store:
+    with open_store(tmp_path / "store", write=True) as store:
         report = store.ingest(t, name="dlrm")
         loaded = store.load("dlrm")
         assert report.trace.params["recognised"]["collectives"] == {"ALL_REDUCE": 24, "ALL_TO_ALL": 40}

@@ -191,6 +191,7 @@ def test_single_rank_pairs_link(pt: Path, et: str, kineto: str, device_events: i
         for e in doc["traceEvents"]
         if e.get("cat") == "cuda_runtime" and "correlation" in e.get("args", {})
     }
+
     def kept(e: dict[str, Any]) -> bool:
         at = calls.get(e["args"].get("correlation"))
         if at is not None and lo <= at <= hi:

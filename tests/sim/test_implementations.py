@@ -471,7 +471,7 @@ def test_cli_reports_the_ignored_keys(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
 ) -> None:
     s = tmp_path / "s"
-    with open_store(s) as store:
+    with open_store(s, write=True) as store:
         store.ingest(collective_workload("allreduce", 8, MIB, name="ar8"))
     net = tmp_path / "Ring_8.yml"
     topo, npus, bw, lat = NETWORKS["Ring_8"]
@@ -480,7 +480,7 @@ def test_cli_reports_the_ignored_keys(
     args = ["--store", str(s), "sim", "ar8", "--network-config", str(net), "--system-config", str(system)]
     with caplog.at_level(logging.WARNING, logger="etstore.sim.config"):
         assert main([*args, "--format", "json", "--no-record"]) == 0
-    doc = json.loads(capsys.readouterr().out)
+    (doc,) = json.loads(capsys.readouterr().out)  # the summary table: one row
     assert doc["ignored_system_keys"] == ["boost-mode=1 (not read by ASTRA-sim either)"]
     assert doc["total_ns"] == 86028  # halvingDoubling all-reduce on Ring_8: ASTRA-sim's value above
     assert [r.getMessage().split(": ", 1)[1] for r in caplog.records] == [

@@ -136,6 +136,58 @@ def test_collectives_table_has_busbw(wh: Warehouse) -> None:
     assert row[5] == pytest.approx(row[6])
 
 
+# The ring all-reduce of S = 8 MiB over ring:8 with bw=50 (GB = 2^30, an input) and lat=500,
+# by hand: 2(n-1) = 14 steps each send S/n = 1 MiB, 500 + 2^20 / (50 * 2^30 / 10^9) =
+# 20,031.25 -> 20,031 ns on the integer clock; the 7 reduce-scatter steps each also reduce
+# 1 MiB at local-mem-bw 50 GB/s (GB = 10^9), one write and two reads: 3 * floor(2^20 / 50) =
+# 62,913 ns. t = 14 * 20,031 + 7 * 62,913 = 720,825 ns, and nccl-tests' busbw (GB = 10^9) is
+# S * 2(n-1)/n / t = 8,388,608 * 1.75 B / 720,825 ns = 20.3656 GB/s (18.967 were it GB = 2^30).
+RING_S, RING_N, RING_T_NS = 8 << 20, 8, 720_825.0
+RING_ALGBW = 8_388_608 / 720_825  # 11.6375 bytes per ns = GB/s with GB = 10^9
+RING_BUSBW = 8_388_608 * 2 * 7 / 8 / 720_825  # 20.3656
+
+
+def test_stored_busbw_of_a_ring_allreduce_is_nccl_tests_gb(wh: Warehouse) -> None:
+    res = simulate(
+        collective_workload("allreduce", RING_N, RING_S),
+        Topology.from_spec("ring:8,bw=50,lat=500"),
+        algorithms={"allreduce": "ring"},
+    )
+    rid = record_run(wh, res, trace_name="ar")
+    for source in ("collectives", "v_collective_busbw"):
+        (row,) = wh.query(
+            f"SELECT time_ns, algbw_gb_per_s, busbw_gb_per_s FROM {source} WHERE run_id = $r", {"r": rid}
+        ).to_pylist()
+        assert row["time_ns"] == RING_T_NS
+        assert row["algbw_gb_per_s"] == pytest.approx(RING_ALGBW, rel=1e-12)
+        assert row["busbw_gb_per_s"] == pytest.approx(RING_BUSBW, rel=1e-12)
+    assert res.summary()["mean_busbw_gb_per_s"] == pytest.approx(RING_BUSBW, rel=1e-12)
+
+
+def test_sweep_points_busbw_of_a_ring_allreduce_is_nccl_tests_gb(wh: Warehouse) -> None:
+    pts = sweep([RING_S], ["ring"], ["ring:8,bw=50,lat=500"])
+    sid = record_sweep(wh, pts)
+    for source in ("sweep_points", "v_sweep_busbw"):
+        (row,) = wh.query(
+            f"SELECT time_ns, algbw_gb_per_s, busbw_gb_per_s FROM {source} WHERE sweep_id = $s", {"s": sid}
+        ).to_pylist()
+        assert row["time_ns"] == RING_T_NS
+        assert row["algbw_gb_per_s"] == pytest.approx(RING_ALGBW, rel=1e-12)
+        assert row["busbw_gb_per_s"] == pytest.approx(RING_BUSBW, rel=1e-12)
+
+
+def test_link_throughput_view_is_nccl_tests_gb(wh: Warehouse) -> None:
+    # the tiny workload's one message: 1 MiB over link 0 -> 1 in a run of total_ns
+    rid = record_run(wh, simulate(_workload(), Topology.ring(2)))
+    (row,) = wh.query(
+        "SELECT bytes, total_ns, gb_per_s, gib_per_s FROM v_link_utilization WHERE run_id = $r AND bytes > 0",
+        {"r": rid},
+    ).to_pylist()
+    assert row["bytes"] == 1 << 20
+    assert row["gb_per_s"] == pytest.approx((1 << 20) / row["total_ns"], rel=1e-12)  # bytes per ns
+    assert row["gib_per_s"] == pytest.approx(row["gb_per_s"] * 1e9 / 2**30, rel=1e-12)
+
+
 def test_run_ids_increase_and_a_taken_id_is_refused(wh: Warehouse) -> None:
     res = simulate(_workload(), Topology.ring(2))
     assert record_run(wh, res) == 1
@@ -167,5 +219,5 @@ def test_record_sweep(wh: Warehouse) -> None:
 def test_newer_schema_is_refused(wh: Warehouse) -> None:
     create_schema(wh)
     wh.execute("INSERT INTO etstore_sim_schema VALUES (99)")
-    with pytest.raises(StoreError, match="schema version 99; this etstore writes version 1"):
+    with pytest.raises(StoreError, match=f"schema version 99; this etstore writes version {SCHEMA_VERSION}"):
         create_schema(wh)

@@ -59,10 +59,14 @@ def test_direct_all_gather_on_a_mesh_is_flagged_unaware_and_not_aware() -> None:
     line = res.overload_warning()
     assert line is not None and f"link {worst['link']} (NPU {worst['src']} -> {worst['dst']})" in line
     assert "50.0 GB/s" in line and res.summary()["overloaded_links"] == res.overloaded.num_rows
-    # congestion-aware: links queue, nothing is offered beyond bandwidth, busbw drops below 50
+    # congestion-aware: links queue, nothing is offered beyond bandwidth, busbw drops below one
+    # link's rate (50 GB/s with GB = 2^30 is 53.69 GB/s in busbw's GB = 10^9)
     aware = simulate(w, topo, config=SimConfig(congestion="aware"), algorithms={"ALL_GATHER": "direct"})
     assert aware.overloaded.num_rows == 0 and aware.overload_warning() is None
-    assert aware.collectives["busbw_gb_per_s"][0].as_py() < 50 < res.collectives["busbw_gb_per_s"][0].as_py()
+    link = BYTES_PER_NS_50  # 50 GB/s (GB = 2^30) in bytes per ns, i.e. in GB/s with GB = 10^9
+    assert (
+        aware.collectives["busbw_gb_per_s"][0].as_py() < link < res.collectives["busbw_gb_per_s"][0].as_py()
+    )
 
 
 @pytest.mark.parametrize("algo", ["native", "ring"])
@@ -77,13 +81,13 @@ def test_cli_warns_once_on_stderr_and_keeps_json_clean(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     s = tmp_path / "s"
-    with open_store(s) as store:
+    with open_store(s, write=True) as store:
         store.ingest(_collective(64, MIB64, "ALL_GATHER"))
         store.ingest(_collective(8, MIB64, "ALL_REDUCE"))
     args = ["--store", str(s), "sim", "all_gather-64", "--topo", "mesh:8x8,bw=50,lat=500", "--algo", "direct"]
     assert main([*args, "--format", "json", "--no-record"]) == 0
     out, err = capsys.readouterr()
-    doc = json.loads(out)
+    (doc,) = json.loads(out)  # the summary table: one row
     assert doc["overloaded_links"] > 0 and doc["worst_link"]["bandwidth_gb_per_s"] == 50.0
     lines = [ln for ln in err.splitlines() if ln.strip()]
     assert len(lines) == 1 and lines[0].startswith("warning: physically impossible")
@@ -96,7 +100,7 @@ def test_cli_warns_once_on_stderr_and_keeps_json_clean(
 
 
 def test_a_recorded_impossible_run_keeps_its_overloaded_links(tmp_path: Path) -> None:
-    with open_store(tmp_path / "s") as store:
+    with open_store(tmp_path / "s", write=True) as store:
         res = simulate(
             _collective(64, MIB64, "ALL_GATHER"),
             parse_topology("mesh:8x8,bw=50,lat=500"),

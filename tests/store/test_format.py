@@ -42,7 +42,7 @@ def _version(path: Path) -> int | None:
 
 
 def test_a_new_store_records_its_format(tmp_path: Path) -> None:
-    with open_store(tmp_path / "s"):
+    with open_store(tmp_path / "s", write=True):
         pass
     con = sqlite3.connect(tmp_path / "s" / "catalog.sqlite")
     assert con.execute("SELECT version FROM etstore_format").fetchall() == [(FORMAT_VERSION,)]
@@ -71,7 +71,8 @@ def _check_upgraded(path: Path, shared_fixture_xml: Path) -> None:
         ).scalar()
         assert becomes == 10
         assert s.load("ll").num_ops == 1120
-    with open_store(path) as s:  # the same file read again is the same algorithm, under its old name
+    # the same file read again is the same algorithm, under its old name
+    with open_store(path, write=True) as s:
         again = s.ingest(read_trace(shared_fixture_xml), name="ll")
         assert not again.created
 
@@ -100,14 +101,14 @@ def test_an_upgrade_cut_short_is_finished_by_the_next_open(
     )
     Warehouse.open(old_store / "warehouse.duckdb", legacy=table).close()
     assert _version(old_store) == 1
-    with open_store(old_store):
+    with open_store(old_store, write=True):
         pass
     assert _version(old_store) == FORMAT_VERSION
     _check_upgraded(old_store, xml)
 
 
 def test_a_newer_format_is_refused(tmp_path: Path) -> None:
-    with open_store(tmp_path / "s"):
+    with open_store(tmp_path / "s", write=True):
         pass
     con = sqlite3.connect(tmp_path / "s" / "catalog.sqlite")
     con.execute("UPDATE etstore_format SET version = 99")

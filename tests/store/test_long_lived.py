@@ -34,7 +34,7 @@ def _rss_mib() -> float:
 def _ingest_many(path: Path, count: int) -> list[float]:
     base = generate("ring", coll="allreduce", ranks=4)
     peaks = []
-    with open_store(path) as store:
+    with open_store(path, write=True) as store:
         for i in range(count):
             assert store.ingest(_variant(base, i)).created
             peaks.append(_rss_mib())

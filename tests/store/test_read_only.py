@@ -168,7 +168,7 @@ def test_store_without_a_warehouse_reads_empty_and_refuses_writes(
     """A store whose first ingest failed has a catalog but no warehouse file: read-only SQL
     sees empty tables (not "database does not exist") and still refuses every write."""
     path = work / "nowarehouse"
-    with open_store(path):
+    with open_store(path, write=True):
         pass
     (path / "warehouse.duckdb").unlink(missing_ok=True)
     assert main(["--store", str(path), "sql", "SELECT count(*) AS n FROM ops", "--format", "json"]) == 0
@@ -365,5 +365,5 @@ def test_neo4j_read_only_sql(
     _one_line_error(capsys.readouterr().err)
     assert not list((work / "cwd").iterdir())
     assert _state(capsys, server) == before == ([("t", OPS, DEPS)], (OPS, DEPS, 1), OPS)
-    with open_store(server) as s:  # the local copy still serves a writable store
+    with open_store(server, write=True) as s:  # the local copy still serves a writable store
         assert s.sql("SELECT count(*) FROM ops").scalar() == OPS

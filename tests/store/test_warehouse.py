@@ -86,3 +86,39 @@ def test_open_file_schema_and_read_only(tmp_path: Path) -> None:
     (tmp_path / "junk.duckdb").write_bytes(b"not a database" * 100)
     with pytest.raises(StoreError, match="cannot open the DuckDB warehouse"):
         Warehouse.open(tmp_path / "junk.duckdb")
+
+
+def _metrics_of_schema_1(path: Path) -> None:
+    """A warehouse as etstore wrote it with metrics schema 1: rates with GB = 2^30."""
+    with duckdb.connect(str(path)) as con:
+        for ddl in TABLES.values():
+            con.execute(ddl)
+        con.execute("CREATE TABLE etstore_sim_schema (version INTEGER)")
+        con.execute("INSERT INTO etstore_sim_schema VALUES (1)")
+        # 1 MiB in 20,031 ns: algbw 52.35 bytes per ns, stored as 48.75 "GB/s" with GB = 2^30
+        con.execute(
+            "INSERT INTO collectives (run_id, trace, size_bytes, time_ns, algbw_gb_per_s, busbw_gb_per_s) "
+            "VALUES (1, 't', 1048576, 20031, 1048576 / 20031 * 1e9 / 2^30, 2 * 1048576 / 20031 * 1e9 / 2^30)"
+        )
+        con.execute(
+            "INSERT INTO sweep_points (sweep_id, size_bytes, time_ns, algbw_gb_per_s, busbw_gb_per_s) "
+            "VALUES (1, 1048576, 20031, 1048576 / 20031 * 1e9 / 2^30, 1048576 / 20031 * 1e9 / 2^30)"
+        )
+        con.execute("INSERT INTO link_util (run_id, link, bandwidth_gb_per_s) VALUES (1, 0, 50)")
+
+
+def test_rates_of_metrics_schema_1_become_gb_of_ten_to_the_nine(tmp_path: Path) -> None:
+    path = tmp_path / "w.duckdb"
+    _metrics_of_schema_1(path)
+    with Warehouse.open(path, read_only=True) as r:  # read-only: left as it is
+        assert r.query("SELECT algbw_gb_per_s FROM collectives").scalar() == pytest.approx(48.75, abs=0.01)
+    algbw = 1048576 / 20031  # bytes per ns = GB/s with GB = 10^9, as nccl-tests
+    for _ in range(2):  # the first writable open rescales, once
+        with Warehouse.open(path) as w:
+            rates = w.query(
+                "SELECT c.algbw_gb_per_s AS c_alg, c.busbw_gb_per_s AS c_bus, s.algbw_gb_per_s AS s_alg, "
+                "s.busbw_gb_per_s AS s_bus, l.bandwidth_gb_per_s AS link FROM collectives c, sweep_points s, "
+                "link_util l"
+            ).to_pylist()
+            assert list(rates[0].values()) == pytest.approx([algbw, 2 * algbw, algbw, algbw, 50.0], rel=1e-12)
+            assert w.query("SELECT max(version) FROM etstore_sim_schema").scalar() == SCHEMA_VERSION == 2

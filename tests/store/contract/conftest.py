@@ -33,7 +33,7 @@ def backend_location(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch
 
 @pytest.fixture
 def backend_store(backend_location: str) -> Iterator[Store]:
-    s = open_store(backend_location)
+    s = open_store(backend_location, write=True)
     try:
         yield s
     finally:

@@ -22,7 +22,7 @@ def _tiny(name: str = "tiny", kind: str = "workload") -> Trace:
 
 
 def test_store_is_a_context_manager_with_a_warehouse(backend_location: str) -> None:
-    with open_store(backend_location) as store:
+    with open_store(backend_location, write=True) as store:
         assert isinstance(store, Store)
         wh = store.warehouse
         assert isinstance(wh, Warehouse)

@@ -87,6 +87,6 @@ def test_read_only_mode(backend_store: Store, backend_location: str, rt_template
             ro.remove("chakra_trace")
         with pytest.raises(QueryError, match="Cypher"):
             ro.cypher("MATCH (o:Op) SET o.name = 'changed'")
-    with open_store(backend_location) as rw:
+    with open_store(backend_location, write=True) as rw:
         names = rw.cypher("MATCH (o:Op) RETURN DISTINCT o.name AS name").to_pylist()
         assert {"name": "changed"} not in names and len(names) > 0
