@@ -31,6 +31,7 @@ from etstore.report.figures import (
 from etstore.report.gantt import timeline_figure
 from etstore.report.measured import measured_busbw_figures
 from etstore.report.opportunity_table import opportunities_html
+from etstore.report.replayed import replayed_steps_html
 from etstore.store.warehouse import Warehouse
 
 __all__ = ["ReportError", "latest_run", "write_report"]
@@ -346,6 +347,12 @@ def _runs_page(
         "GB/s with GB = 10^9 (nccl-tests busbw) · drag to zoom, double-click to reset</p>"
     )
     _summary(page, runs, warehouse)
+    replayed = replayed_steps_html(warehouse, [r.run_id for r in runs])
+    if replayed is not None:  # runs of recorded steps: measured beside simulated
+        page.add("<h2>Recorded steps: measured beside simulated</h2>")
+        page.add(replayed[0])
+        for fig in replayed[1]:
+            page.figures_row([fig])
     if len(runs) >= 2:
         page.add("<h2>Differences</h2>")
         _differences(page, runs, warehouse)

@@ -84,6 +84,16 @@ class Replay:
     topology: Topology  # for "recorded", the free network the collectives synchronise on
     result: SimResult
 
+    def to_params(self) -> dict[str, Any]:
+        """What a recorded run of this replay keeps (``runs.params``, under ``"replay"``): the
+        network, and each rank's steps measured beside simulated."""
+        return {
+            "network": self.network,
+            "topology": self.topology.name,
+            "label": self.label,
+            "steps": self.steps.to_pylist(),
+        }
+
     @property
     def label(self) -> str:
         """How the network is named to a reader."""

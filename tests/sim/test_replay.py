@@ -299,3 +299,32 @@ def test_gloo_on_cuda_tensors_the_collective_is_its_exchange_between_synchronize
         copy = min(e["ts"] for e in inner if e["name"] == "aten::copy_")
         assert abs(op["start_time_micros"] - sync) <= 1
         assert abs(op["start_time_micros"] + op["duration_micros"] - copy) <= 1
+
+
+def test_a_stored_recordings_replay_is_a_run_the_report_shows_measured_beside_simulated(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    store = ["--store", str(tmp_path / "s")]
+    tp = str(DATA / "torch_tp_cuda_gloo_2r")
+    assert main([*store, "ingest", tp, "--name", "tp"]) == 0
+    capsys.readouterr()
+    assert main([*store, "replay", "tp", "--no-record", "--format", "json"]) == 0
+    assert "recorded as run" not in capsys.readouterr().err
+    assert main([*store, "replay", "tp", "--format", "json"]) == 0
+    out = capsys.readouterr()
+    rows = json.loads(out.out)
+    assert "recorded as run 1" in out.err
+    from etstore.store import open_store
+
+    with open_store(tmp_path / "s") as s:
+        (params,) = (
+            s.warehouse.query("SELECT params FROM runs WHERE run_id = 1").to_arrow()["params"].to_pylist()
+        )
+    kept = json.loads(params)["user"]["replay"]
+    assert kept["network"] == "recorded" and kept["steps"] == rows
+    html_path = tmp_path / "r.html"
+    assert main([*store, "report", "1", "--out", str(html_path)]) == 0
+    page = html_path.read_text()
+    assert "Recorded steps: measured beside simulated" in page
+    for r in rows:  # each rank's measured step, as the table prints it
+        assert f">{r['measured_us']:,.0f}<" in page and f">{r['simulated_us']:,.1f}<" in page
