@@ -24,9 +24,10 @@ from dataclasses import dataclass
 import pyarrow as pa
 
 from etstore.errors import ConfigError, QueryError, StoreError
+from etstore.model import Trace
 from etstore.sim._algorithms import AlgorithmSpec
 from etstore.sim.config import SimConfig
-from etstore.sim.engine import simulate
+from etstore.sim.engine import RECORDED, simulate
 from etstore.sim.metrics import record_run
 from etstore.store.base import Store
 from etstore.store.warehouse import TABLES, Warehouse
@@ -68,7 +69,9 @@ class Comparison:
 
     ``table`` has the ``comparisons`` columns from ``rank`` on (per rank ascending,
     the total row last with ``rank`` NULL); ``total_a_ns``/``total_b_ns`` are the
-    makespans.
+    makespans. Where a side is a recording (PyTorch ET + Kineto), ``measured_a_ns`` /
+    ``measured_b_ns`` give what it measured: each rank's recorded window, and for the total
+    row the span of all ranks'.
     """
 
     comparison_id: int
@@ -182,7 +185,22 @@ def compare(
         _drop_runs(warehouse, [ra, rb])
         raise
     log.debug("compared %s (run %d) and %s (run %d): comparison %d", a, ra, b, rb, cid)
+    for side, trace in (("a", trace_a), ("b", trace_b)):
+        measured = _measured_ns(trace, table["rank"].to_pylist())
+        if measured is not None:  # a recording: what it measured, beside what was simulated
+            table = table.append_column(f"measured_{side}_ns", pa.array(measured, pa.float64()))
     return Comparison(cid, a, b, ra, rb, topology.name, res_a.total_ns, res_b.total_ns, table)
+
+
+def _measured_ns(trace: Trace, ranks: list[int | None]) -> list[float | None] | None:
+    """Each rank's recorded window (first start to last end, ns) of a recording, the longest
+    for the total row (rank None); None for a trace that was not recorded."""
+    windows = (trace.params or {}).get("windows")
+    if trace.params.get("execution") != RECORDED or not windows:
+        return None
+    per = {int(r): (float(w[1]) - float(w[0])) * 1e3 for r, w in windows.items()}
+    span = (max(w[1] for w in windows.values()) - min(w[0] for w in windows.values())) * 1e3
+    return [per.get(r) if r is not None else float(span) for r in ranks]
 
 
 def _drop_runs(warehouse: Warehouse, run_ids: list[int]) -> None:

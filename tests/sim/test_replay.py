@@ -328,3 +328,22 @@ def test_a_stored_recordings_replay_is_a_run_the_report_shows_measured_beside_si
     assert "Recorded steps: measured beside simulated" in page
     for r in rows:  # each rank's measured step, as the table prints it
         assert f">{r['measured_us']:,.0f}<" in page and f">{r['simulated_us']:,.1f}<" in page
+
+
+def test_compare_sets_a_recordings_measured_windows_beside_the_simulated(tmp_path: Path) -> None:
+    from etstore.sim.compare import compare
+    from etstore.store import open_store
+
+    trace = read_pytorch_et(DATA / "torch_tp_cuda_gloo_2r", name="tp")
+    with open_store(tmp_path / "s", write=True) as s:
+        s.ingest(trace)
+        out = compare(s, "tp", "tp", "switch:2")
+    rows = out.table.to_pylist()
+    windows = trace.params["windows"]
+    for r in rows:
+        if r["rank"] is None:  # the total: the span of every rank's window
+            lo, hi = min(w[0] for w in windows.values()), max(w[1] for w in windows.values())
+            assert r["measured_a_ns"] == r["measured_b_ns"] == (hi - lo) * 1e3
+        else:
+            w = windows[str(r["rank"])]
+            assert r["measured_a_ns"] == (w[1] - w[0]) * 1e3
