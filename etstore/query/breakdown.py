@@ -11,7 +11,11 @@ with what users know:
   covers, *non-compute* the rest (communication and copies alone);
 * **overlap** (per rank): the share of communication time during which a computation kernel ran;
 * as HTA does, where a rank recorded two or more ``ProfilerStep#`` the activities launched in its
-  last one are left out (HTA counts only whole iterations).
+  last one are left out of the rank's ``all`` row (HTA counts only whole iterations); a row per
+  profiler step follows, each with the activities launched in it;
+* **launch-bound** (``launch_bound_pct``): the share of the kernel time the device sat idle
+  waiting for the host, in gaps whose next activity was launched only after the gap began (the
+  launch taken at its CPU op's start: a lower bound).
 
 Per collective instance (the k-th of a process group on every member), the *arrival skew* is the
 latest start less the earliest; a member's *wait* is the latest start less its own, its
@@ -24,7 +28,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -85,25 +89,27 @@ def _overlap_length(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.nd
 class Breakdown:
     """The measured breakdowns of a recorded trace (every time µs, every share %)."""
 
-    ranks: pa.Table  # rank, kernel_us, idle_us, compute_us, non_compute_us, *_pct, comm_comp_overlap_pct
-    kernels: pa.Table  # rank, kernel_class, count, sum_us, pct (of the rank's activity time)
+    ranks: pa.Table  # rank, step ("all", then each ProfilerStep#), kernel_us, idle_us, ..., *_pct
+    kernels: pa.Table  # rank, kernel_class, count, sum_us, pct (of the rank's activity time, "all")
     collectives: pa.Table  # rank, pg_name, seq, comm_type, size_bytes, measured/skew/wait/transfer µs, busbw
 
 
-def _device(trace: Trace) -> pa.Table:
-    """The trace's device activities HTA would count: not launched in a rank's last profiler step
-    when it recorded two or more."""
+class _Device(NamedTuple):
+    """A trace's device activities as columns, with when each was launched."""
+
+    rank: np.ndarray
+    start: np.ndarray  # µs
+    end: np.ndarray
+    cls: np.ndarray  # kernel class
+    launch: np.ndarray  # start of the CPU op that launched it (µs), -1 where unknown
+
+
+def _device(trace: Trace) -> _Device:
+    """The trace's device activities and their launches (the CPU op with a ctrl edge to each)."""
     ops = trace.ops
     dev = pc.and_(pc.invert(pc.fill_null(ops["is_cpu_op"], True)), pc.greater(ops["start_time_micros"], 0))
     dev = pc.and_(dev, pc.invert(pc.equal(ops["type"], "METADATA_NODE")))
     rows = ops.filter(dev)
-    last: dict[int, int] = {}
-    for r, steps in (trace.params.get("profiler_steps") or {}).items():
-        if len(steps) >= 2:
-            last[int(r)] = max(int(s[1]) for s in steps)
-    if not last or not rows.num_rows:
-        return rows
-    # a device activity's launch: the CPU op with a ctrl edge to it
     cpu_start = {
         (int(r), int(i)): int(s)
         for r, i, s, c in zip(
@@ -116,20 +122,61 @@ def _device(trace: Trace) -> pa.Table:
         if c and s
     }
     launched: dict[tuple[int, int], int] = {}
-    for r, s, d in zip(*(trace.deps[k].to_pylist() for k in ("rank", "src", "dst")), strict=True):
-        at = cpu_start.get((int(r), int(s)))
+    for r, src, d in zip(*(trace.deps[k].to_pylist() for k in ("rank", "src", "dst")), strict=True):
+        at = cpu_start.get((int(r), int(src)))
         if at is not None:
             launched[(int(r), int(d))] = at
-    keep = [
-        launched.get((int(r), int(i)), int(st)) < last.get(int(r), 1 << 62)
-        for r, i, st in zip(
-            rows["rank"].to_pylist(),
-            rows["id"].to_pylist(),
-            rows["start_time_micros"].to_pylist(),
-            strict=True,
-        )
-    ]
-    return rows.filter(pa.array(keep, pa.bool_()))
+    start = rows["start_time_micros"].to_numpy(zero_copy_only=False).astype(np.int64)
+    return _Device(
+        rank=rows["rank"].to_numpy(),
+        start=start,
+        end=start + rows["duration_micros"].to_numpy(zero_copy_only=False).astype(np.int64),
+        cls=np.asarray([kernel_class(n or "") for n in rows["name"].to_pylist()], dtype=object),
+        launch=np.asarray(
+            [
+                launched.get((int(r), int(i)), -1)
+                for r, i in zip(rows["rank"].to_pylist(), rows["id"].to_pylist(), strict=True)
+            ],
+            dtype=np.int64,
+        ),
+    )
+
+
+def _launch_bound(start: np.ndarray, end: np.ndarray, launch: np.ndarray) -> float:
+    """GPU idle time (µs) in gaps whose next activity was launched only after the gap began: the
+    device waited for the host. (The launch is its CPU op's start, so this is a lower bound.)"""
+    if len(start) < 2:
+        return 0.0
+    order = np.argsort(start, kind="stable")
+    s, e, at = start[order], end[order], launch[order]
+    reach = np.maximum.accumulate(e)
+    gap = np.flatnonzero(s[1:] > reach[:-1]) + 1  # an idle gap ends at activity k
+    starved = at[gap] > reach[gap - 1]
+    return float((s[gap] - reach[gap - 1])[starved].sum())
+
+
+def _row(d: _Device, sel: np.ndarray) -> dict[str, Any]:
+    """The temporal breakdown of the activities ``sel`` (see the module's note)."""
+    s, e, c = d.start[sel], d.end[sel], d.cls[sel]
+    span = float(e.max() - s.min())
+    idle = span - merged_length(s, e)
+    comp = c == "COMPUTATION"
+    compute = merged_length(s[comp], e[comp])
+    comm = c == "COMMUNICATION"
+    comm_us = merged_length(s[comm], e[comm])
+    overlap = _overlap_length((s[comm], e[comm]), (s[comp], e[comp]))
+    launch_bound = _launch_bound(s, e, d.launch[sel])
+    return {
+        "kernel_us": span,
+        "idle_us": idle,
+        "compute_us": compute,
+        "non_compute_us": span - compute - idle,
+        "idle_pct": _pct(idle, span),
+        "compute_pct": _pct(compute, span),
+        "non_compute_pct": _pct(span - compute - idle, span),
+        "comm_comp_overlap_pct": _pct(overlap, comm_us) if comm_us else None,
+        "launch_bound_pct": _pct(launch_bound, span),
+    }
 
 
 def breakdown(trace: Trace) -> Breakdown:
@@ -141,47 +188,42 @@ def breakdown(trace: Trace) -> Breakdown:
         The trace has no recorded device activity (no Kineto times, or a CPU-only recording):
         there is no GPU time to break down.
     """
-    dev = _device(trace)
-    if not dev.num_rows:
+    d = _device(trace)
+    if not len(d.rank):
         raise OptionError(
             f"trace {trace.name!r} has no recorded device activity (GPU kernels, copies with Kineto times) "
             "to break down"
         )
-    rank = dev["rank"].to_numpy()
-    start = dev["start_time_micros"].to_numpy(zero_copy_only=False).astype(np.int64)
-    end = start + dev["duration_micros"].to_numpy(zero_copy_only=False).astype(np.int64)
-    cls = np.asarray([kernel_class(n or "") for n in dev["name"].to_pylist()], dtype=object)
+    steps: dict[int, list[tuple[str, int]]] = {
+        int(r): sorted(((str(x[0]), int(x[1])) for x in v), key=lambda t: t[1])
+        for r, v in (trace.params.get("profiler_steps") or {}).items()
+    }
+    when = np.where(d.launch >= 0, d.launch, d.start)  # which step launched it
     out: dict[str, list[Any]] = {k: [] for k in _RANK_COLUMNS}
     krows: dict[str, list[Any]] = {"rank": [], "kernel_class": [], "count": [], "sum_us": [], "pct": []}
-    for r in sorted(set(rank.tolist())):
-        mine = rank == r
-        s, e, c = start[mine], end[mine], cls[mine]
-        span = float(e.max() - s.min())
-        run = merged_length(s, e)
-        comp = c == "COMPUTATION"
-        compute = merged_length(s[comp], e[comp])
-        idle = span - run
-        comm = c == "COMMUNICATION"
-        comm_us = merged_length(s[comm], e[comm])
-        overlap = _overlap_length((s[comm], e[comm]), (s[comp], e[comp]))
-        for k, v in (
-            ("rank", r),
-            ("kernel_us", span),
-            ("idle_us", idle),
-            ("compute_us", compute),
-            ("non_compute_us", span - compute - idle),
-            ("idle_pct", _pct(idle, span)),
-            ("compute_pct", _pct(compute, span)),
-            ("non_compute_pct", _pct(span - compute - idle, span)),
-            ("comm_comp_overlap_pct", _pct(overlap, comm_us) if comm_us else None),
-        ):
-            out[k].append(v)
-        total = float((e - s).sum())
-        for k in ("COMPUTATION", "COMMUNICATION", "MEMORY", "OTHER"):
-            sel = c == k
+    for r in sorted(set(d.rank.tolist())):
+        mine = d.rank == r
+        mine_steps = steps.get(r, [])
+        # the whole trace as HTA counts it: without what the last of two or more steps launched
+        whole = mine & (when < mine_steps[-1][1]) if len(mine_steps) >= 2 else mine
+        rows = [("all", whole)]
+        for k, (name, at) in enumerate(mine_steps):
+            nxt = mine_steps[k + 1][1] if k + 1 < len(mine_steps) else None
+            sel = mine & (when >= at if k else np.ones_like(mine)) & (when < nxt if nxt is not None else True)
             if sel.any():
-                t = float((e[sel] - s[sel]).sum())
-                for col, v in (("rank", r), ("kernel_class", k), ("count", int(sel.sum())), ("sum_us", t)):
+                rows.append((name, sel))
+        for step, sel in rows:
+            if not sel.any():
+                continue
+            for key, v in {"rank": r, "step": step, **_row(d, sel)}.items():
+                out[key].append(v)
+        c, dur = d.cls[whole], (d.end - d.start)[whole]
+        total = float(dur.sum())
+        for kc in ("COMPUTATION", "COMMUNICATION", "MEMORY", "OTHER"):
+            sel = c == kc
+            if sel.any():
+                t = float(dur[sel].sum())
+                for col, v in (("rank", r), ("kernel_class", kc), ("count", int(sel.sum())), ("sum_us", t)):
                     krows[col].append(v)
                 krows["pct"].append(_pct(t, total))
     return Breakdown(pa.table(out), pa.table(krows), _collective_waits(trace))
@@ -189,6 +231,7 @@ def breakdown(trace: Trace) -> Breakdown:
 
 _RANK_COLUMNS = (
     "rank",
+    "step",
     "kernel_us",
     "idle_us",
     "compute_us",
@@ -197,6 +240,7 @@ _RANK_COLUMNS = (
     "compute_pct",
     "non_compute_pct",
     "comm_comp_overlap_pct",
+    "launch_bound_pct",
 )
 
 

@@ -13,7 +13,7 @@ import pytest
 from etstore.errors import OptionError
 from etstore.ingest.pytorch_et import read_pytorch_et
 from etstore.query import breakdown as breakdown_module
-from etstore.query.breakdown import breakdown, kernel_class, merged_length
+from etstore.query.breakdown import _launch_bound, breakdown, kernel_class, merged_length
 
 ROOT = Path(__file__).resolve().parents[2]
 REF = json.loads((ROOT / "tests" / "data" / "hta_reference.json").read_text())["traces"]
@@ -33,7 +33,7 @@ def test_docstring_examples() -> None:
 @pytest.mark.parametrize("name", sorted(TRACES))
 def test_temporal_breakdown_and_overlap_agree_with_hta_within_a_point(name: str) -> None:
     out = breakdown(read_pytorch_et(TRACES[name]))
-    ours = {r["rank"]: r for r in out.ranks.to_pylist()}
+    ours = {r["rank"]: r for r in out.ranks.to_pylist() if r["step"] == "all"}
     hta = {r["rank"]: r for r in REF[name]["temporal"]}
     assert set(ours) == set(hta)
     for rank, h in hta.items():
@@ -58,7 +58,8 @@ def test_the_dlrm_matches_hta_to_the_microsecond() -> None:
     """One profiler step, so nothing is left out: the kernel time of every rank is HTA's, with the
     previous step's tail (64 kernels per rank launched before the execution trace began)."""
     out = breakdown(read_pytorch_et(TRACES["dlrm_8r"]))
-    for o, h in zip(out.ranks.to_pylist(), REF["dlrm_8r"]["temporal"], strict=True):
+    whole = [r for r in out.ranks.to_pylist() if r["step"] == "all"]
+    for o, h in zip(whole, REF["dlrm_8r"]["temporal"], strict=True):
         assert o["kernel_us"] == h["kernel_time(us)"]
         assert o["compute_us"] == h["compute_time(us)"]
         assert o["idle_us"] == h["idle_time(us)"]
@@ -109,3 +110,27 @@ def test_merged_length_is_the_union() -> None:
 def test_a_cpu_only_recording_has_nothing_to_break_down() -> None:
     with pytest.raises(OptionError, match="no recorded device activity"):
         breakdown(read_pytorch_et(ROOT / "tests" / "data" / "torch_ddp_2r"))
+
+
+def test_a_row_per_profiler_step_splits_the_compute_by_launch() -> None:
+    """Three profiler steps: a row each after the whole's; the compute of the steps adds up to the
+    union of every computation kernel's time (the steps' kernels do not overlap in time)."""
+    t = read_pytorch_et(TRACES["torch_ddp_cuda_1r"])
+    rows = breakdown(t).ranks.to_pylist()
+    assert [r["step"] for r in rows] == ["all", "ProfilerStep#0", "ProfilerStep#1", "ProfilerStep#2"]
+    ops = t.ops.to_pandas()
+    dev = ops[(ops["is_cpu_op"] == False) & (ops["start_time_micros"] > 0)]  # noqa: E712
+    comp = dev[[kernel_class(n) == "COMPUTATION" for n in dev["name"]]]
+    s = comp["start_time_micros"].to_numpy()
+    assert sum(r["compute_us"] for r in rows[1:]) == merged_length(s, s + comp["duration_micros"].to_numpy())
+
+
+def test_launch_bound_idle_counts_gaps_the_host_caused() -> None:
+    """Activities [0, 10) and [20, 30) and [40, 50): the second launched at 15, after the device went
+    idle at 10 (10 µs launch-bound); the third at 25, before its gap began (not launch-bound)."""
+    start, end, launch = np.array([0, 20, 40]), np.array([10, 30, 50]), np.array([-5, 15, 25])
+    assert _launch_bound(start, end, launch) == 10.0
+    # on the DLRM most idle time is the device waiting: its all-to-alls wait for late peers, and
+    # what follows them is launched after they end
+    rows = [r for r in breakdown(read_pytorch_et(TRACES["dlrm_8r"])).ranks.to_pylist() if r["step"] == "all"]
+    assert all(0 < r["launch_bound_pct"] <= r["idle_pct"] for r in rows)
