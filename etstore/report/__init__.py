@@ -19,23 +19,28 @@ from etstore.report.figures import (
     breakdown_figure,
     collective_busbw_figure,
     compare_figure,
-    link_heatmap_figure,
     sweep_busbw_figure,
 )
 from etstore.report.gantt import critical_path_steps, timeline_figure
+from etstore.report.lanes import LaneSelection, select_lanes, timeline_lanes
+from etstore.report.links import hottest_links, link_heatmap_figure
 from etstore.report.opportunity_table import opportunities
 
 __all__ = [
+    "LaneSelection",
     "ReportError",
     "breakdown_figure",
     "collective_busbw_figure",
     "compare_figure",
     "critical_path_steps",
+    "hottest_links",
     "latest_run",
     "link_heatmap_figure",
     "opportunities",
     "schedule_critical_path",
+    "select_lanes",
     "sweep_busbw_figure",
     "timeline_figure",
+    "timeline_lanes",
     "write_report",
 ]

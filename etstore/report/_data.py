@@ -146,17 +146,22 @@ def run_infos(warehouse: Warehouse, run_ids: Sequence[int]) -> list[RunInfo]:
     return out
 
 
-def timeline_ops(warehouse: Warehouse, run: RunInfo) -> pa.Table:
+def timeline_ops(warehouse: Warehouse, run: RunInfo, ranks: Sequence[int] | None = None) -> pa.Table:
     """The run's op intervals with a display category, ordered by ``(rank, id)``.
 
     Columns: ``rank`` (int32), ``id``, ``name``, ``start_ns``, ``end_ns``, ``category``
     (``compute``, the collective's ``comm_type``, ``send/recv``; null for ops that take
     no time or slot). The category of a collective comes from the store's ``ops`` when
-    the trace is there, else it is ``collective``.
+    the trace is there, else it is ``collective``. With ``ranks``, only those ranks' ops.
     """
     with_ops = has_table(warehouse, "ops")
     coll = "coalesce(o.comm_type, 'collective')" if with_ops else "'collective'"
     join = "LEFT JOIN ops o ON o.trace = t.trace AND o.rank = t.rank AND o.id = t.id" if with_ops else ""
+    params: dict[str, Any] = {"run": run.run_id}
+    only = ""
+    if ranks is not None:
+        only = "AND list_contains($ranks, t.rank)"
+        params["ranks"] = [int(r) for r in ranks]
     return query(
         warehouse,
         f"""SELECT t.rank, t.id, t.name, t.start_ns, t.end_ns,
@@ -165,8 +170,8 @@ def timeline_ops(warehouse: Warehouse, run: RunInfo) -> pa.Table:
                  WHEN t.type IN ('METADATA_NODE', 'INVALID_NODE') THEN NULL
                  ELSE '{COMPUTE}' END AS category
         FROM op_timings t {join}
-        WHERE t.run_id = $run ORDER BY t.rank, t.id""",
-        {"run": run.run_id},
+        WHERE t.run_id = $run {only} ORDER BY t.rank, t.id""",
+        params,
     )
 
 

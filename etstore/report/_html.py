@@ -33,7 +33,7 @@ def table(
     text: Collection[int] = (),
     css_class: str = "",
 ) -> str:
-    """An HTML table with every cell escaped (except :class:`Raw` ones).
+    """An HTML table with every cell escaped (except :class:`Raw` ones), in a ``div.tbl`` (scrolls sideways).
 
     The first ``left`` columns, and the columns numbered in ``text``, are text (left-aligned);
     the others are numbers (right-aligned). ``None`` shows as ``–``.
@@ -51,4 +51,8 @@ def table(
             tds.append(f'<td class="{cls}">{cell}</td>')
         body.append("<tr>" + "".join(tds) + "</tr>")
     attr = f' class="{css_class}"' if css_class else ""
-    return f"<table{attr}><thead><tr>{th}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+    # in a container that scrolls sideways (the page's CSS: .tbl), so a wide table is never cut off
+    return (
+        f'<div class="tbl"><table{attr}><thead><tr>{th}</tr></thead>'
+        f"<tbody>{''.join(body)}</tbody></table></div>"
+    )

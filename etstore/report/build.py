@@ -25,10 +25,11 @@ from etstore.report.figures import (
     breakdown_figure,
     collective_busbw_figure,
     compare_figure,
-    link_heatmap_figure,
     sweep_busbw_figure,
 )
 from etstore.report.gantt import timeline_figure
+from etstore.report.lanes import timeline_lanes
+from etstore.report.links import hottest_links_html, link_heatmap_figure
 from etstore.report.measured import measured_busbw_figures
 from etstore.report.opportunity_table import opportunities_html
 from etstore.report.replayed import replayed_steps_html
@@ -44,7 +45,7 @@ padding:0 24px 48px;color:#222}
 h1{font-size:1.5em;margin:20px 0 4px}h2{font-size:1.2em;margin:32px 0 8px;border-bottom:1px solid #ddd}
 .sub{color:#666;margin:0 0 12px}.row{display:grid;gap:16px}.cols1{grid-template-columns:1fr}
 .cols2{grid-template-columns:1fr 1fr}.fig{min-width:0}
-table{border-collapse:collapse;font-size:.9em;margin:8px 0}
+.tbl{overflow-x:auto;max-width:100%}table{border-collapse:collapse;font-size:.9em;margin:8px 0}
 th,td{padding:3px 10px;border-bottom:1px solid #eee;text-align:right}
 th{background:#f6f6f6}td.l,th.l{text-align:left}.note{color:#666;font-style:italic}
 .better{color:#1a7f37}.worse{color:#c62828}
@@ -115,7 +116,7 @@ def _summary(page: _Page, runs: Sequence[RunInfo], warehouse: Warehouse) -> None
             [
                 r.run_id,
                 r.trace,
-                r.topology,
+                Raw(html.escape(r.topology).replace(",", ",<wbr>")),  # a long spec wraps at its commas
                 r.congestion,
                 r.scheduling_policy,
                 r.num_npus,
@@ -271,8 +272,12 @@ def write_report(
     against the first; per-rank timelines side by side (compute / communication /
     idle, collectives by type, the critical path in black, zoomable); per-rank
     breakdown bars; bus bandwidth vs size of the runs' collectives and of the
-    sweeps' curves; the link-utilization heatmap; the critical path; the recorded
-    overlap/reorder opportunities.
+    sweeps' curves; the hottest links and the link-utilization heatmap; the critical
+    path; the recorded overlap/reorder opportunities. A run of more than
+    :data:`~etstore.report.lanes.MAX_LANES` ranks has a timeline of that many ranks
+    (nearest the percentiles of finish time, the critical path's, spread), named above
+    it; beyond :data:`~etstore.report.links.HEATMAP_NPUS` NPUs the heatmap is of groups
+    of NPUs. Tables wider than the page scroll sideways.
 
     Parameters
     ----------
@@ -365,8 +370,17 @@ def _runs_page(
         "collective type), idle time as the thin grey line between; the critical path in black.</p>"
     )
     paths = {r.run_id: schedule_critical_path(warehouse, r) for r in runs}
+    lanes = {r.run_id: timeline_lanes(warehouse, r, paths[r.run_id]) for r in runs}
+    for r in runs:
+        if lanes[r.run_id].folded:
+            page.add(f'<p class="sub lanes">Run {r.run_id}: {html.escape(lanes[r.run_id].describe())}</p>')
     timelines = [
-        timeline_figure(warehouse, r.run_id, critical_path=paths[r.run_id] if critical_path else False)
+        timeline_figure(
+            warehouse,
+            r.run_id,
+            critical_path=paths[r.run_id] if critical_path else False,
+            lanes=lanes[r.run_id],
+        )
         for r in runs
     ]
     for k in range(0, len(timelines), 2):
@@ -378,8 +392,10 @@ def _runs_page(
     for fig in measured_busbw_figures(warehouse):  # nccl-tests runs and calibrations, when stored
         page.figures_row([fig])
     page.add("<h2>Link utilization</h2>")
+    hot = hottest_links_html(warehouse, runs)
     links = link_heatmap_figure(warehouse, [r.run_id for r in runs])
     if links is not None:
+        page.add(hot)
         page.figures_row([links])
     else:
         page.add('<p class="note">No link traffic was recorded for these runs.</p>')

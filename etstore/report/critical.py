@@ -19,7 +19,7 @@ from etstore.query.critical_path import path_table
 from etstore.report._data import RunInfo, has_table, query
 from etstore.store.warehouse import Warehouse
 
-__all__ = ["schedule_critical_path"]
+__all__ = ["critical_path_steps", "schedule_critical_path"]
 
 log = logging.getLogger(__name__)
 
@@ -186,3 +186,33 @@ def _as_path(timings: pa.Table, rows: np.ndarray, via: list[str]) -> pa.Table:
         end_ns=timings["end_ns"].take(take),
         row=take,
     )
+
+
+def critical_path_steps(start_ns: np.ndarray, end_ns: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """When each step of a critical path holds the path: its segment on the timeline, forward in time.
+
+    A step holds the path from the later of its own start and the end of the step before
+    it, to its end. A receive that started early and waited for its message holds it from
+    the send's end; a collective member that waited for the last one to join holds it
+    from that member's end (both ran the collective until then). So the segments follow
+    one another: each starts where the one before ended or later, never earlier.
+
+    Parameters
+    ----------
+    start_ns, end_ns
+        Each step's start and end, in path order (ns, or any one time unit).
+
+    Returns
+    -------
+    (numpy.ndarray, numpy.ndarray)
+        Per step, the segment's start and end: ``seg_end[i] >= seg_start[i] >= seg_end[i - 1]``.
+
+    Notes
+    -----
+    O(path): one running maximum.
+    """
+    s = np.asarray(start_ns, dtype=np.float64)
+    e = np.asarray(end_ns, dtype=np.float64)
+    seg_end = np.maximum.accumulate(np.maximum(s, e)) if len(s) else np.zeros(0)
+    seg_start = np.maximum(s, np.concatenate([[-np.inf], seg_end[:-1]]))
+    return seg_start, seg_end

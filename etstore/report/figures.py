@@ -5,7 +5,8 @@ metrics tables of :mod:`etstore.sim.metrics` and returns a :class:`plotly.graph_
 ``None`` when the runs hold nothing to draw (no collectives, no links, ...).
 Times are shown in µs, sizes in bytes (log axes labelled at powers of two), bus bandwidth
 in GB/s with GB = 10^9 as nccl-tests prints it (link bandwidths, topology inputs, keep
-GB = 2^30). The per-rank timeline is :mod:`etstore.report.gantt`.
+GB = 2^30). The per-rank timeline is :mod:`etstore.report.gantt`, the link section
+:mod:`etstore.report.links`.
 """
 
 from __future__ import annotations
@@ -35,7 +36,6 @@ __all__ = [
     "breakdown_figure",
     "collective_busbw_figure",
     "compare_figure",
-    "link_heatmap_figure",
     "sweep_busbw_figure",
 ]
 
@@ -235,72 +235,6 @@ def sweep_busbw_figure(warehouse: Warehouse, sweep_ids: Sequence[int]) -> go.Fig
         xaxis=size_axis(size, "message size S (bytes)"),
         yaxis={"title": "busbw (GB/s, GB = 10^9)", "rangemode": "tozero"},
         height=460,
-    )
-    return fig
-
-
-def link_heatmap_figure(warehouse: Warehouse, run_ids: Sequence[int]) -> go.Figure | None:
-    """Link utilization (busy / makespan) as an NPU × NPU heatmap, source rows, destination columns, per run.
-
-    Congestion-unaware runs show the load offered, which may exceed 100%. Cells
-    without a link are blank; one colour scale spans all panels.
-    """
-    runs = run_infos(warehouse, run_ids)
-    t = query(
-        warehouse,
-        "SELECT run_id, src, dst, utilization, bytes, busy_ns FROM link_util "
-        "WHERE list_contains($ids, run_id)",
-        {"ids": [r.run_id for r in runs]},
-    )
-    if t.num_rows == 0:
-        return None
-    rid = t["run_id"].to_numpy()
-    src = t["src"].to_numpy().astype(np.int64)
-    dst = t["dst"].to_numpy().astype(np.int64)
-    util = t["utilization"].to_numpy()
-    mib = t["bytes"].to_numpy() / 2**20
-    n = int(max(src.max(), dst.max()) + 1)
-    zmax = float(np.nanmax(util)) if len(util) else 1.0
-    fig = make_subplots(rows=1, cols=len(runs), subplot_titles=panel_titles(runs), horizontal_spacing=0.06)
-    label_panels(fig, runs)
-    for col, run in enumerate(runs, start=1):
-        sel = rid == run.run_id
-        z = np.full((n, n), np.nan)
-        z[src[sel], dst[sel]] = util[sel] * 100
-        m = np.full((n, n), np.nan)
-        m[src[sel], dst[sel]] = mib[sel]
-        fig.add_trace(
-            go.Heatmap(
-                z=z,
-                customdata=m,
-                coloraxis="coloraxis",
-                hovertemplate="link %{y} → %{x}<br>utilization %{z:.1f}%<br>%{customdata:,.2f} MiB"
-                "<extra></extra>",
-                xgap=1,
-                ygap=1,
-            ),
-            row=1,
-            col=col,
-        )
-        fig.update_xaxes(title_text="destination NPU", row=1, col=col, constrain="domain", **integer_ticks(n))
-        fig.update_yaxes(
-            **integer_ticks(n),
-            title_text="source NPU",
-            autorange="reversed",
-            row=1,
-            col=col,
-            scaleanchor=f"x{col if col > 1 else ''}",
-        )
-    fig.update_layout(
-        template=TEMPLATE,
-        title="Link utilization over the topology (busy time / makespan, %)",
-        coloraxis={
-            "colorscale": "YlOrRd",
-            "cmin": 0,
-            "cmax": max(zmax * 100, 1e-9),
-            "colorbar": {"title": "%"},
-        },
-        height=520 if len(runs) == 1 else 480,
     )
     return fig
 

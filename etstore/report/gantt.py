@@ -7,6 +7,7 @@ one. Times are shown in µs.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -23,12 +24,14 @@ from etstore.report._data import (
     timeline_ops,
 )
 from etstore.report._style import COLORS, TEMPLATE, category_color
-from etstore.report.critical import schedule_critical_path
+from etstore.report.critical import critical_path_steps, schedule_critical_path
+from etstore.report.lanes import MAX_LANES, LaneSelection, timeline_lanes
 from etstore.store.warehouse import Warehouse
 
 __all__ = [
     "DETAIL_OPS",
     "LABEL_SPANS",
+    "MAX_LANES",
     "MAX_SPANS",
     "TIMELINE_PX",
     "critical_path_steps",
@@ -73,20 +76,29 @@ def timeline_figure(
     detail_ops: int = DETAIL_OPS,
     pixels: int = TIMELINE_PX,
     max_spans: int = MAX_SPANS,
+    max_lanes: int = MAX_LANES,
+    lanes: LaneSelection | None = None,
 ) -> go.Figure:
     """Per-rank timeline: compute above, communication below (one colour per collective type), idle between.
 
-    Each rank has two lanes: compute at ``rank − 0.22`` and communication at
-    ``rank + 0.22``; the thin grey line at ``rank`` is idle time (neither). With
-    ``critical_path`` the schedule's critical path (see
+    Each rank has two lanes: compute at ``y − 0.22`` and communication at
+    ``y + 0.22``; the thin grey line at ``y`` is idle time (neither). ``y`` is the rank
+    when every rank is drawn. With ``critical_path`` the schedule's critical path (see
     :func:`~etstore.report.critical.schedule_critical_path`; pass its table to reuse
     one already computed) is drawn over it in black, each step from when the step before it
-    ended (see :func:`critical_path_steps`), so the line only ever goes forward in time.
-    Drag to zoom; double-click to reset.
+    ended (see :func:`~etstore.report.critical.critical_path_steps`), so the line only ever
+    goes forward in time. Drag to zoom; double-click to reset.
 
-    Runs with more than ``detail_ops`` ops are merged per rank and category to
-    spans no closer than ``makespan / pixels`` (coarser until at most ``max_spans``
-    spans remain); hover shows how many ops a span holds.
+    A run of more than ``max_lanes`` ranks is folded: only the ranks of
+    :func:`~etstore.report.lanes.timeline_lanes` are drawn (those nearest the percentiles
+    of finish time, the critical path's, and some spread over the finish times), ``y`` is
+    the lane's position and its tick reads ``rank · percentile``; the title says how many
+    ranks are shown and :meth:`~etstore.report.lanes.LaneSelection.describe` says which.
+    Steps of the critical path on ranks not drawn leave a gap in its line.
+
+    Runs with more than ``detail_ops`` ops (on the ranks drawn) are merged per rank and
+    category to spans no closer than ``makespan / pixels`` (coarser until at most
+    ``max_spans`` spans remain); hover shows how many ops a span holds.
 
     Parameters
     ----------
@@ -104,6 +116,11 @@ def timeline_figure(
         Horizontal resolution that larger runs are merged to (spans per makespan).
     max_spans
         Spans drawn at most; the resolution coarsens until they fit.
+    max_lanes
+        Ranks drawn at most (two lanes each).
+    lanes
+        The ranks to draw, from :func:`~etstore.report.lanes.timeline_lanes` (default:
+        chosen here with ``max_lanes``).
 
     Returns
     -------
@@ -117,10 +134,18 @@ def timeline_figure(
 
     Notes
     -----
-    O(ops log ops) in numpy for the merge; O(path) for the critical path.
+    O(ops log ops) in numpy for the merge, over the ranks drawn; O(path) for the critical path.
     """
     (run,) = run_infos(warehouse, [run_id])
-    ops = timeline_ops(warehouse, run)
+    cp: pa.Table | None = None
+    if isinstance(critical_path, pa.Table):
+        cp = critical_path
+    elif critical_path:
+        cp = schedule_critical_path(warehouse, run)
+    if lanes is None:
+        lanes = timeline_lanes(warehouse, run, cp, max_lanes=max_lanes)
+    folded = lanes.folded
+    ops = timeline_ops(warehouse, run, lanes.ranks.tolist() if folded else None)
     names, codes = categories(ops)
     keep = codes >= 0
     rank = ops["rank"].to_numpy().astype(np.int64)[keep]
@@ -139,7 +164,12 @@ def timeline_figure(
             break
         gap = makespan / pixels if gap <= 0 else gap * 2
     labelled = len(spans) <= LABEL_SPANS
-    ranks = np.unique(rank) if len(rank) else np.zeros(0, dtype=np.int64)
+    if folded:
+        ranks = lanes.ranks
+        lane_of = _lane_of(ranks)
+    else:
+        ranks = np.unique(rank) if len(rank) else np.zeros(0, dtype=np.int64)
+        lane_of = None
     nr = len(ranks)
     lane_px = 44 if nr <= 16 else 24 if nr <= 32 else 14
     width = max(2.0, lane_px * 0.32)
@@ -154,7 +184,8 @@ def timeline_figure(
         if not sel.any():
             continue
         lane = -0.22 if names[k] == COMPUTE else 0.22
-        xs, ys = _segments(spans.start_ns[sel] / 1e3, spans.end_ns[sel] / 1e3, span_rank[sel] + lane, xdtype)
+        y = span_rank[sel] if lane_of is None else lane_of(span_rank[sel])
+        xs, ys = _segments(spans.start_ns[sel] / 1e3, spans.end_ns[sel] / 1e3, y + lane, xdtype)
         count = spans.ops[sel]
         trace_kw: dict[str, Any] = {}
         if labelled:
@@ -163,9 +194,21 @@ def timeline_figure(
                 f"{names[k]}: {nm}" if c == 1 else f"{names[k]}: {c} ops from {nm}"
                 for nm, c in zip(first, count.tolist(), strict=True)
             ]
+            if folded:
+                labels = [f"rank {r} · {t}" for r, t in zip(span_rank[sel].tolist(), labels, strict=True)]
             trace_kw = {
                 "text": _hover_text(labels),
-                "hovertemplate": "rank %{y:.0f} · %{text}<br>%{x:,.1f} µs<extra></extra>",
+                "hovertemplate": ("" if folded else "rank %{y:.0f} · ")
+                + "%{text}<br>%{x:,.1f} µs<extra></extra>",
+            }
+        elif folded:
+            pair = np.full((3 * len(count), 2), np.nan, dtype=np.float32)
+            pair[0::3, 0], pair[1::3, 0] = span_rank[sel], span_rank[sel]
+            pair[0::3, 1], pair[1::3, 1] = count, count
+            trace_kw = {
+                "customdata": pair,
+                "hovertemplate": f"rank %{{customdata[0]:.0f}} · {names[k]}: %{{customdata[1]:.0f}} ops"
+                "<br>%{x:,.1f} µs<extra></extra>",
             }
         else:
             cd = np.full(3 * len(count), np.nan, dtype=np.float32)
@@ -188,8 +231,17 @@ def timeline_figure(
         )
     # idle: the gaps between a rank's busy spans, from 0 to its last end
     idle_s, idle_e, idle_r = _gaps(busy)
-    xs, ys = _segments(idle_s / 1e3, idle_e / 1e3, idle_r.astype(np.float64), xdtype)
+    idle_y = idle_r if lane_of is None else lane_of(idle_r)
+    xs, ys = _segments(idle_s / 1e3, idle_e / 1e3, idle_y.astype(np.float64), xdtype)
     if len(idle_s):
+        idle_kw: dict[str, Any] = {"hovertemplate": "rank %{y:.0f} · idle<br>%{x:,.1f} µs<extra></extra>"}
+        if folded:
+            idle_cd = np.full(3 * len(idle_r), np.nan, dtype=np.float32)
+            idle_cd[0::3], idle_cd[1::3] = idle_r, idle_r
+            idle_kw = {
+                "customdata": idle_cd,
+                "hovertemplate": "rank %{customdata:.0f} · idle<br>%{x:,.1f} µs<extra></extra>",
+            }
         fig.add_trace(
             go.Scatter(
                 x=xs,
@@ -198,34 +250,56 @@ def timeline_figure(
                 name=IDLE,
                 line={"color": COLORS[IDLE], "width": max(1.5, width / 3)},
                 connectgaps=False,
-                hovertemplate="rank %{y:.0f} · idle<br>%{x:,.1f} µs<extra></extra>",
+                **idle_kw,
             )
         )
-    if critical_path is not False:
-        cp = critical_path if isinstance(critical_path, pa.Table) else schedule_critical_path(warehouse, run)
-        _add_critical_path(fig, cp, ops, gap)
+    if cp is not None:
+        _add_critical_path(fig, cp, gap, lane_of)
+    shown = f" · {nr} of {lanes.total} ranks (percentiles of finish time)" if folded else ""
+    yaxis: dict[str, Any] = {"title": "rank", "autorange": "reversed", "zeroline": False}
+    if folded:
+        yaxis.update(
+            title="rank · percentile of finish time",
+            tickmode="array",
+            tickvals=list(range(nr)),
+            ticktext=lanes.tick_labels(),
+            tickfont={"size": 10},
+        )
+    else:
+        yaxis["tickvals"] = ranks.tolist() if nr <= 64 else None
     fig.update_layout(
         template=TEMPLATE,
         title={
             "text": f"Timeline · run {run.run_id} · makespan {run.total_ns / 1e3:,.1f} µs"
+            + shown
             + ("" if detailed else f" · merged to {gap / 1e3:,.2f} µs spans"),
             "font": {"size": 14},
         },
         height=int(min(2400, max(360, nr * lane_px + 160))),
         xaxis={"title": "simulated time (µs)", "rangemode": "tozero", "showspikes": True},
-        yaxis={
-            "title": "rank",
-            "autorange": "reversed",
-            "tickvals": ranks.tolist() if nr <= 64 else None,
-            "zeroline": False,
-        },
+        yaxis=yaxis,
         dragmode="zoom",
         hovermode="closest",
         # the legend below the axis title, placed in pixels (a fraction of the plot moves with its height)
         legend={"orientation": "h", "yref": "container", "y": 0, "yanchor": "bottom", "x": 0},
-        margin={"l": 60, "r": 20, "t": 50, "b": 110},
+        margin={"l": 90 if folded else 60, "r": 20, "t": 50, "b": 110},
     )
     return fig
+
+
+def _lane_of(ranks: np.ndarray) -> Callable[[np.ndarray], np.ndarray]:
+    """Rank → its lane, the position in ``ranks`` (the ranks drawn, in lane order); NaN for one not drawn."""
+    by_rank = np.argsort(ranks, kind="stable")
+    known = ranks[by_rank]
+
+    def lane(r: np.ndarray) -> np.ndarray:
+        r = np.asarray(r, dtype=np.int64)
+        if len(known) == 0:
+            return np.full(len(r), np.nan)
+        pos = np.clip(np.searchsorted(known, r), 0, len(known) - 1)
+        return np.where(known[pos] == r, by_rank[pos].astype(np.float64), np.nan)
+
+    return lane
 
 
 def _gaps(busy: Spans) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -241,48 +315,29 @@ def _gaps(busy: Spans) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return prev_end[ok], s[ok], g[ok]
 
 
-def critical_path_steps(start_ns: np.ndarray, end_ns: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """When each step of a critical path holds the path: its segment on the timeline, forward in time.
-
-    A step holds the path from the later of its own start and the end of the step before
-    it, to its end. A receive that started early and waited for its message holds it from
-    the send's end; a collective member that waited for the last one to join holds it
-    from that member's end (both ran the collective until then). So the segments follow
-    one another: each starts where the one before ended or later, never earlier.
-
-    Parameters
-    ----------
-    start_ns, end_ns
-        Each step's start and end, in path order (ns, or any one time unit).
-
-    Returns
-    -------
-    (numpy.ndarray, numpy.ndarray)
-        Per step, the segment's start and end: ``seg_end[i] >= seg_start[i] >= seg_end[i - 1]``.
-
-    Notes
-    -----
-    O(path): one running maximum.
-    """
-    s = np.asarray(start_ns, dtype=np.float64)
-    e = np.asarray(end_ns, dtype=np.float64)
-    seg_end = np.maximum.accumulate(np.maximum(s, e)) if len(s) else np.zeros(0)
-    seg_start = np.maximum(s, np.concatenate([[-np.inf], seg_end[:-1]]))
-    return seg_start, seg_end
+_NOT_COMPUTE = frozenset(
+    {"COMM_COLL_NODE", "COMM_SEND_NODE", "COMM_RECV_NODE", "METADATA_NODE", "INVALID_NODE"}
+)
 
 
-def _add_critical_path(fig: go.Figure, cp: pa.Table, ops: pa.Table, gap: float) -> None:
-    """Draw the critical path as one black polyline over the lanes it crosses."""
+def _add_critical_path(
+    fig: go.Figure,
+    cp: pa.Table,
+    gap: float,
+    lane_of: Callable[[np.ndarray], np.ndarray] | None,
+) -> None:
+    """Draw the critical path as one black polyline over the lanes it crosses (gaps over ranks not drawn)."""
     if cp.num_rows == 0:
         return
-    # lane of each path op: compute unless its category is communication (both in (rank, id) order)
-    cat = ops["category"].take(cp["row"]).to_pylist()
-    r = cp["rank"].to_numpy().astype(np.float64)
-    lane = np.where(np.asarray([c == COMPUTE for c in cat], dtype=bool), -0.22, 0.22)
+    # lane of each path op: compute unless it communicates (or takes no slot), as timeline_ops categorises
+    types = cp["type"].to_pylist()
+    ranks = cp["rank"].to_numpy().astype(np.int64)
+    lane = np.where(np.asarray([t not in _NOT_COMPUTE for t in types], dtype=bool), -0.22, 0.22)
     s, e = critical_path_steps(cp["start_ns"].to_numpy() / 1e3, cp["end_ns"].to_numpy() / 1e3)
-    y = r + lane
-    label = cp["name"].to_pylist()
+    y = (ranks.astype(np.float64) if lane_of is None else lane_of(ranks)) + lane
+    label = [f"rank {r} · {nm}" for r, nm in zip(ranks.tolist(), cp["name"].to_pylist(), strict=True)]
     via = cp["via"].to_pylist()
+    hidden = int(np.isnan(y).sum())
     if gap > 0 and len(s) > LABEL_SPANS:
         # merge consecutive steps on one lane closer than the resolution (what a pixel shows)
         brk = np.concatenate([[True], (y[1:] != y[:-1]) | (s[1:] - e[:-1] > gap / 1e3)])
@@ -294,6 +349,15 @@ def _add_critical_path(fig: go.Figure, cp: pa.Table, ops: pa.Table, gap: float) 
             for i, c in zip(idx.tolist(), np.diff(np.r_[idx, len(brk)]).tolist(), strict=True)
         ]
         via = [via[i] for i in idx.tolist()]
+    if hidden:
+        # steps on ranks not drawn: one gap (a NaN point) for each run of them
+        off = np.isnan(y)
+        keep = ~off | np.concatenate([[True], ~off[:-1]])
+        s, e, y = s[keep], e[keep], y[keep]
+        s[np.isnan(y)] = np.nan
+        e[np.isnan(y)] = np.nan
+        label = [x for x, k in zip(label, keep.tolist(), strict=True) if k]
+        via = [x for x, k in zip(via, keep.tolist(), strict=True) if k]
     xs = np.empty(2 * len(s))
     ys = np.empty(2 * len(s))
     xs[0::2], xs[1::2] = s, e
@@ -306,9 +370,9 @@ def _add_critical_path(fig: go.Figure, cp: pa.Table, ops: pa.Table, gap: float) 
             x=xs,
             y=ys,
             mode="lines",
-            name=f"critical path ({cp.num_rows} ops)",
+            name=f"critical path ({cp.num_rows} ops" + (f", {hidden} on ranks not drawn)" if hidden else ")"),
             line={"color": COLORS["critical path"], "width": 2},
             text=text,
-            hovertemplate="critical path · rank %{y:.0f} · %{text}<br>%{x:,.1f} µs<extra></extra>",
+            hovertemplate="critical path · %{text}<br>%{x:,.1f} µs<extra></extra>",
         )
     )

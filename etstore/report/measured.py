@@ -1,8 +1,9 @@
 """The report's measured-vs-simulated figure: bus bandwidth of nccl-tests runs beside the simulator's.
 
-Drawn from ``v_measured_vs_sim`` (one line per calibration: measured points, the
-simulated curve before the fit dotted, after it solid) or, in a warehouse with measured
-runs but no calibration, from ``measurements`` alone. Bandwidth is GB/s with GB = 10^9,
+Drawn from ``v_measured_vs_sim`` (per calibration: measured points, the simulated curve
+before the fit dotted and named by the start spec, after it solid and named by the
+fitted spec) or, in a warehouse with measured runs but no calibration, from
+``measurements`` alone. Bandwidth is GB/s with GB = 10^9,
 as nccl-tests prints it, so the measured points are the logs' own busbw.
 """
 
@@ -53,11 +54,11 @@ def measured_busbw_figures(warehouse: Warehouse) -> list[go.Figure]:
 
 
 def _calibrations_figure(warehouse: Warehouse) -> go.Figure | None:
-    """Per calibration: measured markers, simulated before (dotted) and after (solid)."""
+    """Per calibration: measured markers, simulated on the start spec (dotted) and the fitted one (solid)."""
     t = query(
         warehouse,
-        """SELECT v.* FROM v_measured_vs_sim v
-        JOIN (SELECT calibration_id FROM calibrations ORDER BY calibration_id DESC LIMIT $n)
+        """SELECT v.*, c.start_spec FROM v_measured_vs_sim v
+        JOIN (SELECT calibration_id, start_spec FROM calibrations ORDER BY calibration_id DESC LIMIT $n) c
             USING (calibration_id)
         ORDER BY calibration_id, size_bytes""",
         {"n": MEASURED_LINES},
@@ -70,12 +71,26 @@ def _calibrations_figure(warehouse: Warehouse) -> go.Figure | None:
     for i, cid in enumerate(dict.fromkeys(ids.tolist())):
         sel = ids == cid
         name = t["calibration"].filter(sel)[0].as_py()
-        label = f"{name} ({t['algorithm'].filter(sel)[0].as_py()} on {t['spec'].filter(sel)[0].as_py()})"
+        algorithm = t["algorithm"].filter(sel)[0].as_py()
+        start, fitted = t["start_spec"].filter(sel)[0].as_py(), t["spec"].filter(sel)[0].as_py()
         color = _COLORS[i % len(_COLORS)]
-        for column, time_col, what, style in (
-            ("measured_busbw_gb_per_s", "measured_time_us", "measured", {"mode": "markers"}),
-            ("sim_before_busbw_gb_per_s", "sim_before_time_us", "before fit", {"mode": "lines"}),
-            ("sim_after_busbw_gb_per_s", "sim_after_time_us", "after fit", {"mode": "lines"}),
+        # each simulated curve is named by the spec it was simulated on: the start, then the fit
+        for column, time_col, label, what, style in (
+            ("measured_busbw_gb_per_s", "measured_time_us", name, "measured", {"mode": "markers"}),
+            (
+                "sim_before_busbw_gb_per_s",
+                "sim_before_time_us",
+                f"{name} ({algorithm} on {start or '?'})",
+                "before fit",
+                {"mode": "lines"},
+            ),
+            (
+                "sim_after_busbw_gb_per_s",
+                "sim_after_time_us",
+                f"{name} ({algorithm} on {fitted})",
+                "after fit",
+                {"mode": "lines"},
+            ),
         ):
             dash = "dot" if what == "before fit" else "solid"
             fig.add_trace(

@@ -1,5 +1,6 @@
 """Real stores for the report: two runs of one workload with a bandwidth sweep; the hand-checked
-overlap workload with the opportunities the finders record for it."""
+overlap workload with the opportunities the finders record for it; a 256-rank workload on a ring
+and on a 16 × 16 mesh (what ``etstore workload --ranks 256 --tp 8 --layers 2`` stores)."""
 
 from __future__ import annotations
 
@@ -73,4 +74,22 @@ def hand_runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[int]
         ]
         find_opportunities(store, "hand", topo="ring:2")
         find_opportunities(store, expanded, topo="ring:2")
+    return path, runs
+
+
+@pytest.fixture(scope="session")
+def big(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, int]]:
+    """A 256-rank transformer step (tp 8, 2 layers: 4,864 ops) simulated on ring:256 and on
+    mesh2d:16x16 and recorded: (store path, run id by topology kind, "ring" and "mesh")."""
+    path = tmp_path_factory.mktemp("big") / "store"
+    tr = transformer(ranks=256, layers=2, tp=8, name="t256")
+    groups = tr.params["comm_groups"]
+    with EmbeddedStore(path) as store:
+        store.ingest(tr)
+        runs = {
+            kind: record_run(
+                store.warehouse, simulate(tr, parse_topology(spec), groups=groups), trace_name=tr.name
+            )
+            for kind, spec in (("ring", "ring:256"), ("mesh", "mesh2d:16x16"))
+        }
     return path, runs

@@ -40,7 +40,8 @@ var __ce=console.error;console.error=function(){window.__etErrors.push([].join.c
 __ce.apply(console,arguments)};</script>"""
 # ...and, once loaded, write what each plot holds and drew into the DOM for --dump-dom: its
 # traces, the boxes of its titles (figure, subplot = annotation, axis titles, legend), its
-# x tick labels and the x values of its critical-path line; and the opportunities section's text.
+# x tick labels and the x values of its critical-path line; each table's container (how wide it
+# scrolls, how wide it is, where it ends), the page's width; and the opportunities section's text.
 _PROBE = """<script>window.addEventListener('load',function(){setTimeout(function(){
 var TITLES='text.gtitle, text.annotation-text, g[class^="g-x"][class$="title"] text, '+
 'g[class^="g-y"][class$="title"] text, g.legend rect.bg';
@@ -56,8 +57,12 @@ paths:gd.querySelectorAll('g.trace path').length,
 title:((gd._fullLayout||{}).title||{}).text||'',boxes:boxes,critical:critical,
 xticks:Array.from(gd.querySelectorAll('g.xtick text'),function(t){return t.textContent})})});
 var opp=document.getElementById('opportunities');
+var tables=Array.from(document.querySelectorAll('table'),function(t){var c=t.parentNode;
+return {scroll:c.scrollWidth,client:c.clientWidth,right:c.getBoundingClientRect().right,
+overflow:getComputedStyle(c).overflowX}});
 var pre=document.createElement('pre');pre.id='etstore-probe';
-pre.textContent=JSON.stringify({errors:window.__etErrors,plots:plots,
+pre.textContent=JSON.stringify({errors:window.__etErrors,plots:plots,tables:tables,
+page:{width:document.documentElement.scrollWidth,window:window.innerWidth},
 opportunities:opp?opp.innerText:null});document.body.appendChild(pre)},0)});</script>"""
 
 
@@ -238,3 +243,20 @@ def test_three_runs_with_opportunities_read_cleanly(
     ]
     if width == 1400:
         _screenshot(report, "report-three.png")
+
+
+def test_a_256_rank_report_reads_at_1000_px(big: tuple[Path, dict[str, int]], tmp_path: Path) -> None:
+    with EmbeddedStore(big[0], read_only=True) as store:
+        report = write_report(store.warehouse, [big[1]["mesh"]], tmp_path / "big.html")
+    probe = _render(report, tmp_path, width=1000)
+    _check_layout(probe)
+    assert all(p["rendered"] for p in probe["plots"])
+    assert [p["drawn"] for p in probe["plots"]] == [p["traces"] for p in probe["plots"]]
+    # no table runs off the page: each ends inside the window, the wide ones scroll in their box
+    page = probe["page"]
+    assert page["width"] <= page["window"]
+    for t in probe["tables"]:
+        assert t["right"] <= page["window"] and t["overflow"] == "auto"
+    # the heatmap of 256 NPUs is one of 16 x 16 groups
+    assert "16 groups of 16 NPUs" in _plot(probe, "Hottest link between groups")["title"]
+    _screenshot(report, "report-256.png")

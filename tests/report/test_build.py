@@ -249,3 +249,20 @@ def test_unknown_sweep_and_empty_database(store: EmbeddedStore, tmp_path: Path) 
         latest_run(empty)
     with pytest.raises(ReportError, match="cannot read the metrics"):
         write_report(tmp_path / "missing.duckdb", [1], tmp_path / "r.html")
+
+
+def test_wide_tables_scroll_instead_of_being_cut_off(
+    big: tuple[Path, dict[str, int]], tmp_path: Path
+) -> None:
+    # the summary of a 256-rank run is wider than a 1000 px window: its table sits in a container
+    # that scrolls sideways (the page's CSS), and a long topology spec may wrap at its commas
+    with EmbeddedStore(big[0], read_only=True) as store:
+        text = write_report(store.warehouse, [big[1]["mesh"]], tmp_path / "r.html").read_text()
+    css = re.search(r"<style>(.*?)</style>", text, re.S)
+    assert css and re.search(r"\.tbl\{[^}]*overflow-x:auto", css.group(1))
+    summary = text.split("<h2>", 1)[0]
+    assert '<div class="tbl"><table><thead><tr><th class="l">run</th>' in summary
+    assert "mesh2d:16x16,<wbr>bw=50,<wbr>lat=500" in summary
+    assert not re.search(r"table\{[^}]*\bwidth:\s*\d", css.group(1))  # no fixed table width
+    # every table of the page is in such a container
+    assert text.count("<table") == text.count('<div class="tbl"><table')
