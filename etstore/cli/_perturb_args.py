@@ -1,4 +1,4 @@
-"""``--slow``, ``--scale``, ``--jitter``, ``--seed``: what-if perturbations of compute (replay)."""
+"""``--slow``, ``--scale``, ``--jitter``, ``--seed``: what-if perturbations of compute (replay, sim)."""
 
 from __future__ import annotations
 

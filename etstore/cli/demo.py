@@ -25,7 +25,8 @@ from etstore.collectives.generators import GENERATORS, generate
 from etstore.collectives.specs import parse_generator
 from etstore.collectives.stored import expand_stored
 from etstore.errors import ConfigError, RewriteError
-from etstore.ingest import read_trace, write_et
+from etstore.ingest import read_trace
+from etstore.ingest.export import export_trace
 from etstore.ingest.msccl_writer import write_msccl_xml
 from etstore.model import Trace
 from etstore.query import critical_path
@@ -166,9 +167,11 @@ def run_demo(*, store_location: str | None, console: Console, out_dir: Path) -> 
         )
 
         console.rule("9. export: the expanded trace for ASTRA-sim, the algorithm for MSCCL/RCCL")
-        paths = write_et(store.load(last), out_dir / last)
+        paths = export_trace(store.load(last), out_dir / last)  # as ASTRA-sim runs them
         xml_out = write_msccl_xml(store.load(algo), out_dir / f"{algo}.xml")
-        console.print(f"wrote {len(paths)} .et files ({last}) and {xml_out.name} under {out_dir}/")
+        console.print(f"wrote {len(paths)} files ({last}) and {xml_out.name} under {out_dir}/")
+        for line in paths.changes:
+            console.print(f"changed for ASTRA-sim: {line}", soft_wrap=True)
 
         console.rule("10. report")
         html = write_report(store.warehouse, runs, out_dir / "report.html")

@@ -12,6 +12,7 @@ from etstore import collectives
 from etstore.cli._common import add_format, open_to_record, progress, progress_to
 from etstore.cli._console import warn
 from etstore.cli._inputs import trace_from
+from etstore.cli._perturb_args import add_perturbation, perturbation_from
 from etstore.cli._render import render
 from etstore.cli._tables import add_limit, add_table, chosen_table, one_row, print_table
 from etstore.cli._topology_args import add_topology_options, topology_from
@@ -22,6 +23,7 @@ from etstore.errors import OptionError
 from etstore.sim import BUILTIN_ALGORITHMS, simulate
 from etstore.sim.config import SimConfig, read_comm_groups, read_network_config, read_system_config
 from etstore.sim.metrics import record_run, record_sweep
+from etstore.sim.perturb import perturb
 from etstore.sim.sweep import parse_sizes, sweep
 from etstore.store import Store
 
@@ -73,6 +75,10 @@ def _config(args: argparse.Namespace) -> Any:
         overrides["hops"] = args.hops
     if args.chunks is not None:
         overrides["algorithm_chunks"] = args.chunks
+    if args.reduction_mem_accesses is not None:
+        overrides["reduction_mem_accesses"] = args.reduction_mem_accesses
+    if args.copy_mem_accesses is not None:
+        overrides["copy_mem_accesses"] = args.copy_mem_accesses
     if args.system_config:
         return read_system_config(args.system_config, **overrides)
     return dataclasses.replace(SimConfig(), **overrides)
@@ -101,6 +107,9 @@ def _sim(args: argparse.Namespace, console: Console) -> int:
     groups = read_comm_groups(args.comm_groups) if args.comm_groups else None
     with open_to_record(args) as store:
         trace = trace_from(store, args.trace)
+        perturbation = perturbation_from(args)
+        if perturbation is not None:  # a what-if: the trace's compute changed
+            trace = perturb(trace, perturbation)
         algorithms = _algorithms(store, args.algo)
         run_id = None
         with progress_to(console, f"sim {trace.name}") as step:
@@ -114,7 +123,11 @@ def _sim(args: argparse.Namespace, console: Console) -> int:
                     store.warehouse,
                     result,
                     trace_name=trace.name,
-                    params={"algo": args.algo or [], "argv": "sim"},
+                    params={
+                        "algo": args.algo or [],
+                        "argv": "sim",
+                        **({"perturbation": perturbation.to_dict()} if perturbation else {}),
+                    },
                 )
                 if step:
                     step("record", result.sim_ops, result.sim_ops)
@@ -213,6 +226,19 @@ def _synth_factory(chunks: int, seed: int) -> Any:
     return build
 
 
+def _passes(text: str) -> int:
+    """A count of memory passes: a whole number, 0 or more."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(
+            f"expected a whole number of memory passes (0 or more), got {text!r}"
+        )
+    return value
+
+
 def _common(sp: argparse.ArgumentParser) -> None:
     sp.add_argument(
         "--congestion",
@@ -231,6 +257,19 @@ def _common(sp: argparse.ArgumentParser) -> None:
         help="collective priority (default LIFO, as ASTRA-sim); ready ops always issue by node id",
     )
     sp.add_argument("--chunks", type=int, default=None, help="chunks per rank for generated algorithms")
+    sp.add_argument(
+        "--reduction-mem-accesses",
+        type=_passes,
+        metavar="N",
+        help="memory passes of a local reduction, on every path (default 3: ASTRA-sim's native "
+        "collectives; 0 with --copy-mem-accesses 0: ASTRA-sim's custom collectives, 1 ns a step)",
+    )
+    sp.add_argument(
+        "--copy-mem-accesses",
+        type=_passes,
+        metavar="N",
+        help="memory passes of a local copy in an algorithm (default 2)",
+    )
     sp.add_argument("--system-config", metavar="FILE", help="ASTRA-sim system config JSON")
     sp.add_argument("--no-record", action="store_true", help="do not write metrics to the store")
 
@@ -257,6 +296,7 @@ def register(sub: Any) -> None:
     )
     add_limit(sp, 20)
     _common(sp)
+    add_perturbation(sp)
     add_format(sp)
     add_table(sp, _SIM_TABLES, "summary")
     sp.set_defaults(handler=_sim)

@@ -82,7 +82,13 @@ def _export(args: argparse.Namespace, console: Console) -> int:
     with open_from_args(args, read_only=True) as store:
         trace = store.load(args.trace)
     paths = export_trace(
-        trace, args.out, format=args.format, coll_size=args.coll_size, gzip=args.gzip, proto=args.proto
+        trace,
+        args.out,
+        format=args.format,
+        coll_size=args.coll_size,
+        gzip=args.gzip,
+        proto=args.proto,
+        verbatim=args.verbatim,
     )
     # one line however many ranks: the count, and the first and last file written
     if len(paths) == 1:
@@ -91,6 +97,9 @@ def _export(args: argparse.Namespace, console: Console) -> int:
         console.print(
             f"wrote {len(paths)} files: {paths[0]} ... {paths[-1].name}", highlight=False, soft_wrap=True
         )
+    # what the files differ in from the stored trace, so that ASTRA-sim runs them (one line each)
+    for change in paths.changes:
+        console.print(f"changed for ASTRA-sim: {change}", highlight=False, soft_wrap=True)
     return 0
 
 
@@ -140,7 +149,8 @@ def register(sub: Any) -> None:
         "--format",
         choices=EXPORT_FORMATS,
         default="et",
-        help="et: Chakra per rank (default); json: Chakra JSON; msccl-xml: MSCCL-IR for MSCCL/RCCL",
+        help="et: Chakra per rank as ASTRA-sim runs them (default); json: Chakra JSON; msccl-xml: "
+        "MSCCL-IR for MSCCL/RCCL",
     )
     sp.add_argument(
         "--coll-size",
@@ -151,6 +161,12 @@ def register(sub: Any) -> None:
     sp.add_argument("--proto", choices=("Simple", "LL", "LL128"), help="msccl-xml: protocol attribute")
     sp.add_argument(
         "--gzip", action="store_true", help="gzip the .et files (ASTRA-sim reads only plain files)"
+    )
+    sp.add_argument(
+        "--verbatim",
+        action="store_true",
+        help="et: write the trace exactly as stored, without the changes ASTRA-sim needs (printed "
+        "otherwise: METADATA nodes dropped, pg_names it cannot read renamed, ...)",
     )
     sp.set_defaults(handler=_export)
 

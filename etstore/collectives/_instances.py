@@ -17,6 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from etstore.errors import ExpansionError, OptionError, QueryError
+from etstore.ingest.comm_groups import DEFAULT_GROUP_NAMES, find_group
 from etstore.model import Trace
 
 __all__ = ["Collectives", "check_chosen", "find_collectives", "select"]
@@ -140,14 +141,17 @@ def _members(
     all_ranks: np.ndarray,
     groups: Mapping[str, Sequence[int]] | None,
 ) -> list[tuple[int, ...]]:
-    """Member ranks (ascending) of each communicator group, as the simulator forms them."""
-    given = {str(k): tuple(sorted(int(r) for r in v)) for k, v in (groups or {}).items()}
+    """Member ranks of each communicator group, as the simulator forms them: in the order the
+    groups give them (algorithm rank i is member i); a name found as ASTRA-sim reads it (``stoi``);
+    an absent name, or ``"0"`` that no group defines, is every rank."""
+    given = {str(k): tuple(int(r) for r in v) for k, v in (groups or {}).items()}
     out = []
     for name, used in zip(pg_names, used_rank, strict=True):
-        if name in ("", "0"):
+        key = find_group(name, given) if name else None
+        if key is not None:
+            out.append(given[key])
+        elif name in DEFAULT_GROUP_NAMES:
             out.append(tuple(int(r) for r in all_ranks))
-        elif name in given:
-            out.append(given[name])
         else:
             out.append(tuple(int(r) for r in np.unique(used)))
     return out

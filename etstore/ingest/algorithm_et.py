@@ -20,16 +20,15 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from etstore.errors import UnsatisfiableError
+from etstore.ingest._et_kind import algorithm_metadata
 from etstore.ingest._frames import write_varint
 from etstore.ingest.et import write_et
 from etstore.model import CHUNK_COLUMNS, Trace, member_number
-from etstore.proto import GlobalMetadata
 
 __all__ = ["message_sizes", "write_algorithm_et"]
 
 log = logging.getLogger(__name__)
 
-SCHEMA = "1.0.2-chakra.0.0.4"  # what collectiveapi writes in GlobalMetadata
 _SCALED = frozenset({"allgather", "reducescatter", "alltoall"})
 _CHUNK_COLS = CHUNK_COLUMNS
 _I32 = member_number("int32_val")
@@ -89,15 +88,6 @@ def message_sizes(trace: Trace, coll_size: int, *, scale_by_ngpus: bool = True) 
         )
     size = (S // C) * c + np.where((first + c >= C) & (c > 0), S % C, 0)
     return np.where(comm, size, 0)
-
-
-def _metadata(collective: str) -> bytes:
-    meta = GlobalMetadata()
-    a = meta.attr.add(name="schema")
-    a.string_val = SCHEMA
-    b = meta.attr.add(name="collective")
-    b.string_val = collective
-    return meta.SerializeToString()
 
 
 def write_algorithm_et(
@@ -173,7 +163,7 @@ def write_algorithm_et(
     cols["attr_order"] = joined
     out = pa.Table.from_arrays([cols[c] for c in ops.column_names], schema=ops.schema)
     ngpus = int(trace.params.get("ngpus") or trace.num_ranks)
-    meta = _metadata(coll)
+    meta = algorithm_metadata(coll)
     meta_table = pa.table(
         {"rank": pa.array(range(ngpus), pa.int32()), "metadata": pa.array([meta] * ngpus)},
         schema=trace.meta.schema,

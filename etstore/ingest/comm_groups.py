@@ -1,12 +1,15 @@
-"""Communicator groups as ASTRA-sim reads them: integer ``pg_name``s and the comm-group JSON.
+"""Communicator groups as ASTRA-sim reads them: ``pg_name``s it can read and the comm-group JSON.
 
-ASTRA-sim's workload layer parses a ``COMM_COLL_NODE``'s ``pg_name`` with ``stoi``:
-``""`` and ``"0"`` are every NPU, any other name must be a positive integer that its
-communicator-group file (``--comm-group-configuration``, ``{"<id>": [ranks...]}``)
-defines. Traces from etstore's workload generator or from PyTorch name groups
-``"tp0"``, ``"dp1"``...; :func:`astra_comm_groups` renames them to integers and
-returns the matching file's content, and :func:`write_astra_et` writes both, so the
-files run in ASTRA-sim unmodified.
+ASTRA-sim's workload layer (``Workload::extract_comm_group``) reads an absent ``pg_name``,
+``""`` and ``"0"`` as every NPU and any other name with ``stoi`` (``"0.0"`` is 0,
+``"1.5"`` is 1, ``"dp0"`` throws); the number must be a group of its communicator-group
+file (``--comm-group-configuration``, ``{"<id>": [ranks...]}``, keys read with ``stoi``
+too), whose ids must be positive (``CommunicatorGroup::set_id`` asserts it). A group's
+ring follows the order the file lists its members in. :func:`astra_group_plan` keeps
+every name ASTRA-sim reads as its group and renames the others (``"tp0"``, ``"dp1"`` of
+the workload generator) to free integers, saying why; :func:`write_astra_et` writes the
+trace (as :func:`~etstore.ingest.astra_et.for_astra_sim` makes it) and the group file, so
+the files run in ASTRA-sim unmodified.
 """
 
 from __future__ import annotations
@@ -14,21 +17,46 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from etstore.errors import OptionError
+from etstore.ingest.astra_et import ExportedFiles, for_astra_sim
 from etstore.ingest.et import write_et
-from etstore.ingest.files import comm_groups_path
+from etstore.ingest.files import comm_groups_path, stoi
 from etstore.model import Trace
 
-__all__ = ["DEFAULT_GROUP_NAMES", "astra_comm_groups", "comm_groups_path", "write_astra_et"]
+__all__ = [
+    "DEFAULT_GROUP_NAMES",
+    "GroupPlan",
+    "astra_comm_groups",
+    "astra_group_plan",
+    "comm_groups_path",
+    "find_group",
+    "write_astra_et",
+]
 
 DEFAULT_GROUP_NAMES = frozenset({"", "0"})
-"""``pg_name``s ASTRA-sim reads as "every NPU" (no communicator-group lookup)."""
+"""``pg_name``s ASTRA-sim reads as "every NPU" (no communicator-group lookup). etstore
+reads ``"0"`` so only where no group ``0`` is defined (a comm-group file's or the trace's)."""
+
+
+def find_group(name: str, groups: Mapping[str, object]) -> str | None:
+    """The key of ``groups`` that ``pg_name`` ``name`` names: itself, else the group number
+    ASTRA-sim reads it as (``stoi``: ``"0.0"`` and ``"00"`` name group ``"0"``); None if neither.
+
+    Examples
+    --------
+    >>> find_group("0.0", {"0": [0, 1]}), find_group("tp0", {"tp0": [0]}), find_group("x", {})
+    ('0', 'tp0', None)
+    """
+    if name in groups:
+        return name
+    number = stoi(name)
+    return str(number) if number is not None and str(number) in groups else None
 
 
 def _natural(name: str) -> list[str | int]:
@@ -37,19 +65,93 @@ def _natural(name: str) -> list[str | int]:
 
 
 def _members(trace: Trace, name: str, rank: np.ndarray, pg: np.ndarray, is_coll: np.ndarray) -> list[int]:
-    """Ranks of group ``name``: the trace's ``params["comm_groups"]`` entry, else its collectives' ranks."""
+    """Ranks of group ``name`` in their order: the trace's ``params["comm_groups"]`` entry (found as
+    written or as ASTRA-sim reads it), else its collectives' ranks ascending."""
     declared = (trace.params or {}).get("comm_groups")
-    if isinstance(declared, Mapping) and isinstance(declared.get(name), Sequence):
-        return sorted(int(r) for r in declared[name])
+    if isinstance(declared, Mapping):
+        key = find_group(name, {str(k): v for k, v in declared.items()})
+        if key is not None:
+            found = {str(k): v for k, v in declared.items()}[key]
+            if isinstance(found, Sequence):
+                return [int(r) for r in found]
     return sorted(int(r) for r in np.unique(rank[is_coll & (pg == name)]))
 
 
-def astra_comm_groups(trace: Trace) -> tuple[Trace, dict[str, list[int]]]:
-    """``trace`` with integer ``pg_name``s, and ASTRA-sim's comm-group mapping for them.
+def _preference(name: str) -> tuple[bool, bool, list[str | int], str]:
+    """Order in which names claim their group number: numbers first, a number's own decimal
+    spelling before others (``"1"`` keeps 1, ``"01"`` is renamed), then natural order."""
+    number = stoi(name)
+    return number is None, str(number) != name, _natural(name), name
 
-    Names ASTRA-sim already reads (``""``, ``"0"``, null, decimal integers) are kept;
-    every other name gets the next free integer, names in natural order (``dp2``
-    before ``dp10``), starting after the largest integer name in use (at least 1).
+
+@dataclass(frozen=True)
+class GroupPlan:
+    """How an export names a trace's communicator groups for ASTRA-sim."""
+
+    rename: dict[str, str]
+    """``pg_name`` → the name written, for the names that change (most keep theirs)."""
+    groups: dict[str, list[int]]
+    """The comm-group file's content: written name → members in order."""
+    notes: tuple[str, ...]
+    """One line per reason a name changed, for the export's output."""
+
+
+def astra_group_plan(trace: Trace) -> GroupPlan:
+    """Which ``pg_name``s ASTRA-sim reads as their group, which it cannot, and what those become.
+
+    A name is kept when ASTRA-sim reads it as the same group: ``""`` (every NPU), ``"0"``
+    when the group is every rank of the trace, and any name ``stoi`` reads as a positive
+    number no other name shares (``"3"``, ``"1.5"``). Renamed, each with a note: a name
+    ``stoi`` rejects (``"dp0"``: ``Workload::extract_comm_group`` would throw), one it reads
+    as 0 or less (``"0.0"``, ``"-2"``: ``CommunicatorGroup::set_id`` asserts ``id > 0``),
+    ``"0"`` for a group of fewer ranks (ASTRA-sim reads ``"0"`` as every NPU) and a second
+    name for a number already taken (``"01"`` beside ``"1"``). New names are the next free
+    integers after the largest kept one, in natural order of the old names.
+
+    Notes
+    -----
+    O(n) over the ops plus O(g log g) for g group names.
+    """
+    ops = trace.ops
+    if "pg_name" not in ops.column_names:
+        return GroupPlan({}, {}, ())
+    is_coll = pc.equal(ops["type"], "COMM_COLL_NODE").to_numpy(zero_copy_only=False)
+    pg = np.asarray(pc.fill_null(ops["pg_name"], "").to_pylist(), dtype=object)
+    rank = ops["rank"].to_numpy().astype(np.int64)
+    everyone = sorted(int(r) for r in np.unique(rank))
+    names = sorted({str(x) for x in pg[is_coll]} - {""}, key=_preference)
+    members = {x: _members(trace, x, rank, pg, is_coll) for x in names}
+    kept: dict[int, str] = {}
+    why: dict[str, str] = {}
+    for x in names:
+        number = stoi(x)
+        if x == "0":
+            if sorted(members[x]) != everyone:
+                why[x] = f"ASTRA-sim reads '0' as every NPU, but group 0 is ranks {members[x]}"
+        elif number is None:
+            why[x] = "ASTRA-sim reads pg_name with stoi, which needs a number"
+        elif number <= 0:
+            why[x] = f"ASTRA-sim reads it as group {number} and asserts group ids > 0"
+        elif number in kept:
+            why[x] = f"ASTRA-sim reads it as group {number}, the number of {kept[number]!r}"
+        else:
+            kept[number] = x
+    nxt = max(kept, default=0) + 1
+    rename: dict[str, str] = {}
+    for x in sorted(why, key=_natural):
+        rename[x] = str(nxt)
+        nxt += 1
+    groups = {rename.get(x, x): members[x] for x in names if not (x == "0" and x not in rename)}
+    groups = dict(sorted(groups.items(), key=lambda kv: stoi(kv[0]) or 0))
+    notes = tuple(f"pg_name {x!r} -> {rename[x]!r}: {why[x]}" for x in rename)
+    return GroupPlan(rename, groups, notes)
+
+
+def astra_comm_groups(trace: Trace) -> tuple[Trace, dict[str, list[int]]]:
+    """``trace`` with ``pg_name``s ASTRA-sim reads, and ASTRA-sim's comm-group mapping for them.
+
+    Names ASTRA-sim reads as their group are kept as written; the others get new integer
+    names (:func:`astra_group_plan` says which and why).
 
     Parameters
     ----------
@@ -60,45 +162,27 @@ def astra_comm_groups(trace: Trace) -> tuple[Trace, dict[str, list[int]]]:
     Returns
     -------
     (Trace, dict)
-        The renamed trace and ``{"<id>": [ranks...]}`` for every non-default group a
-        collective names (members from ``params["comm_groups"]``, else the ranks whose
-        collectives carry the name), ids in ascending order.
-
-    Raises
-    ------
-    OptionError
-        A group name that is a negative integer (ASTRA-sim has no such group).
+        The renamed trace and ``{"<name>": [ranks...]}`` for every group a collective names
+        other than the default (``""``, and ``"0"`` of every rank): members from
+        ``params["comm_groups"]`` in their order, else the ranks whose collectives carry the
+        name; keys in ascending group number.
 
     Notes
     -----
     O(n) over the ops plus O(g log g) for g group names.
     """
+    plan = astra_group_plan(trace)
+    return _renamed(trace, plan.rename), plan.groups
+
+
+def _renamed(trace: Trace, rename: Mapping[str, str]) -> Trace:
+    """``trace`` with the collectives' ``pg_name``s (and ``params["comm_groups"]`` keys) renamed."""
+    if not rename:
+        return trace
     ops = trace.ops
-    if "pg_name" not in ops.column_names:
-        return trace, {}
     is_coll = pc.equal(ops["type"], "COMM_COLL_NODE").to_numpy(zero_copy_only=False)
-    pg = np.asarray(pc.fill_null(ops["pg_name"], "").to_pylist(), dtype=object)
-    rank = ops["rank"].to_numpy().astype(np.int64)
-    names = sorted({str(x) for x in pg[is_coll]} - DEFAULT_GROUP_NAMES, key=_natural)
-    numeric = [x for x in names if x.lstrip("-").isdigit()]
-    bad = [x for x in numeric if int(x) < 0]
-    if bad:
-        raise OptionError(
-            f"trace {trace.name!r}: communicator group {bad[0]} is negative; ASTRA-sim ids are >= 1"
-        )
-    nxt = max([int(x) for x in numeric], default=0) + 1
-    rename: dict[str, str] = {}
-    for x in names:
-        if x in numeric:
-            rename[x] = x
-        else:
-            rename[x] = str(nxt)
-            nxt += 1
-    groups = {rename[x]: _members(trace, x, rank, pg, is_coll) for x in names}
-    groups = dict(sorted(groups.items(), key=lambda kv: int(kv[0])))
-    if all(k == v for k, v in rename.items()):
-        return trace, groups
-    new_pg = [rename.get(str(p), p) if c else p for p, c in zip(pg.tolist(), is_coll.tolist(), strict=True)]
+    pg = pc.fill_null(ops["pg_name"], "").to_pylist()
+    new_pg = [rename.get(str(p), p) if c else p for p, c in zip(pg, is_coll.tolist(), strict=True)]
     valid = pc.is_valid(ops["pg_name"]).to_numpy(zero_copy_only=False)
     column = pa.array([v if ok else None for v, ok in zip(new_pg, valid.tolist(), strict=True)], pa.string())
     idx = ops.schema.get_field_index("pg_name")
@@ -106,12 +190,12 @@ def astra_comm_groups(trace: Trace) -> tuple[Trace, dict[str, list[int]]]:
     declared = params.get("comm_groups")
     if isinstance(declared, Mapping):
         params["comm_groups"] = {rename.get(str(k), str(k)): list(v) for k, v in declared.items()}
-    return trace.replace(ops=ops.set_column(idx, ops.schema.field(idx), column), params=params), groups
+    return trace.replace(ops=ops.set_column(idx, ops.schema.field(idx), column), params=params)
 
 
-def write_astra_et(trace: Trace, prefix: str | Path, *, gzip_output: bool = False) -> list[Path]:
-    """Write ``<prefix>.<rank>.et`` with integer ``pg_name``s and, when the trace has
-    collectives, ``<prefix>.comm_groups.json`` for ASTRA-sim's ``--comm-group-configuration``.
+def write_astra_et(trace: Trace, prefix: str | Path, *, gzip_output: bool = False) -> ExportedFiles:
+    """Write ``<prefix>.<rank>.et`` as ASTRA-sim runs them and, when the trace has collectives,
+    ``<prefix>.comm_groups.json`` for ASTRA-sim's ``--comm-group-configuration``.
 
     Parameters
     ----------
@@ -124,23 +208,22 @@ def write_astra_et(trace: Trace, prefix: str | Path, *, gzip_output: bool = Fals
 
     Returns
     -------
-    list of Path
-        The ``.et`` files in rank order, then the comm-group file when written.
-
-    Raises
-    ------
-    OptionError
-        As :func:`astra_comm_groups`; the ``.et`` writer's errors pass through.
+    ExportedFiles
+        The ``.et`` files in rank order, then the comm-group file when written; its
+        ``changes`` says what was changed so that ASTRA-sim runs them
+        (:func:`~etstore.ingest.astra_et.for_astra_sim`, :func:`astra_group_plan`), one
+        line each. A trace ASTRA-sim runs as it is is written unchanged.
 
     Notes
     -----
     O(n) over the ops, plus the writer's cost.
     """
-    renamed, groups = astra_comm_groups(trace)
-    paths = list(write_et(renamed, prefix, gzip_output=gzip_output))
+    fixed, changes = for_astra_sim(trace)
+    plan = astra_group_plan(fixed)
+    paths = list(write_et(_renamed(fixed, plan.rename), prefix, gzip_output=gzip_output))
     has_coll = bool(pc.any(pc.equal(trace.ops["type"], "COMM_COLL_NODE")).as_py())
     if has_coll:
         path = comm_groups_path(prefix)
-        path.write_text(json.dumps(groups, indent=1) + "\n")
+        path.write_text(json.dumps(plan.groups, indent=1) + "\n")
         paths.append(path)
-    return paths
+    return ExportedFiles(paths, (*changes, *plan.notes))

@@ -2,13 +2,15 @@
 
 Decoding and encoding use the native codec (``etstore.ingest._etcodec`` through
 ``_native``) when it is built and fall back to the protobuf runtime otherwise; both
-produce identical columns and files that re-read to the identical trace.
+produce identical columns and files that re-read to the identical trace. This module
+reads; writing lives in :mod:`etstore.ingest._et_encode` (:func:`write_et`,
+:func:`encode_rank` are re-exported here). Files in the form ``export`` writes for an
+algorithm are read back as an algorithm (:mod:`etstore.ingest._et_kind`).
 """
 
 from __future__ import annotations
 
 import contextlib
-import gzip
 import logging
 import os
 from collections.abc import Callable, Iterator, Sequence
@@ -22,7 +24,9 @@ import pyarrow.compute as pc
 from google.protobuf.message import DecodeError
 
 from etstore.errors import TraceFormatError
-from etstore.ingest._frames import frame_limit_message, max_nodes, read_bytes, varint, write_varint
+from etstore.ingest._et_encode import _encode_py, encode_rank, write_et
+from etstore.ingest._et_kind import algorithm_params
+from etstore.ingest._frames import frame_limit_message, max_nodes, read_bytes, varint
 from etstore.ingest.files import RankFile, comm_groups_path, read_comm_groups, resolve_rank_files
 from etstore.model import (
     ATTR_COLUMNS,
@@ -31,13 +35,13 @@ from etstore.model import (
     OPS_SCHEMA,
     Trace,
     member_number,
-    node_type_code,
     node_type_name,
     promotable,
 )
-from etstore.proto import COLLECTIVE_COMM_TYPES, ONEOF_FIELDS, GlobalMetadata, Node
+from etstore.proto import COLLECTIVE_COMM_TYPES, GlobalMetadata, Node
 
 __all__ = ["decode_rank", "encode_rank", "read_et", "split_missing", "write_et"]
+_REEXPORTED = (_encode_py,)  # the reference encoder, which tests compare the native one with
 
 log = logging.getLogger(__name__)
 
@@ -527,125 +531,21 @@ def read_et(
     deps = pa.concat_tables(deps_parts) if deps_parts else DEPS_SCHEMA.empty_table()
     present, missing = split_missing(ops, deps)
     meta = pa.Table.from_pydict({"rank": meta_ranks, "metadata": meta_blobs}, schema=META_SCHEMA)
+    ops = ops.combine_chunks()
     params: dict[str, object] = {}
+    algorithm = algorithm_params(ops, meta_blobs)  # what export writes for an algorithm
+    if algorithm is not None:
+        params.update(algorithm)
     sidecar = comm_groups_path(files[0][1].parent / prefix) if files else None
     if sidecar is not None and sidecar.is_file():  # ASTRA-sim's groups, as export writes them
         params["comm_groups"] = read_comm_groups(sidecar)
     return Trace(
-        ops=ops.combine_chunks(),
+        ops=ops,
         deps=present.combine_chunks(),
         missing=missing.combine_chunks(),
         meta=meta,
         name=name or prefix,
-        kind="workload",
+        kind="workload" if algorithm is None else "algorithm",
         source=source,
         params=params,
     )
-
-
-# ---------------------------------------------------------------- encoding
-
-
-def _member_for(column: str, token_member: str | None) -> str:
-    return token_member or ATTR_COLUMNS[column][1]
-
-
-def _attr_value(column: str, value: Any) -> Any:
-    if column == "comm_type":
-        return COLLECTIVE_COMM_TYPES.index(value)
-    return value
-
-
-def _set_attr(node: Any, column: str, member: str, value: Any) -> None:
-    a = node.attr.add(name=column)
-    setattr(a, member, _attr_value(column, value))
-
-
-def _build_node(row: dict[str, Any], data_deps: list[int], ctrl_deps: list[int]) -> Any:
-    node = Node()
-    node.id = row["id"]
-    node.name = row["name"] or ""
-    node.type = node_type_code(row["type"])
-    node.ctrl_deps.extend(ctrl_deps)
-    node.data_deps.extend(data_deps)
-    node.start_time_micros = row["start_time_micros"] or 0
-    node.duration_micros = row["duration_micros"] or 0
-    extras = Node.FromString(row["attrs"]) if row["attrs"] else Node()
-    if extras.HasField("inputs"):
-        node.inputs.CopyFrom(extras.inputs)
-    if extras.HasField("outputs"):
-        node.outputs.CopyFrom(extras.outputs)
-    extra_iter = iter(extras.attr)
-    written: set[str] = set()
-    order = row["attr_order"]
-    if order:
-        for token in order.split(","):
-            if token == "*":
-                extra = next(extra_iter, None)
-                if extra is not None:
-                    node.attr.append(extra)
-                continue
-            column, number = token.split(":")
-            if row.get(column) is None or column in written:
-                continue
-            _set_attr(node, column, ONEOF_FIELDS[int(number)], row[column])
-            written.add(column)
-    for column in ATTR_COLUMNS:
-        if column not in written and row.get(column) is not None:
-            _set_attr(node, column, _member_for(column, None), row[column])
-    for extra in extra_iter:
-        node.attr.append(extra)
-    return node
-
-
-def _deps_by_node(deps: pa.Table) -> dict[tuple[int, str], list[int]]:
-    if deps.num_rows == 0:
-        return {}
-    ordered = deps.sort_by([("dst", "ascending"), ("kind", "ascending"), ("pos", "ascending")])
-    out: dict[tuple[int, str], list[int]] = {}
-    for src, dst, kind in zip(
-        ordered["src"].to_pylist(), ordered["dst"].to_pylist(), ordered["kind"].to_pylist(), strict=True
-    ):
-        out.setdefault((dst, kind), []).append(src)
-    return out
-
-
-def encode_rank(ops: pa.Table, deps: pa.Table, metadata: bytes | None) -> bytes:
-    """One rank's ``.et`` bytes (uncompressed) from its ops and all its deps (incl. missing)."""
-    if _native is not None:
-        return _native.encode_rank(ops, deps, metadata)
-    return _encode_py(ops, deps, metadata)
-
-
-def _encode_py(ops: pa.Table, deps: pa.Table, metadata: bytes | None) -> bytes:
-    """Reference encoder: one protobuf message per node."""
-    out = bytearray()
-    meta = metadata or b""
-    out += write_varint(len(meta)) + meta
-    by_node = _deps_by_node(deps)
-    for row in ops.to_pylist():
-        node = _build_node(row, by_node.get((row["id"], "data"), []), by_node.get((row["id"], "ctrl"), []))
-        blob = node.SerializeToString()
-        out += write_varint(len(blob)) + blob
-    return bytes(out)
-
-
-def write_et(trace: Trace, prefix: str | Path, *, gzip_output: bool = False) -> list[Path]:
-    """Write ``<prefix>.<rank>.et`` (or ``.et.gz``) per rank; returns the paths written.
-
-    Missing dependencies are written back where they were, so a re-read yields the
-    same trace.
-    """
-    prefix = Path(prefix)
-    prefix.parent.mkdir(parents=True, exist_ok=True)
-    all_deps = pa.concat_tables([trace.deps, trace.missing]) if trace.missing.num_rows else trace.deps
-    meta = dict(zip(trace.meta["rank"].to_pylist(), trace.meta["metadata"].to_pylist(), strict=True))
-    paths = []
-    for rank, (start, end) in trace.rank_slices().items():
-        ops = trace.ops.slice(start, end - start)
-        deps = all_deps.filter(pc.equal(all_deps["rank"], rank))
-        blob = encode_rank(ops, deps, meta.get(rank))
-        path = prefix.parent / f"{prefix.name}.{rank}.et{'.gz' if gzip_output else ''}"
-        path.write_bytes(gzip.compress(blob, mtime=0) if gzip_output else blob)
-        paths.append(path)
-    return paths

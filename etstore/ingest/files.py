@@ -12,6 +12,7 @@ import codecs
 import glob
 import gzip
 import json
+import logging
 import re
 import zlib
 from collections.abc import Mapping, Sequence
@@ -21,6 +22,8 @@ from typing import Any
 
 from etstore.errors import ConfigError, TraceFormatError
 from etstore.ingest._frames import check_json_depth, load_json
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "CHAKRA_ET",
@@ -38,6 +41,7 @@ __all__ = [
     "resolve_rank_files",
     "sniff_format",
     "stated_rank",
+    "stoi",
     "torch_rank_files",
 ]
 
@@ -74,13 +78,45 @@ def comm_groups_path(prefix: str | Path) -> Path:
     return prefix.with_name(f"{prefix.name}{COMM_GROUPS_SUFFIX}")
 
 
+_INT32 = (-(1 << 31), (1 << 31) - 1)
+_STOI = re.compile(r"[ \t\n\v\f\r]*([+-]?[0-9]+)")
+
+
+def stoi(text: str) -> int | None:
+    """``text`` read as C++'s ``std::stoi`` reads it (ASTRA-sim's reading of group ids), or None
+    where ``stoi`` throws.
+
+    Leading whitespace is skipped, a sign and at least one digit are read and the rest is
+    ignored (``"0.0"`` → 0, ``" 12abc"`` → 12); no digits (``"dp0"``, ``""``) or a value
+    outside a 32-bit ``int`` is what ``stoi`` rejects.
+
+    Examples
+    --------
+    >>> stoi("0.0"), stoi("+7"), stoi("dp0"), stoi("99999999999")
+    (0, 7, None, None)
+    """
+    m = _STOI.match(text)
+    if m is None:
+        return None
+    value = int(m[1])
+    return value if _INT32[0] <= value <= _INT32[1] else None
+
+
 def read_comm_groups(path: str | Path) -> dict[str, list[int]]:
     """Read ASTRA-sim's communicator-group JSON (``{"1": [0, 1, 2, 3], ...}``).
+
+    Keys are read as ASTRA-sim reads them, with ``std::stoi`` (:func:`stoi`): ``"0.0"`` is
+    group 0 and ``"01"`` group 1. The result is keyed by the group number in decimal
+    (``"0"``, ``"1"``); a key spelled otherwise is logged as one warning line naming how it
+    was read. Members keep the order the file lists them in: ASTRA-sim builds a group's ring
+    in that order (``CommunicatorGroup``, ``RingTopology``).
 
     Raises
     ------
     ConfigError
-        The file is missing, not JSON, or a group is not a list of ranks.
+        The file is missing, not JSON, a key ``stoi`` rejects (no leading number, or one
+        outside a 32-bit int), two keys naming one group, or a group that is not a list
+        of ranks; one line naming the file.
     """
     path = Path(path)
     try:
@@ -94,12 +130,31 @@ def read_comm_groups(path: str | Path) -> dict[str, list[int]]:
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected an object mapping group names to rank lists")
     out: dict[str, list[int]] = {}
+    spelled: dict[str, str] = {}
     for name, ranks in data.items():
+        number = stoi(name)
+        if number is None:
+            raise ConfigError(
+                f"{path}: communicator group key {name!r} is not a group number; ASTRA-sim reads keys "
+                'with stoi, which rejects it (expected an integer such as "1")'
+            )
+        key = str(number)
+        if key in spelled:
+            raise ConfigError(
+                f"{path}: keys {spelled[key]!r} and {name!r} both name communicator group {key} "
+                "(ASTRA-sim reads keys with stoi)"
+            )
         if not isinstance(ranks, list) or not all(
             isinstance(r, int) and not isinstance(r, bool) for r in ranks
         ):
             raise ConfigError(f"{path}: group {name!r} must be a list of integer ranks")
-        out[str(name)] = list(ranks)
+        spelled[key] = name
+        out[key] = list(ranks)
+    renamed = [f"{name!r} -> {key}" for key, name in spelled.items() if name != key]
+    if renamed:
+        log.warning(
+            "%s: communicator group keys read as ASTRA-sim reads them (stoi): %s", path, ", ".join(renamed)
+        )
     return out
 
 

@@ -348,13 +348,19 @@ def _same_value(key: str, raw: str, value: object) -> bool:
     return raw == str(value)
 
 
-def _header_attrs(typed: list[tuple[str, object]], raw: object) -> list[tuple[str, str]]:
+def _header_attrs(
+    typed: list[tuple[str, object]], raw: object, asked: frozenset[str] = frozenset()
+) -> list[tuple[str, str]]:
     """The ``<algo>`` attributes: each as the input document spelled it (``params["xml_header"]``,
-    ``[name, value]`` pairs in its order, or a dict) while it still says what the trace says,
-    then the required ones it lacked."""
+    ``[name, value]`` pairs in its order, or a dict) while it still says what the trace says;
+    an input's header gets no attribute it lacked but those ``asked`` for (``proto=``), a trace
+    without one (generated, synthesized) every attribute the runtimes require."""
     written = dict(typed)
     out: list[tuple[str, str]] = []
     pairs = raw.items() if isinstance(raw, dict) else raw if isinstance(raw, list) else []
+    if pairs:  # a header read from a file: what it had, and nothing it lacked unless asked for
+        had = {str(p[0]) for p in pairs if isinstance(p, list | tuple) and len(p) == 2}
+        written = {k: v for k, v in written.items() if k in asked or k in had}
     for pair in pairs:
         if isinstance(pair, list | tuple) and len(pair) == 2:
             key, text = str(pair[0]), str(pair[1])
@@ -459,6 +465,7 @@ def to_msccl_xml(
     coll = str(params.get("collective", params.get("coll", "")))
     if not coll:
         raise _fail(trace, "params lack 'collective'")
+    asked_proto = proto is not None
     proto = proto or str(params.get("proto") or "Simple")
     if proto not in _PROTOS:
         raise _fail(trace, f"proto {proto!r} is not one of {', '.join(_PROTOS)}")
@@ -485,7 +492,7 @@ def to_msccl_xml(
     for k, v in dict(params.get("xml_attrs") or {}).items():
         if re.fullmatch(r"[A-Za-z_][\w]*", k) and k not in dict(typed):
             typed.append((k, _NAME_OK.sub("_", str(v))))
-    attrs = _header_attrs(typed, params.get("xml_header"))
+    attrs = _header_attrs(typed, params.get("xml_header"), frozenset({"proto"} if asked_proto else ()))
     # buffer sizes: what the trace declares, at least what the steps touch
     declared = params.get("gpu_chunks") or {}
     size = {(r, b): 0 for r in range(ngpus) for b in range(3)}

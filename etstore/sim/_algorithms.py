@@ -30,6 +30,7 @@ from etstore.collective import COLLECTIVE_NAMES
 from etstore.collectives.check import CheckReport, check_algorithm
 from etstore.collectives.generators import GENERATORS, generate
 from etstore.errors import ConfigError, EtstoreError
+from etstore.ingest.comm_groups import DEFAULT_GROUP_NAMES, find_group
 from etstore.ir import run_verdict
 from etstore.model import Trace
 from etstore.sim import _templates as tpl
@@ -107,15 +108,30 @@ class Algorithms:
         """How results name an algorithm: its name, or ``trace:<name>``."""
         return spec if isinstance(spec, str) else f"trace:{spec.name}"
 
+    def _whole(self, group: tuple[int, ...]) -> bool:
+        """Whether ``group`` is every NPU of the system (in any order)."""
+        n = len(group)
+        return n == self.num_npus and sorted(group) == list(range(n))
+
+    def placement(self, coll: str, group: tuple[int, ...]) -> tuple[int, ...]:
+        """The ranks a template's positions 0, 1, ... stand for: the group's members in their
+        order, except that a native collective of every NPU runs on the network in NPU order."""
+        spec = self.spec_for(coll)
+        if isinstance(spec, str) and spec == "native" and self._whole(group):
+            return tuple(range(len(group)))
+        return group
+
     def template(self, coll: str, size: int, group: tuple[int, ...]) -> tuple[tpl.Template | None, str]:
         """The template for one instance, or None to replay the node's own duration."""
         spec = self.spec_for(coll)
         label = self.label(spec)
         self.labels[str(coll)] = label
         n = len(group)
-        # a native collective of every NPU in order runs on the network's dimensions; any
-        # other group runs one ring of its members, the same template whoever they are
-        whole = n == self.num_npus and group == tuple(range(n))
+        # a native collective of every NPU runs on the network's dimensions (in NPU order,
+        # however a comm-group file lists them: ASTRA-sim's CommunicatorGroup compares sizes
+        # only); any other group runs one ring of its members in their order, the same
+        # template whoever they are
+        whole = self._whole(group)
         key = (
             coll,
             label,
@@ -164,6 +180,7 @@ class Algorithms:
                 reduction_mem_accesses=cfg.reduction_mem_accesses,
                 copy_mem_accesses=cfg.copy_mem_accesses,
                 integer_ns=cfg.integer_ns,
+                min_comp_ns=cfg.min_comp_ns,
                 label=label,
             )
         self.cache[key] = t
@@ -221,21 +238,25 @@ def _comm_groups(
     all_ranks: np.ndarray,
     groups: Mapping[str, Sequence[int]] | None,
 ) -> dict[str, tuple[int, ...]]:
-    """Member ranks of every communicator group used by a collective.
+    """Member ranks of every communicator group used by a collective, in the order given.
 
-    ``""`` and ``"0"`` are every rank (ASTRA-sim's default group). Other names come
-    from ``groups`` when given — a name it lacks is an error, as in ASTRA-sim —
-    else from the trace's own ``params["comm_groups"]``, else they are the ranks
-    whose collectives carry the name.
+    An absent ``pg_name`` (null or ``""``) is every rank. A name is looked up in ``groups``
+    when given — a name it lacks is an error, as in ASTRA-sim — else in the trace's own
+    ``params["comm_groups"]``, first as written, then as ASTRA-sim reads it (``stoi``:
+    ``"0.0"`` finds group ``"0"``); members keep their order (a native ring runs in it,
+    and an algorithm's rank i is member i). ``"0"`` that no group defines is every rank
+    (ASTRA-sim's default group); any other unknown name is the ranks whose collectives
+    carry it.
     """
     out: dict[str, tuple[int, ...]] = {}
     explicit = groups is not None
     source = groups if explicit else _trace_groups(trace)
-    given = {str(k): tuple(sorted(int(r) for r in v)) for k, v in (source or {}).items()}
+    given = {str(k): tuple(int(r) for r in v) for k, v in (source or {}).items()}
     world = (trace.params or {}).get("world_size")
     for name in np.unique(pg[is_coll]):
         name = str(name)
-        if name in ("", "0"):
+        key = find_group(name, given) if name else None
+        if key is None and name in DEFAULT_GROUP_NAMES:
             if isinstance(world, int) and world > len(all_ranks):  # a recording of some ranks only
                 lacking = sorted(set(range(world)) - {int(r) for r in all_ranks})
                 raise not_stuck(
@@ -244,8 +265,8 @@ def _comm_groups(
                     "recorded"
                 )
             out[name] = tuple(int(r) for r in all_ranks)
-        elif name in given:
-            out[name] = given[name]
+        elif key is not None:
+            out[name] = given[key]
         elif explicit:
             i = int(np.flatnonzero(is_coll & (pg == name))[0])
             raise ConfigError(

@@ -271,6 +271,7 @@ def _algorithm_steps(
             reduction_mem_accesses=config.reduction_mem_accesses,
             copy_mem_accesses=config.copy_mem_accesses,
             integer_ns=config.integer_ns,
+            min_ns=config.min_comp_ns,
         )
     return is_step, cost
 
@@ -387,7 +388,7 @@ def _expand_collectives(
                 kind[row] = K_DELAY
                 dur[row] = np.floor(ops.durm[row] * unit) if config.integer_ns else ops.durm[row] * unit
             continue
-        grp = np.asarray(inst.group, dtype=np.int64)
+        grp = np.asarray(algos.placement(inst.type, tuple(inst.group)), dtype=np.int64)
         if deferred is not None and t.starts[-1] > 0:
             rows, joins, sinks = _defer_node(plan, deferred, t, grp, inst.rows, rank)
             join_of[rows] = joins

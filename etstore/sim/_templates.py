@@ -154,15 +154,18 @@ def step_cost_ns(
     reduction_mem_accesses: int,
     copy_mem_accesses: int,
     integer_ns: bool,
+    min_ns: float = 1.0,
 ) -> np.ndarray:
-    """What a collective's local step of ``b`` bytes costs (ns), on every path.
+    """What an algorithm's local step (a zero-duration ``COMP_NODE``) of ``b`` bytes costs (ns).
 
     A reduction is ``reduction_mem_accesses`` passes of ``b / local_mem_bw`` (ASTRA-sim's
     packet processing: one write and two reads), a copy ``copy_mem_accesses`` passes;
     each pass is truncated to whole ns with ``integer_ns``, as ASTRA-sim truncates
-    each. The native ring (:func:`native_template`), an algorithm run by a collective
-    node (:func:`trace_template`) and the same algorithm after ``expand`` all charge
-    this (docs/simulator.md, "Cost model").
+    each; never less than ``min_ns`` (the config's ``min_comp_ns``: ASTRA-sim runs a
+    zero-duration ``COMP_NODE`` for 1 ns, so with no passes a step costs what its
+    custom-collective path charges). An algorithm run by a collective node
+    (:func:`trace_template`) and the same algorithm after ``expand`` both charge this; the
+    native ring charges the same passes (docs/simulator.md, "Cost model").
 
     Notes
     -----
@@ -171,7 +174,7 @@ def step_cost_ns(
     one = np.asarray(size_bytes, dtype=np.float64) / local_mem_bw_gb_per_s
     if integer_ns:
         one = np.floor(one)
-    out: np.ndarray = one * np.where(is_copy, copy_mem_accesses, reduction_mem_accesses)
+    out: np.ndarray = np.maximum(one * np.where(is_copy, copy_mem_accesses, reduction_mem_accesses), min_ns)
     return out
 
 
@@ -221,6 +224,7 @@ def trace_template(
     reduction_mem_accesses: int,
     copy_mem_accesses: int,
     integer_ns: bool,
+    min_comp_ns: float = 1.0,
     label: str | None = None,
 ) -> Template:
     """An algorithm trace (``docs/algorithms.md``) as a template for a collective of ``size_bytes``.
@@ -300,6 +304,7 @@ def trace_template(
         reduction_mem_accesses=reduction_mem_accesses,
         copy_mem_accesses=copy_mem_accesses,
         integer_ns=integer_ns,
+        min_ns=min_comp_ns,
     )
     dur = np.where(is_comp, np.where(durm > 0, durm * duration_unit_ns, mem), 0.0)
     if integer_ns:

@@ -61,3 +61,19 @@ def test_replay_with_a_straggler(capsys: pytest.CaptureFixture[str], tmp_path: P
     assert all(s["simulated_us"] > b["simulated_us"] for s, b in zip(slow, base, strict=True))
     assert main([*store, "replay", str(GLOO), "--scale", "tpu=2"]) == 1
     assert "unknown op class 'tpu'" in capsys.readouterr().err
+
+
+def test_sim_with_a_straggler_records_it(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    store = ["--store", str(tmp_path / "s")]
+    assert main([*store, "ingest", str(GLOO), "--name", "g"]) == 0
+    capsys.readouterr()
+    args = [*store, "sim", "g", "--topo", "switch:2", "--table", "summary", "--format", "json"]
+    (base,) = _json(capsys, args)
+    (slow,) = _json(capsys, [*args, "--slow", "0-1=2"])
+    assert slow["total_ns"] > base["total_ns"]
+    from etstore.store import open_store
+
+    with open_store(tmp_path / "s") as s:
+        rows = s.warehouse.query("SELECT run_id, params FROM runs ORDER BY run_id").to_arrow().to_pylist()
+    assert "perturbation" not in json.loads(rows[0]["params"])["user"]
+    assert json.loads(rows[1]["params"])["user"]["perturbation"]["slow"] == {"0": 2.0, "1": 2.0}

@@ -276,3 +276,92 @@ def test_sim_reads_a_bare_prefix_in_the_working_directory(
     assert run(capsys, tmp_path / "s", "ingest", "chakra_trace", "--name", "chakra")[0] == 0
     code, out, err = run(capsys, tmp_path / "s", "sim", "chakra", *net, "--no-record", "--format", "json")
     assert code == 0 and json.loads(out)[0]["total_ns"] == 117780, err
+
+
+# ---------------------------------------------------------------- ASTRA-sim's custom collectives
+
+
+def _custom_system(tmp_path: Path) -> Path:
+    """ASTRA-sim's custom_collective.json settings (FIFO, one split, local-mem-bw 50), without the
+    custom-collective key itself (the algorithm is given with --algo instead)."""
+    path = tmp_path / "custom_system.json"
+    path.write_text('{"scheduling-policy": "FIFO", "preferred-dataset-splits": 1, "local-mem-bw": 50}')
+    return path
+
+
+def test_exported_custom_collective_ingests_as_an_algorithm(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, rt_template: Path, rt_inputs: Path
+) -> None:
+    # what `export --coll-size` writes for ASTRA-sim's custom collectives comes back as an algorithm
+    s = tmp_path / "s"
+    assert run(capsys, s, "ingest", str(rt_template))[0] == 0
+    assert (
+        run(capsys, s, "algo", "gen", "ring", "--coll", "allreduce", "--ranks", "8", "--chunks", "2")[0] == 0
+    )
+    out_dir = tmp_path / "custom"
+    code, _, _ = run(
+        capsys, s, "export", "ring-allreduce-8r-2c", "--coll-size", "1MiB", "--out", f"{out_dir}/ring"
+    )
+    assert code == 0
+    code, out, err = run(capsys, s, "ingest", str(out_dir), "--name", "exported-ring", "--format", "json")
+    assert code == 0, err
+    assert json.loads(out)[0]["kind"] == "algorithm"
+    net = [
+        "--network-config",
+        str(rt_inputs / "network_cfg.yml"),
+        "--system-config",
+        str(_custom_system(tmp_path)),
+    ]
+    code, out, err = run(
+        capsys, s, "sim", "chakra_trace", "--algo", "exported-ring", *net, "--format", "json"
+    )
+    assert code == 0, err
+    code, ref, _ = run(
+        capsys, s, "sim", "chakra_trace", "--algo", "ring-allreduce-8r-2c", *net, "--format", "json"
+    )
+    assert (
+        json.loads(out)[0]["total_ns"] == json.loads(ref)[0]["total_ns"] == 51_590.0
+    )  # 3 passes per reduction
+
+
+def test_memory_passes_are_options_and_zero_is_astra_sim_s_custom_path(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, rt_template: Path, rt_inputs: Path
+) -> None:
+    # ASTRA-sim analytical 518bd51 ran rt_template's 1 MiB all-reduce with this algorithm as its
+    # custom collective (the files of `export ring-allreduce-8r-2c --coll-size 1MiB`, system as
+    # _custom_system plus all-reduce-implementation-custom) in 24,087 ns: each reduction 1 ns
+    s = tmp_path / "s"
+    assert run(capsys, s, "ingest", str(rt_template))[0] == 0
+    assert (
+        run(capsys, s, "algo", "gen", "ring", "--coll", "allreduce", "--ranks", "8", "--chunks", "2")[0] == 0
+    )
+    net = [
+        "--network-config",
+        str(rt_inputs / "network_cfg.yml"),
+        "--system-config",
+        str(_custom_system(tmp_path)),
+    ]
+    free = ["--reduction-mem-accesses", "0", "--copy-mem-accesses", "0"]
+    code, out, err = run(
+        capsys, s, "sim", "chakra_trace", "--algo", "ring-allreduce-8r-2c", *net, *free, "--format", "json"
+    )
+    assert code == 0, err
+    assert json.loads(out)[0]["total_ns"] == 24_087.0
+    code, out, err = run(
+        capsys,
+        s,
+        "sim",
+        "chakra_trace",
+        "--algo",
+        "ring",
+        "--chunks",
+        "2",
+        *net,
+        "--reduction-mem-accesses",
+        "1",
+    )
+    assert code == 0, err
+    with pytest.raises(SystemExit) as exited:  # argparse's usage error: exit 2, one line on stderr
+        run(capsys, s, "sim", "chakra_trace", *net, "--reduction-mem-accesses", "-1")
+    err = capsys.readouterr().err
+    assert exited.value.code == 2 and "expected a whole number of memory passes (0 or more), got '-1'" in err

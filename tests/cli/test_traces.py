@@ -160,3 +160,28 @@ def test_exported_comm_groups_come_back_on_ingest(capsys: pytest.CaptureFixture[
     (tmp_path / "gen" / "transformer.comm_groups.json").write_text('{"1": [0, "x"]}')
     code, _, err = run(capsys, tmp_path / "s", "ingest", str(tmp_path / "gen"))
     assert code == 1 and "comm_groups.json: group '1' must be a list of integer ranks" in err
+
+
+def test_export_says_what_it_changed_for_astra_sim(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    s = tmp_path / "s"
+    ddp = Path(__file__).resolve().parents[1] / "data" / "torch_ddp_2r"
+    assert run(capsys, s, "ingest", str(ddp), "--name", "ddp")[0] == 0
+    code, out, _ = run(capsys, s, "export", "ddp", "--out", str(tmp_path / "x" / "ddp"))
+    assert code == 0
+    assert out.splitlines()[1:] == [
+        "changed for ASTRA-sim: dropped 6 METADATA_NODEs (ASTRA-sim aborts on them)",
+        "changed for ASTRA-sim: 8 communication nodes recorded on a CPU thread written with is_cpu_op false "
+        "(ASTRA-sim runs communication on the NPU's communication slot only)",
+    ]
+    code, out, _ = run(capsys, s, "export", "ddp", "--verbatim", "--out", str(tmp_path / "y" / "ddp"))
+    assert code == 0 and "changed" not in out
+    assert (
+        read_trace(tmp_path / "y" / "ddp").num_ops == 670
+        and read_trace(tmp_path / "x" / "ddp").num_ops == 664
+    )
+    code, _, err = run(
+        capsys, s, "export", "ddp", "--verbatim", "--format", "json", "--out", str(tmp_path / "z")
+    )
+    assert code == 1 and "verbatim applies only to the et format" in err

@@ -12,6 +12,7 @@ from pathlib import Path
 import pyarrow.compute as pc
 import pytest
 
+from etstore.collectives import generate
 from etstore.errors import TraceFormatError
 from etstore.ingest import read_trace
 from etstore.ingest.et import read_et
@@ -623,3 +624,17 @@ def test_any_collective_name_is_read_with_a_warning(caplog: pytest.LogCaptureFix
     assert parse_msccl_xml(doc("").replace('coll="allreduce"', 'coll="all_gather"')).params["collective"] == (
         "allgather"
     )
+
+
+def test_export_writes_only_the_header_attributes_the_input_had(custom_allreduce_xml: Path) -> None:
+    # ASTRA-sim's custom_allreduce.xml has no outofplace, minBytes or maxBytes: none are added
+    head = custom_allreduce_xml.read_text().splitlines()[0]
+    t = read_msccl_xml(custom_allreduce_xml)
+    assert [k for k, _ in t.params["xml_header"]] == [
+        "name", "proto", "nchannels", "nchunksperloop", "ngpus", "coll", "inplace"
+    ]  # fmt: skip
+    assert to_msccl_xml(t).splitlines()[0] == head
+    assert to_msccl_xml(t, proto="LL").splitlines()[0] == head.replace('proto="LL128"', 'proto="LL"')
+    # a trace with no input header (generated) gets every attribute the runtimes require
+    generated = to_msccl_xml(generate("ring", coll="allreduce", ranks=4)).splitlines()[0]
+    assert ' outofplace="0" minBytes="0" maxBytes="0"' in generated
