@@ -189,6 +189,10 @@ def declared_groups(nodes: EtNodes) -> Groups:
             config = _json_text(values[0]) if values and isinstance(values[0], str) else []
         except ValueError:
             continue
+        except RecursionError:
+            raise TraceFormatError(
+                f"node {int(nodes.ids[row])} ({PG_INIT}): its process-group list nests too deeply"
+            ) from None
         for pg in config if isinstance(config, list) else []:
             if not isinstance(pg, dict) or pg.get("pg_name") is None:
                 continue

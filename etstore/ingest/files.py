@@ -123,6 +123,8 @@ def read_comm_groups(path: str | Path) -> dict[str, list[int]]:
         data = json.loads(path.read_text())
     except FileNotFoundError as exc:
         raise ConfigError(f"{path}: no such communicator group file") from exc
+    except RecursionError:
+        raise ConfigError(f"{path}: JSON nested too deeply to be a communicator group file") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{path}: cannot read the communicator group file ({exc})") from exc
     except json.JSONDecodeError as exc:

@@ -446,7 +446,10 @@ def _read(spec: Spec, *, name: str | None, kineto: Spec | None) -> Trace:
             raise TraceFormatError(f"{path}: not a PyTorch execution trace (expected a 'nodes' list)")
         doc, device = split_device_nodes(doc)  # an ET+ (Chakra's trace linker) carries its Kineto times
         nodes = parse_nodes(doc, path)
-        groups = declared_groups(nodes)
+        try:
+            groups = declared_groups(nodes)
+        except TraceFormatError as exc:
+            raise TraceFormatError(f"{path}: {exc}") from None
         comm = classify(nodes, groups)
         parsed[path] = (nodes, groups, comm, None if device is None else (doc["nodes"], device))
         ets.append((given, path, comm.rank))

@@ -412,6 +412,8 @@ def read_system_config(path: str | Path, **overrides: Any) -> SimConfig:
         raise ConfigError(f"{path}: no such system config file") from exc
     except json.JSONDecodeError as exc:
         raise ConfigError(f"{path}: line {exc.lineno}: not valid JSON ({exc.msg})") from exc
+    except RecursionError:
+        raise ConfigError(f"{path}: JSON nested too deeply to be a system config") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a JSON object of system parameters")
     try:
