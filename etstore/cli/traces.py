@@ -11,6 +11,7 @@ from etstore.errors import OptionError
 from etstore.ingest.comm_groups import write_astra_et
 from etstore.ingest.export import EXPORT_FORMATS, export_trace
 from etstore.query.summary import summarize
+from etstore.report.recorded_timeline import recorded_timeline
 from etstore.store.embedded import EmbeddedStore
 from etstore.workloads import transformer
 
@@ -89,6 +90,7 @@ def _export(args: argparse.Namespace, console: Console) -> int:
         gzip=args.gzip,
         proto=args.proto,
         verbatim=args.verbatim,
+        timeline=recorded_timeline,  # the layout of `etstore timeline`
     )
     # one line however many ranks: the count, and the first and last file written
     if len(paths) == 1:

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 import pyarrow.compute as pc
 
@@ -51,6 +53,7 @@ def export_trace(
     gzip: bool = False,
     proto: str | None = None,
     verbatim: bool = False,
+    timeline: Callable[[Trace], Mapping[str, Any]] | None = None,
 ) -> ExportedFiles:
     """Write ``trace`` under the prefix ``out``; returns the files written and what was changed.
 
@@ -75,6 +78,10 @@ def export_trace(
         ``et`` of a non-algorithm trace: write it exactly as stored (``ingest → export``
         byte for byte; the group file from ``params["comm_groups"]`` as stored), without
         the changes ASTRA-sim needs.
+    timeline
+        ``chrome-trace``: the trace-event document of a trace (the command passes the
+        report's recorded timeline: ranks as processes, threads and streams as tracks, from
+        the trace's start); default :func:`~etstore.ingest.chrome_trace.trace_timeline`.
 
     Returns
     -------
@@ -111,7 +118,7 @@ def export_trace(
         raise OptionError("export: verbatim applies only to the et format of non-algorithm traces")
     out = _inside_directory(out, trace.name)
     if format == "chrome-trace":  # a trace without start_time_micros raises OptionError there
-        return ExportedFiles([write_chrome_trace(trace, out)])
+        return ExportedFiles([write_chrome_trace(timeline(trace) if timeline else trace, out)])
     if format == "json":
         return ExportedFiles(write_chakra_json(trace, out))
     if format == "msccl-xml":

@@ -185,3 +185,22 @@ def test_export_says_what_it_changed_for_astra_sim(
         capsys, s, "export", "ddp", "--verbatim", "--format", "json", "--out", str(tmp_path / "z")
     )
     assert code == 1 and "verbatim applies only to the et format" in err
+
+
+def test_export_chrome_trace_writes_the_timeline_layout(tmp_path: Path) -> None:
+    """`export --format chrome-trace` of a recording: rebased to its start, ranks as processes,
+    as `etstore timeline` writes it (not the stored times by op type)."""
+    import json
+
+    store = ["--store", str(tmp_path / "s")]
+    gloo = Path(__file__).resolve().parents[1] / "data" / "torch_ddp_cuda_gloo_2r"
+    assert main([*store, "ingest", str(gloo), "--name", "g"]) == 0
+    out = tmp_path / "g.json"
+    assert main([*store, "export", "g", "--format", "chrome-trace", "--out", str(tmp_path / "g")]) == 0
+    doc = json.loads(out.read_text())
+    slices = [e for e in doc["traceEvents"] if e.get("ph") == "X"]
+    assert min(e["ts"] for e in slices) == 0
+    names = {
+        e["args"]["name"] for e in doc["traceEvents"] if e.get("ph") == "M" and e["name"] == "thread_name"
+    }
+    assert any(n.startswith("stream ") for n in names) and any(n.startswith("thread ") for n in names)
