@@ -101,6 +101,21 @@ _SIM_TABLES = {
 }
 
 
+def _placement(trace: Any, topo: Any) -> str | None:
+    """Where the ranks ran, when the topology has NPUs the trace leaves empty (rank r is NPU r)."""
+    ranks = sorted(trace.ranks)
+    if not ranks or topo is None or topo.num_npus <= len(ranks):
+        return None
+    lo, hi = ranks[0], ranks[-1]
+    where = (
+        f"ranks {lo}..{hi} on NPUs {lo}..{hi}" if hi - lo + 1 == len(ranks) else f"rank r on NPU r ({ranks})"
+    )
+    return (
+        f"placement: {len(ranks)} ranks on a topology of {topo.num_npus} NPUs: {where}; "
+        f"the other {topo.num_npus - len(ranks)} NPUs run nothing"
+    )
+
+
 def _sim(args: argparse.Namespace, console: Console) -> int:
     topo, dims = _network(args)
     config = _config(args)
@@ -137,6 +152,9 @@ def _sim(args: argparse.Namespace, console: Console) -> int:
     warning = result.overload_warning()
     if warning:  # on stderr, so json and csv output stay parseable
         warn(warning)
+    placed = _placement(trace, topo)
+    if placed:
+        warn(placed)
     tables = {"summary": one_row(summary), "ranks": result.ranks, "collectives": _collectives(result, args)}
     only = chosen_table(args)
     if only is not None:

@@ -365,3 +365,18 @@ def test_memory_passes_are_options_and_zero_is_astra_sim_s_custom_path(
         run(capsys, s, "sim", "chakra_trace", *net, "--reduction-mem-accesses", "-1")
     err = capsys.readouterr().err
     assert exited.value.code == 2 and "expected a whole number of memory passes (0 or more), got '-1'" in err
+
+
+def test_a_trace_on_a_larger_topology_says_where_its_ranks_ran(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    gloo = Path(__file__).resolve().parents[1] / "data" / "torch_ddp_cuda_gloo_2r"
+    args = ["--store", str(tmp_path / "s"), "sim", str(gloo), "--no-record", "--format", "json"]
+    assert main([*args, "--topo", "ring:8"]) == 0
+    err = capsys.readouterr().err
+    assert (
+        "placement: 2 ranks on a topology of 8 NPUs: ranks 0..1 on NPUs 0..1; the other 6 NPUs run nothing"
+        in err
+    )
+    assert main([*args, "--topo", "ring:2"]) == 0
+    assert "placement" not in capsys.readouterr().err
