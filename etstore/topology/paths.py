@@ -225,7 +225,7 @@ def next_link(t: LinkArrays) -> np.ndarray:
 
 def _next_link(t: LinkArrays) -> np.ndarray:
     """Uncached :func:`next_link`."""
-    if t.is_regular():
+    if t.is_regular() and t.num_links:
         table = _product_next_link(t)
         if table is not None:
             return table

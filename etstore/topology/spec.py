@@ -104,7 +104,7 @@ def parse_spec(spec: str, default_bw: Values, default_lat: Values) -> ParsedSpec
     lats = per_axis(opts.lat if opts.lat is not None else default_lat, len(axes), "lat", where)
     dims = [Dim(k, s, b, la) for (k, s), b, la in zip(axes, bws, lats, strict=True)]
     for d in dims:
-        if d.size < 2:
+        if d.size < 2 and len(dims) > 1:  # one NPU alone is a topology (no link); an axis of one is not
             raise TopologyError(
                 f"{where}: topology {dim_spec(d)}: an axis needs at least 2 NPUs, got {d.size}"
             )

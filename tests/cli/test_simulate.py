@@ -380,3 +380,28 @@ def test_a_trace_on_a_larger_topology_says_where_its_ranks_ran(
     )
     assert main([*args, "--topo", "ring:2"]) == 0
     assert "placement" not in capsys.readouterr().err
+
+
+def test_a_one_npu_spec_runs_as_the_one_npu_yaml_does(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """`--topo ring:1` (one NPU, no link) was refused while a 1-NPU ASTRA-sim YAML ran."""
+    one = Path(__file__).resolve().parents[1] / "data" / "torch_ddp_cuda_1r"
+    yml = tmp_path / "one.yml"
+    yml.write_text("topology: [ Ring ]\nnpus_count: [ 1 ]\nbandwidth: [ 50.0 ]\nlatency: [ 500.0 ]\n")
+    base = [
+        "--store",
+        str(tmp_path / "s"),
+        "sim",
+        str(one),
+        "--no-record",
+        "--table",
+        "summary",
+        "--format",
+        "json",
+    ]
+    totals = []
+    for net in (["--topo", "ring:1"], ["--topo", "switch:1"], ["--network-config", str(yml)]):
+        assert main([*base, *net]) == 0
+        totals.append(json.loads(capsys.readouterr().out)[0]["total_ns"])
+    assert totals[0] == totals[1] == totals[2] > 0

@@ -284,7 +284,7 @@ def test_transpose() -> None:
         ("ring:4,bw=fast", "bw='fast' is not a number"),
         ("mesh2d:4x4,bw=1/2/3", "bw has 3 values but the topology has 2 axes"),
         ("hypercube:12", "power-of-two NPU count, got 12"),
-        ("ring:1", "an axis needs at least 2 NPUs, got 1"),
+        ("mesh2d:1x4", "an axis needs at least 2 NPUs, got 1"),
         ("ring:4,bw=0", "needs bandwidth > 0"),
         ("ring:4,fail=x", "cannot read failure 'x'"),
         ("ring:4,fail=9", "failed NPU 9 is not in 0..3"),
