@@ -245,8 +245,9 @@ def link_heatmap_figure(
     are grouped (see the module) into at most ``max_cells`` per side and a cell is the
     hottest link from one group to the other (hover: how many links, their mean, their
     MiB). Congestion-unaware runs show the load offered, which may exceed 100%. Cells
-    without a link are blank. One colour scale spans all panels, from 0 to the largest
-    value drawn (``coloraxis.cmin``, ``cmax``, in %).
+    without a link are blank. One colour scale spans all panels, from 0 to 100% (a busy
+    link), or to the largest value drawn where offered load exceeds it (``coloraxis.cmin``,
+    ``cmax``, in %).
 
     Returns
     -------
@@ -327,7 +328,7 @@ def link_heatmap_figure(
         coloraxis={
             "colorscale": "YlOrRd",
             "cmin": 0.0,
-            "cmax": top if top > 0 else 1.0,
+            "cmax": max(100.0, top),  # a full link is 100%: 0.3% stays pale; offered overload goes past
             "colorbar": {"title": {"text": f"utilization<br>(max {top:,.3g}%)"}, "ticksuffix": "%"},
         },
         height=520 if len(runs) == 1 else 480,
