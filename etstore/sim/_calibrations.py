@@ -69,8 +69,9 @@ class FitParameter:
     value: float
     status: str
     """``fitted``, ``not separable`` (the data cannot tell it from other parameters: moved as
-    little as the fit allows), ``no effect`` (changes no simulated time: kept) or ``fixed``
-    (given by the spec or the caller)."""
+    little as the fit allows), ``not binding`` (another axis hides it where the fit ends: any
+    value at least this fast fits as well), ``no effect`` (changes no simulated time, even at
+    1,000 times its cost: kept) or ``fixed`` (given by the spec or the caller)."""
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-able form (``calibrations.params``)."""
