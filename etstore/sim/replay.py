@@ -46,7 +46,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from etstore.errors import OptionError
-from etstore.model import Trace, deps_table
+from etstore.model import Trace, deps_table, op_rows
 from etstore.sim._lsq import nonneg_lstsq
 from etstore.sim.config import SimConfig
 from etstore.sim.engine import RECORDED, simulate
@@ -379,7 +379,9 @@ def _steps(trace: Trace, played: Trace, res: SimResult, entries: Mapping[int, _E
     sim = res.ops
     s_rank = sim["rank"].to_numpy()
     is_entry = sim["name"].to_numpy(zero_copy_only=False) == ENTRY_NAME
-    s_end = sim["end_ns"].to_numpy()[_positions(ops, sim)]  # the end of each trace row in the replay
+    s_end = sim["end_ns"].to_numpy()[
+        op_rows(sim, ops["rank"].to_numpy(), ops["id"].to_numpy())
+    ]  # the end of each trace row in the replay
     e_rank, e_end = s_rank[is_entry], sim["end_ns"].to_numpy()[is_entry]
     out: dict[str, list[Any]] = {
         "rank": [],
@@ -410,24 +412,16 @@ def _steps(trace: Trace, played: Trace, res: SimResult, entries: Mapping[int, _E
     return pa.table(out)
 
 
-def _positions(ops: pa.Table, sim: pa.Table) -> np.ndarray:
-    """Where each row of ``ops`` is in ``sim`` (the replay's ops, by rank and id)."""
-    key = np.rec.fromarrays([sim["rank"].to_numpy(), sim["id"].to_numpy().astype(np.uint64)])
-    order = np.argsort(key, kind="stable")
-    want = np.rec.fromarrays([ops["rank"].to_numpy(), ops["id"].to_numpy().astype(np.uint64)])
-    return order[np.searchsorted(key[order], want)]
-
-
 def _collective_rows(transfers: pa.Table, res: SimResult, transfer_ids: np.ndarray | None) -> pa.Table:
     """``transfers`` with each collective's simulated time: from its start to its end, or to
     the end of its transfer part (op ``transfer_ids``) where the replay added one."""
     sim = res.ops
-    start = sim["start_ns"].to_numpy()[_positions(transfers, sim)]
+    start = sim["start_ns"].to_numpy()[op_rows(sim, transfers["rank"].to_numpy(), transfers["id"].to_numpy())]
     ends = (
         transfers
         if transfer_ids is None
         else transfers.set_column(1, "id", pa.array(transfer_ids, pa.uint64()))
     )
-    end = sim["end_ns"].to_numpy()[_positions(ends, sim)]
+    end = sim["end_ns"].to_numpy()[op_rows(sim, ends["rank"].to_numpy(), ends["id"].to_numpy())]
     simulated = np.round((end - start) / 1e3, 3)
     return transfers.append_column("simulated_us", pa.array(simulated, pa.float64()))
