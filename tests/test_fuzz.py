@@ -1,15 +1,18 @@
 """Seeded fuzzing of every reader: mutated real files give a trace or one specific one-line error.
 
 Each case takes a real input (a Chakra ``.et`` and JSON trace, MSCCL-IR XML, a PyTorch execution
-trace, a Kineto trace, an nccl-tests log), mutates its bytes (truncate, flip, splice in another
-seed, duplicate or delete a stretch, insert junk or invalid UTF-8, swap a number for a huge,
-negative or non-finite one, stack two of those, sometimes gzip the result) and reads it. The
-outcome must be a trace or an :class:`~etstore.errors.EtstoreError` whose message is one line;
+trace, Kineto traces, an nccl-tests log, tuner logs in CSV and JSON lines, communicator groups),
+mutates its bytes (truncate, flip, splice in another seed, duplicate or delete a stretch, insert
+junk or invalid UTF-8, swap a number for a huge, negative or non-finite one or for a value
+nested 150 to 5,000 lists deep, turn a name, category, phase, process or thread into a list or
+an object, stack two of those, sometimes gzip the result) and reads it. The outcome must be a
+trace (or log, or groups) or an :class:`~etstore.errors.EtstoreError` whose message is one line;
 any other exception is a failure, reported with the seed and case number that reproduce it.
 Traces that read are ingested (a sample in the default run) and the store must still agree
 with itself: ``ls`` and SQL see the same traces, and a refused ingest leaves the count alone.
 
-The default run is sized for CI (3,000 cases, ~30 s); ``-m slow`` runs 20,000 more.
+The default run is sized for CI: :data:`CI_CASES` (3,000) cases, ~30 s; ``-m slow`` runs
+:data:`SLOW_CASES` (20,000) more.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import re
 import resource
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +31,9 @@ import pytest
 
 from etstore.errors import EtstoreError
 from etstore.ingest import read_trace
+from etstore.ingest.files import read_comm_groups
 from etstore.ingest.nccl_tests import read_nccl_tests
+from etstore.ingest.tuner import read_tuner_log
 from etstore.store import EmbeddedStore
 
 from .conftest import ROOT, SHARED
@@ -63,7 +69,16 @@ _SEEDS = (  # (kind, file, name of the mutant, text format)
     ("pytorch-et", SHARED / "pytorch/hta/benchmark_simple_add_et.json.gz", "case_et.json", True),
     ("kineto", SHARED / "pytorch/hta/benchmark_simple_add_trace.json.gz", "case.pt.trace.json", True),
     ("nccl-tests", ROOT / "tests/data/nccl_tests/superbench_nccl_allreduce.log", "case.log", True),
+    ("kineto", ROOT / "tests/data/pytorch_gloo/rank0_kineto.json.gz", "rank0.pt.trace.json", True),
+    ("tuner", ROOT / "examples/tuner/nccl_tuner_4r.csv", "case.csv", True),
+    ("tuner", ROOT / "examples/tuner/rl_tuner_4r.jsonl", "case.jsonl", True),
+    ("comm-groups", ROOT / "examples/transformer_8r/transformer.comm_groups.json", "case.json", True),
 )  # fmt: skip
+_READERS: dict[str, Callable[[Path], Any]] = {  # what reads each kind; any other kind is a trace
+    "nccl-tests": read_nccl_tests,
+    "tuner": read_tuner_log,
+    "comm-groups": read_comm_groups,
+}
 
 
 def seeds() -> list[Seed]:
@@ -88,7 +103,13 @@ _HUGE = (
     b"Infinity",
     b"0",
     b"0.5",
+    b"1" + b"0" * 400,  # past the float range
+    b"1" + b"0" * 5000,  # past the digits Python converts
 )
+_DEPTHS = (150, 199, 201, 254, 600, 995, 5000)  # around the JSON depth limit and the encoders' limits
+_FIELD = re.compile(rb'"(?:cat|name|ph|pid|tid)"\s*:\s*')
+_STRING = re.compile(rb'"[^"\\]*"')
+_ODD = (b"[]", b'["x"]', b"{}", b'{"a": 1}', b"[[1]]")
 _BINARY_HUGE = (  # varints: 2^31, 2^63, a ten-byte maximum, an unterminated run
     b"\x80\x80\x80\x80\x08",
     b"\x80\x80\x80\x80\x80\x80\x80\x80\x80\x01",
@@ -105,7 +126,9 @@ def _span(rng: random.Random, n: int) -> tuple[int, int]:
 
 def _mutate_once(rng: random.Random, data: bytes, seed: Seed, others: list[Seed]) -> tuple[str, bytes]:
     n = len(data)
-    op = rng.choice(("truncate", "flip", "splice", "duplicate", "delete", "junk", "number", "number"))
+    op = rng.choice(
+        ("truncate", "flip", "splice", "duplicate", "delete", "junk", "number", "number", "nest", "odd")
+    )
     if op == "truncate":
         return op, data[: rng.randrange(max(n, 1))]
     if op == "flip":
@@ -128,6 +151,21 @@ def _mutate_once(rng: random.Random, data: bytes, seed: Seed, others: list[Seed]
     if op == "junk":
         i = rng.randrange(n + 1)
         return op, data[:i] + rng.choice(_JUNK) + data[i:]
+    if op == "nest" and seed.text:  # a number swapped for lists or objects nested deep
+        found = list(_NUMBER.finditer(data))
+        if found:
+            m, depth = rng.choice(found), rng.choice(_DEPTHS)
+            deep = (
+                b"[" * depth + b"]" * depth if rng.random() < 0.5 else b'{"a": ' * depth + b"1" + b"}" * depth
+            )
+            return op, data[: m.start()] + deep + data[m.end() :]
+    if op == "odd" and seed.text:  # a field every reader hashes made a list or an object
+        found = list(_FIELD.finditer(data))
+        if found:
+            m = rng.choice(found)
+            value = _NUMBER.match(data, m.end()) or _STRING.match(data, m.end())
+            end = value.end() if value else m.end()
+            return op, data[: m.end()] + rng.choice(_ODD) + data[end:]
     if seed.text:  # a number swapped for a huge, negative or non-finite one
         found = list(_NUMBER.finditer(data))
         if found:
@@ -193,11 +231,7 @@ def run_cases(
         path = tmp / f"{case}" / seed.filename
         path.parent.mkdir()
         path.write_bytes(data)
-        reader: Callable[[], Any] = (
-            (lambda p=path: read_nccl_tests(p))
-            if seed.kind == "nccl-tests"
-            else (lambda p=path: read_trace(p))
-        )
+        reader = partial(_READERS.get(seed.kind, read_trace), path)
         try:
             result = _bounded(reader)
         except EtstoreError as exc:
@@ -212,7 +246,7 @@ def run_cases(
             )
             continue
         tally[f"{seed.kind} read"] = tally.get(f"{seed.kind} read", 0) + 1
-        if seed.kind == "nccl-tests" or ingests >= max_ingests:
+        if seed.kind in _READERS or ingests >= max_ingests:
             continue
         ingests += 1
         before, _ = _store_agrees(store)

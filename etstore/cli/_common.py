@@ -56,14 +56,37 @@ def add_format(sp: argparse.ArgumentParser) -> None:
     sp.add_argument("--format", choices=FORMATS, default="table", help="output format (default: table)")
 
 
+MAX_PARAM_DEPTH = 200
+"""Deepest nesting of lists and objects a ``--param`` value may have, as for JSON traces: the
+engines' drivers convert parameters recursively, so a deeper one would end in a traceback."""
+
+
+def _depth(value: Any) -> int:
+    """Levels of lists and objects in a decoded JSON value (iterative: no recursion to exhaust)."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, level = stack.pop()
+        if isinstance(item, (list, dict)):
+            deepest = max(deepest, level)
+            stack.extend((v, level + 1) for v in (item.values() if isinstance(item, dict) else item))
+    return deepest
+
+
 def _parse_param(text: str) -> tuple[str, Any]:
     if "=" not in text:
         raise OptionError(f"--param {text!r}: expected NAME=VALUE")
     key, raw = text.split("=", 1)
+    too_deep = False
     try:
         value = json.loads(raw)
-    except json.JSONDecodeError:
+    except RecursionError:  # the decoder recurses per level: nested past the interpreter's limit
+        value, too_deep = None, True
+    except ValueError:  # not JSON (json.JSONDecodeError), or an integer of too many digits: text
         value = raw
+    if too_deep or _depth(value) > MAX_PARAM_DEPTH:
+        raise OptionError(
+            f"--param {key.strip()}: the value nests more than {MAX_PARAM_DEPTH} lists and objects deep"
+        )
     return key.strip(), value
 
 
@@ -220,7 +243,7 @@ def progress(console: Console | DeferredConsole) -> Any:
     )
 
     return Progress(
-        TextColumn("{task.description}"),
+        TextColumn("{task.description}", markup=False),  # names a trace or file: data, not markup
         BarColumn(),
         MofNCompleteColumn(),
         TimeElapsedColumn(),

@@ -5,6 +5,12 @@ command, and ``--version``, ``--help`` and every command writing JSON or CSV to 
 print nothing through it. A :class:`DeferredConsole` answers "is this a terminal?"
 (whether to draw progress bars) without rich when plainly not, and is a rich
 ``Console`` for everything else.
+
+Trace, op and file names reach every line printed, and rich would read ``[/x]`` in them as
+a closing tag (a traceback) and ``[pytorch|profiler|execution_graph|thread]`` as a style
+(an empty cell). So the console interprets no markup and no ``:emoji:`` codes: what it is
+given prints verbatim, and a command that styles part of a line says so with
+:func:`styled` instead of tags.
 """
 
 from __future__ import annotations
@@ -15,8 +21,12 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 if TYPE_CHECKING:
     from rich.console import Console
+    from rich.text import Text
 
-__all__ = ["DeferredConsole", "warn"]
+_VERBATIM: dict[str, Any] = {"markup": False, "emoji": False}
+"""Console options that print text as given: names from traces are data, never markup."""
+
+__all__ = ["DeferredConsole", "styled", "warn"]
 
 
 def _forced_terminal() -> bool:
@@ -34,10 +44,11 @@ def _may_be_terminal(stream: TextIO | None) -> bool:
 
 
 class DeferredConsole:
-    """A rich ``Console(**options)`` created when something first needs it."""
+    """A rich ``Console(**options)`` created when something first needs it, printing text verbatim
+    (no markup, no emoji codes) unless ``options`` say otherwise."""
 
     def __init__(self, **options: Any) -> None:
-        self._options = options
+        self._options = {**_VERBATIM, **options}
         self._console: Console | None = None
 
     @property
@@ -60,6 +71,18 @@ class DeferredConsole:
         return getattr(self.console, name)
 
 
+def styled(*parts: str | tuple[str, str]) -> Text:
+    """One line of ``parts``, each a plain string or a ``(text, style)`` pair: the way to style part
+    of a line that holds names, which are never parsed as markup.
+
+    >>> styled(("[/x]", "bold"), " on ring:4").plain
+    '[/x] on ring:4'
+    """
+    from rich.text import Text  # lazy: as the console
+
+    return Text.assemble(*parts)
+
+
 def warn(line: str) -> None:
     """``warning: line`` on stderr (so JSON and CSV on stdout stay parseable), in yellow on a
     terminal."""
@@ -69,4 +92,6 @@ def warn(line: str) -> None:
         return
     from rich.console import Console  # lazy: as above
 
-    Console(stderr=True).print(f"warning: {line}", style="yellow", highlight=False, soft_wrap=True)
+    Console(stderr=True, markup=False, emoji=False).print(
+        f"warning: {line}", style="yellow", highlight=False, soft_wrap=True
+    )

@@ -116,7 +116,8 @@ def render(
     fmt
         ``table``, ``csv`` or ``json`` (see :data:`FORMATS`).
     title
-        Caption above a rich table; the other formats carry none.
+        Caption above a rich table; the other formats carry none. Titles, column names and
+        cells print verbatim, never read as rich markup.
     out
         Stream for CSV and JSON, and for the table when no ``console`` is given
         (default: stdout).
@@ -144,19 +145,22 @@ def render(
     else:
         from rich.console import Console  # lazy: JSON and CSV output never load rich
         from rich.table import Table
+        from rich.text import Text
 
+        # every cell, header and title as Text: names like "[/x]" or "[pytorch|profiler|...]" are data,
+        # which rich would otherwise parse as markup (a traceback, or an empty cell), whatever the console
         cells = [[_cell(v) for v in r] for r in rows]
-        t = Table(title=title, show_lines=False, header_style="bold")
+        t = Table(title=None if title is None else Text(title), show_lines=False, header_style="bold")
         for i, name in enumerate(names):
             if numeric[i]:
                 # a number split over two lines reads as two numbers: never fold one; text
                 # columns fold instead, and a table wider than the terminal overflows it
                 widest = max((len(row[i]) for row in cells), default=0)
-                t.add_column(name, justify="right", no_wrap=True, overflow="ellipsis", min_width=widest)
+                t.add_column(Text(name), justify="right", no_wrap=True, overflow="ellipsis", min_width=widest)
             else:
-                t.add_column(name, justify="left", overflow="fold")
+                t.add_column(Text(name), justify="left", overflow="fold")
         for row in cells:
-            t.add_row(*row)
+            t.add_row(*(Text(c) for c in row))
         (console or Console(file=out)).print(t)
 
 

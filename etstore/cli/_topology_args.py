@@ -22,10 +22,18 @@ def add_topology_options(sp: argparse.ArgumentParser, *, required: bool = True) 
     sp.add_argument("--lat", type=float, default=None, help="link latency ns where unset")
 
 
-def topology_from(args: argparse.Namespace, spec: str | None = None) -> Topology:
-    """The topology ``spec`` (default ``--topo``) names, links defaulting to ``--bw`` / ``--lat``."""
-    return parse_topology(
+def topology_from(args: argparse.Namespace, spec: str | None = None, *, routes: bool = True) -> Topology:
+    """The topology ``spec`` (default ``--topo``) names, links defaulting to ``--bw`` / ``--lat``.
+
+    ``routes``: the command simulates over it, so its N × N routing tables are checked against
+    the memory budget now, in one line, before a trace is even read (``topo show`` and
+    ``synth`` pass False: closed forms and the synthesizer's own estimate cover them).
+    """
+    topo = parse_topology(
         args.topo if spec is None else spec,
         bandwidth_gb_per_s=DEFAULT_BANDWIDTH_GB_PER_S if args.bw is None else args.bw,
         latency_ns=DEFAULT_LATENCY_NS if args.lat is None else args.lat,
     )
+    if routes:
+        topo.require_routes()
+    return topo

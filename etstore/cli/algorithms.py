@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from etstore.cli._common import add_format, open_from_args, print_json, stored_status
+from etstore.cli._console import styled
 from etstore.cli._inputs import trace_from
 from etstore.cli._render import render
 from etstore.collectives.check import check_algorithm
@@ -35,7 +36,7 @@ def _check(args: argparse.Namespace, console: Console) -> int:
                 )
                 continue
             style = "green" if report.ok else "red"
-            console.print(f"[bold]{trace.name}[/]: [{style}]{report.summary()}[/]", soft_wrap=True)
+            console.print(styled((trace.name, "bold"), ": ", (report.summary(), style)), soft_wrap=True)
             for problem in report.problems:
                 console.print(f"  - {problem}", highlight=False, soft_wrap=True)
     if args.format == "json":

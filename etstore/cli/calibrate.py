@@ -11,6 +11,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from etstore.cli._common import add_format, open_to_record
+from etstore.cli._console import styled
 from etstore.cli._render import render
 from etstore.cli._tables import add_table, chosen_table, one_row, print_table
 from etstore.collectives.stored import resolve_algorithm
@@ -133,9 +134,12 @@ def _print_table(cal: Calibration, args: argparse.Namespace, console: Console) -
     """The human summary: per-size errors, parameters, the fitted spec and how to reuse it."""
     head = f"calibration {cal.name} ({cal.calibration_id}): " if cal.name else ""
     console.print(
-        f"{head}[bold]{cal.run}[/] ({cal.collective}, {cal.num_npus} ranks) with {cal.algorithm} "
-        f"on {cal.start_spec}: {cal.rounds} rounds, {cal.simulations} simulations",
-        highlight=False,
+        styled(
+            head,
+            (str(cal.run), "bold"),
+            f" ({cal.collective}, {cal.num_npus} ranks) with {cal.algorithm} "
+            f"on {cal.start_spec}: {cal.rounds} rounds, {cal.simulations} simulations",
+        ),
         soft_wrap=True,
     )
     render(

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from etstore.cli._common import add_format, open_from_args, progress_to, status_words
+from etstore.cli._console import styled
 from etstore.cli._render import render
 from etstore.collectives.specs import algorithms_by_type, parse_by_type
 from etstore.collectives.stored import expand_stored, resolve_algorithm
@@ -45,11 +46,14 @@ def _expand(args: argparse.Namespace, console: Console) -> int:
     if args.format == "table":
         status = status_words(report)
         console.print(
-            f"[bold]{info.name}[/] (expanded, {status}) from {args.trace}: {info.ranks} ranks, "
-            f"{info.ops:,} ops, {info.deps:,} deps, {info.messages:,} messages; "
-            f"expanded {coll.num_rows} collective{'' if coll.num_rows == 1 else 's'} into "
-            f"{result.lineage.num_rows:,} ops, left {result.skipped} collective node"
-            f"{'' if result.skipped == 1 else 's'} as they were"
+            styled(
+                (info.name, "bold"),
+                f" (expanded, {status}) from {args.trace}: {info.ranks} ranks, "
+                f"{info.ops:,} ops, {info.deps:,} deps, {info.messages:,} messages; "
+                f"expanded {coll.num_rows} collective{'' if coll.num_rows == 1 else 's'} into "
+                f"{result.lineage.num_rows:,} ops, left {result.skipped} collective node"
+                f"{'' if result.skipped == 1 else 's'} as they were",
+            )
         )
     rows = coll.to_pylist()
     for r in rows:

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from etstore.cli._common import add_format, open_from_args, print_json, progress_to, stored_status
+from etstore.cli._console import styled
 from etstore.cli._render import render
 from etstore.cli._topology_args import add_topology_options, topology_from
 from etstore.collectives.synth import SynthResult, synthesize
@@ -25,11 +26,11 @@ _DEFAULT_TRIALS = 8
 
 PART_OPS = 1 << 19
 """Ops per part when a synthesized trace is stored: above this it is built and stored rank range by
-rank range (about 400 bytes per op of a part at its peak), never whole."""
+rank range (up to ~800 bytes per op of a part at its peak), never whole."""
 
 
 def _topo_show(args: argparse.Namespace, console: Console) -> int:
-    topo = topology_from(args, args.spec)
+    topo = topology_from(args, args.spec, routes=False)
     doc = topo.describe()
     if args.format == "json":  # one row, as the CSV prints it
         print_json([doc])
@@ -62,7 +63,7 @@ def default_name(res: SynthResult, size: str, trials: int) -> str:
 
 
 def _synth(args: argparse.Namespace, console: Console) -> int:
-    topo = topology_from(args)
+    topo = topology_from(args, routes=False)
     with progress_to(console, f"synth {args.coll} on {topo.name}") as step:
         res = synthesize(
             topo,
@@ -99,15 +100,18 @@ def _synth(args: argparse.Namespace, console: Console) -> int:
     if args.format == "csv":
         render(pa.Table.from_pylist([{k: str(v) for k, v in doc.items()}]), "csv", console=console)
         return 0
-    where = f" → stored as [bold]{doc['trace']}[/]" if "trace" in doc else ""
+    where = (" → stored as ", (str(doc["trace"]), "bold")) if "trace" in doc else ()
     console.print(
-        f"{doc['collective']} on {topo.name} ({doc['npus']} NPUs, "
-        f"{doc['chunks_per_npu']} chunk(s)/NPU, {doc['buffer_bytes']:,} B){where}\n"
-        f"  collective time {doc['time_ns'] / 1e3:,.2f} µs, "
-        f"lower bound {doc['lower_bound_ns'] / 1e3:,.2f} µs, ratio {doc['ratio']:.4f}\n"
-        f"  {doc['transfers']:,} transfers, {doc['ops']:,} ops; best of {doc['trials']} trial(s) "
-        f"(seed {doc['seed']}), synthesized in {doc['synthesis_s']:.3f} s",
-        highlight=False,
+        styled(
+            f"{doc['collective']} on {topo.name} ({doc['npus']} NPUs, "
+            f"{doc['chunks_per_npu']} chunk(s)/NPU, {doc['buffer_bytes']:,} B)",
+            *where,
+            "\n"
+            f"  collective time {doc['time_ns'] / 1e3:,.2f} µs, "
+            f"lower bound {doc['lower_bound_ns'] / 1e3:,.2f} µs, ratio {doc['ratio']:.4f}\n"
+            f"  {doc['transfers']:,} transfers, {doc['ops']:,} ops; best of {doc['trials']} trial(s) "
+            f"(seed {doc['seed']}), synthesized in {doc['synthesis_s']:.3f} s",
+        ),
         soft_wrap=True,
     )
     return 0

@@ -6,8 +6,10 @@ import argparse
 from typing import TYPE_CHECKING, Any
 
 from etstore.cli._common import add_format, open_from_args, phase_step, progress, status_words
+from etstore.cli._console import styled
 from etstore.cli._tables import add_table, chosen_table, one_row, print_table
-from etstore.errors import OptionError
+from etstore.errors import OptionError, TraceFormatError
+from etstore.ingest._guard import values_in_range
 from etstore.ingest.comm_groups import write_astra_et
 from etstore.ingest.export import EXPORT_FORMATS, export_trace
 from etstore.query.summary import summarize
@@ -45,8 +47,11 @@ def _show(args: argparse.Namespace, console: Console) -> int:
         print_table(table, args.format, title=title, console=console)
         return 0
     console.print(
-        f"[bold]{info.name}[/] ({info.kind}) {info.ranks} ranks, {info.ops:,} ops, "
-        f"{info.deps:,} deps, {info.missing:,} missing deps, {info.messages:,} messages"
+        styled(
+            (info.name, "bold"),
+            f" ({info.kind}) {info.ranks} ranks, {info.ops:,} ops, "
+            f"{info.deps:,} deps, {info.missing:,} missing deps, {info.messages:,} messages",
+        )
     )
     for name in ("ops", "collectives", "missing"):
         table, title = tables[name]
@@ -105,16 +110,31 @@ def _export(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
+def _model(args: argparse.Namespace) -> Any:
+    """The transformer the options describe; a shape whose sizes or durations pass 64 bits (they
+    grow as hidden² x tokens) is refused in one line, as is a negative seed."""
+    if args.seed < 0:
+        raise OptionError(f"workload: --seed must be at least 0, got {args.seed}")
+    try:
+        with values_in_range("workload"):
+            return transformer(
+                ranks=args.ranks,
+                layers=args.layers,
+                tp=args.tp,
+                hidden=args.hidden,
+                seq_tokens=args.seq_tokens,
+                seed=args.seed,
+                name=args.name,
+            )
+    except TraceFormatError:
+        raise OptionError(
+            f"workload: --hidden {args.hidden:,} with --seq-tokens {args.seq_tokens:,} makes message "
+            "sizes or durations past 64 bits"
+        ) from None
+
+
 def _workload(args: argparse.Namespace, console: Console) -> int:
-    trace = transformer(
-        ranks=args.ranks,
-        layers=args.layers,
-        tp=args.tp,
-        hidden=args.hidden,
-        seq_tokens=args.seq_tokens,
-        seed=args.seed,
-        name=args.name,
-    )
+    trace = _model(args)
     if args.out:
         for path in write_astra_et(trace, args.out):  # integer pg_names + comm-group JSON for ASTRA-sim
             console.print(str(path), highlight=False, soft_wrap=True)
@@ -122,8 +142,12 @@ def _workload(args: argparse.Namespace, console: Console) -> int:
         with open_from_args(args) as store:
             report = store.ingest(trace, name=args.name)
         console.print(
-            f"stored [bold]{report.trace.name}[/]: {report.trace.ops:,} ops, {report.trace.ranks} ranks"
-            + ("" if status_words(report) == "new" else f" ({status_words(report)})"),
+            styled(
+                "stored ",
+                (report.trace.name, "bold"),
+                f": {report.trace.ops:,} ops, {report.trace.ranks} ranks"
+                + ("" if status_words(report) == "new" else f" ({status_words(report)})"),
+            ),
             soft_wrap=True,
         )
     if not args.out and not args.ingest:

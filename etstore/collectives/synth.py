@@ -48,6 +48,7 @@ import numpy as np
 
 from etstore.collective import ALGORITHM_COLLECTIVES, short_name
 from etstore.collectives._synth_bounds import alltoall_bound, flood_bound, flood_holders
+from etstore.collectives._synth_budget import require_parts_budget, require_synthesis_budget
 from etstore.collectives._synth_engine import Engine, Raw
 from etstore.collectives._synth_schedule import Flow, Schedule, assemble, flow, reverse, reverse_links
 from etstore.collectives._synth_trace import build_parts, build_trace, op_count
@@ -96,6 +97,7 @@ class SynthResult:
     def trace(self) -> Trace:
         """The algorithm trace (kind ``algorithm``), built on first access; O(T log T) for T transfers."""
         coll, n, k = self.collective, self.num_npus, self.chunks_per_npu
+        require_parts_budget(self._ops_per_rank(), len(self.schedule), self.num_ops)
         trace = build_trace(self.network, self.schedule, coll, n, k, self._total_chunks)
         return trace.replace(params=self._params())
 
@@ -107,7 +109,7 @@ class SynthResult:
         covering every rank): at most ``max_ops`` ops unless one rank alone has more.
         Its ops are :attr:`trace`'s rows of those ranks in their order (ids per rank as
         there); its deps are :attr:`trace`'s deps of those ranks in their order, so the
-        parts end to end are :attr:`trace`. Memory is one part's (about 400 bytes per op
+        parts end to end are :attr:`trace`. Memory is one part's (up to ~800 bytes per op
         at its peak) plus 8 bytes per transfer of index; stream these into a store
         instead of building :attr:`trace` whole.
 
@@ -115,12 +117,26 @@ class SynthResult:
         ------
         OptionError
             If ``max_ops`` < 1.
+        UnsatisfiableError
+            The largest part would not fit the memory budget (checked before any is built).
         """
         coll, n, k = self.collective, self.num_npus, self.chunks_per_npu
+        if max_ops >= 1:
+            require_parts_budget(self._ops_per_rank(), len(self.schedule), max_ops)
         parts = build_parts(self.network, self.schedule, coll, n, k, self._total_chunks, max_ops=max_ops)
         params = self._params()
         # map, not a generator expression: that would hold the previous part while building the next
         return map(lambda part: part.replace(params=params), parts)
+
+    def _ops_per_rank(self) -> np.ndarray:
+        """Each rank's ops in :attr:`trace` (as :attr:`num_ops` counts them), from the schedule."""
+        s, n = self.schedule, self.num_npus
+        dst = s.dst
+        per = np.bincount(s.src, minlength=n) + np.bincount(dst, minlength=n)
+        per += np.bincount(dst[s.phase == 0], minlength=n)
+        if self.collective == "alltoall":
+            per += self.chunks_per_npu
+        return per
 
     @property
     def _total_chunks(self) -> int:
@@ -242,7 +258,9 @@ def synthesize(
     ------
     UnsatisfiableError
         For an unknown collective, ``chunks_per_npu`` or ``trials`` < 1, a root that
-        is not an NPU, a buffer smaller than one byte per chunk, or fewer than 2 NPUs.
+        is not an NPU, a buffer smaller than one byte per chunk, fewer than 2 NPUs, or
+        a schedule whose transfers would not fit the memory budget (estimated from the
+        request before anything runs; ``etstore.collectives._synth_budget``).
     TopologyError
         If the topology is disconnected or the spec cannot be read.
 
@@ -283,6 +301,7 @@ def synthesize(
     _check_request(topo, coll_name, k, trials, root)
     n = topo.num_npus
     topo.require_connected()
+    require_synthesis_budget(topo, coll_name, k)
     total_chunks = k if coll_name in ("broadcast", "reduce") else n * k
     if buffer_bytes < total_chunks:
         raise UnsatisfiableError(

@@ -1,30 +1,41 @@
 """Varint-framed protobuf streams: open (gzip-sniffed, decompressed within a budget), validate and
-split into frames, and the upfront limits on what one file may make us hold in memory. JSON files
-are opened the same way (:func:`load_json`), here rather than beside the PyTorch readers so that
-recognising a file's format does not load them."""
+split into frames, and the upfront limits on what one file may make us hold in memory: for every
+reader, what reading a file peaks at per byte (and per line) of it (:class:`ReadCost`), checked
+against the memory budget before the file is parsed. JSON files are opened the same way
+(:func:`load_json`), here rather than beside the PyTorch readers so that recognising a file's
+format does not load them."""
 
 from __future__ import annotations
 
 import zlib
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import orjson
 
 from etstore.errors import TraceFormatError
-from etstore.units import BUDGET_ENV_VAR, format_bytes, memory_budget
+from etstore.units import BUDGET_ENV_VAR, budget_exceeded, format_bytes, memory_budget
 
 __all__ = [
     "BYTES_PER_NODE",
+    "COMM_GROUPS_COST",
     "DECODED_BYTES_FACTOR",
+    "KINETO_COST",
     "MAX_JSON_DEPTH",
+    "MSCCL_XML_COST",
+    "NCCL_TESTS_COST",
+    "PYTORCH_ET_COST",
+    "TUNER_COST",
+    "ReadCost",
     "check_json_depth",
     "frame_limit_message",
     "load_json",
     "max_decoded_bytes",
     "max_nodes",
     "read_bytes",
+    "read_within_budget",
+    "require_read_budget",
     "varint",
     "write_varint",
 ]
@@ -71,7 +82,76 @@ def frame_limit_message(nodes: int) -> str:
     )
 
 
+class ReadCost(NamedTuple):
+    """Peak bytes reading one format takes: per byte of the file and per line of it.
+
+    Measured (peak RSS over the reader's own, on real and generated files, the densest
+    layouts included) and rounded up, so the estimates bound the shapes measured.
+    """
+
+    what: str
+    per_byte: float
+    per_line: float = 0.0
+
+    def byte_limit(self) -> int:
+        """Most bytes a file of this format may hold under the budget (its lines aside)."""
+        return max(1, int(memory_budget() // self.per_byte))
+
+
+MSCCL_XML_COST = ReadCost("MSCCL-IR XML", 20)
+"""9.4x the file through the native scanner, 15.7x through expat (the fallback)."""
+NCCL_TESTS_COST = ReadCost("nccl-tests log", 8, 900)
+"""~750 bytes per table row and ~4 per byte (rows of 41 to 75 bytes measured)."""
+TUNER_COST = ReadCost("tuner log", 16, 400)
+"""~330 bytes per row and ~12.5 per byte (CSV rows of 9 to 48 bytes, JSON lines of 43 to 146)."""
+COMM_GROUPS_COST = ReadCost("communicator groups", 8)
+"""5.7x the file (lists of ranks)."""
+KINETO_COST = ReadCost("Kineto trace", 12)
+"""10.7x the file (decoded events and the columns read from them)."""
+PYTORCH_ET_COST = ReadCost("PyTorch execution trace", 20)
+"""18.8x the file (decoded nodes, their raw JSON kept per op, the columns)."""
+
+
+def require_read_budget(path: Path, cost: ReadCost, size: int, lines: int = 0) -> None:
+    """Refuse a file of ``size`` bytes and ``lines`` lines whose reading would not fit the budget.
+
+    Raises
+    ------
+    TraceFormatError
+        One line: the file, what reading it needs, the budget and how to raise it.
+    """
+    need = size * cost.per_byte + lines * cost.per_line
+    counted = f" in {lines:,} lines" if lines else ""
+    message = budget_exceeded(need, f"{path}: reading {format_bytes(size)} of {cost.what}{counted}")
+    if message is not None:
+        raise TraceFormatError(message)
+
+
+def read_within_budget(path: Path, cost: ReadCost) -> bytes:
+    """The bytes of ``path``, read only when reading them as ``cost`` says fits the memory budget.
+
+    The one way a text reader (MSCCL-IR XML, nccl-tests and tuner logs, communicator groups)
+    takes its file: the size is checked before reading, the lines (for formats with a
+    per-line cost) once the bytes are in, both before any parsing. JSON traces go through
+    :func:`load_json` with their cost's :meth:`ReadCost.byte_limit`, gzip included.
+
+    Raises
+    ------
+    TraceFormatError
+        Over the budget (:func:`require_read_budget`).
+    OSError
+        The file cannot be read (each reader words that its own way).
+    """
+    size = path.stat().st_size
+    require_read_budget(path, cost, size)
+    data = path.read_bytes()
+    if cost.per_line:
+        require_read_budget(path, cost, len(data), data.count(b"\n") + 1)
+    return data
+
+
 def _too_big(path: Path, what: str, limit: int) -> TraceFormatError:
+    """The refusal of a file past ``limit`` bytes (``what``: "holds 3 MiB," or "decompresses to")."""
     return TraceFormatError(
         f"{path}: {what} more than {format_bytes(limit)}, the most one file may take of the memory "
         f"budget of {format_bytes(memory_budget())} (set the environment variable {BUDGET_ENV_VAR} "
@@ -79,13 +159,63 @@ def _too_big(path: Path, what: str, limit: int) -> TraceFormatError:
     )
 
 
-def _gunzip(data: bytes, path: Path, limit: int) -> bytes:
-    """Every gzip member of ``data`` decompressed, refusing once the output passes ``limit`` bytes.
+class _FrameCount:
+    """Node frames of a varint-framed stream counted as it is inflated, to refuse a file of more
+    than ``limit`` before all of it is held.
+
+    Why: a gzip of empty frames inflates 1000:1, a byte per frame; counting after the whole
+    stream is inflated would hold hundreds of MiB for a file refused anyway. Frames are at
+    least a byte each, so no count is needed before ``limit`` bytes; from there the walk
+    costs ~0.2 µs a frame and stops at the limit.
+    """
+
+    def __init__(self, path: Path, limit: int) -> None:
+        self.path, self.limit = path, limit
+        self.pos = 0
+        self.frames = 0  # the first is the GlobalMetadata frame, not a node
+
+    def feed(self, buf: bytearray) -> None:
+        """Walk the frames complete in ``buf`` from where the last call stopped."""
+        end = len(buf)
+        if end <= self.limit:
+            return
+        pos, frames, limit = self.pos, self.frames, self.limit + 1
+        while pos < end and frames <= limit:
+            b = buf[pos]
+            if b < 0x80:
+                nxt = pos + 1 + b
+            else:
+                length, shift, p = b & 0x7F, 7, pos + 1
+                while p < end and shift < 35:
+                    b = buf[p]
+                    p += 1
+                    length |= (b & 0x7F) << shift
+                    if b < 0x80:
+                        break
+                    shift += 7
+                else:  # a length cut by the chunk, or no varint32: the decoder names the latter
+                    if shift >= 35:
+                        pos = 1 << 62  # count no further
+                    break
+                nxt = p + length
+            if nxt > end:
+                break
+            pos, frames = nxt, frames + 1
+        self.pos, self.frames = pos, frames
+        if frames - 1 > self.limit:
+            raise TraceFormatError(f"{self.path}: at least {frame_limit_message(frames - 1)}")
+
+
+def _gunzip(data: bytes, path: Path, limit: int, counter: _FrameCount | None = None) -> bytes:
+    """Every gzip member of ``data`` decompressed, refusing once the output passes ``limit`` bytes
+    (or, with ``counter``, once it holds more node frames than the budget allows).
 
     Notes
     -----
     Streams in :data:`_CHUNK` steps, so a decompression bomb costs at most ``limit`` plus one
-    step of memory and the time to inflate that much, never its full expansion.
+    step of memory and the time to inflate that much, never its full expansion. Running out of
+    memory on the way (an address-space limit below what the budget assumes) is the same
+    one-line refusal, naming the budget, not a MemoryError.
     """
     out = bytearray()
     rest = data
@@ -95,27 +225,42 @@ def _gunzip(data: bytes, path: Path, limit: int) -> bytes:
             pending = rest
             while pending and not inflater.eof:
                 out += inflater.decompress(pending, _CHUNK)
-                if len(out) > limit:
-                    raise _too_big(path, "decompresses to", limit)
+                _check_inflated(out, path, limit, counter)
                 pending = inflater.unconsumed_tail
             while not inflater.eof:  # input consumed; drain what zlib still holds
                 piece = inflater.decompress(b"", _CHUNK)
                 if not piece:
                     break
                 out += piece
-                if len(out) > limit:
-                    raise _too_big(path, "decompresses to", limit)
+                _check_inflated(out, path, limit, counter)
             if not inflater.eof:
                 raise TraceFormatError(f"{path}: truncated gzip stream (it ends before its last block)")
             rest = inflater.unused_data
             if rest and not rest.startswith(_GZIP_MAGIC):
                 break  # trailing bytes after the last member are ignored, as gzip does
+        return bytes(out)
     except zlib.error as exc:
         raise TraceFormatError(f"{path}: corrupt gzip stream: {exc}") from exc
-    return bytes(out)
+    except MemoryError:
+        held = len(out)
+        del out
+        raise TraceFormatError(
+            f"{path}: ran out of memory decompressing it, at {format_bytes(held)}: this process gets "
+            f"less memory than the memory budget of {format_bytes(memory_budget())} assumes (set the "
+            f"environment variable {BUDGET_ENV_VAR} to what it may use)"
+        ) from None
 
 
-def read_bytes(path: Path, *, sniff: bool = True, limit: int | None = None) -> bytes:
+def _check_inflated(out: bytearray, path: Path, limit: int, counter: _FrameCount | None) -> None:
+    if len(out) > limit:
+        raise _too_big(path, "decompresses to", limit)
+    if counter is not None:
+        counter.feed(out)
+
+
+def read_bytes(
+    path: Path, *, sniff: bool = True, limit: int | None = None, max_frames: int | None = None
+) -> bytes:
     """The file's bytes, gunzipped if it starts with the gzip magic.
 
     Parameters
@@ -126,13 +271,18 @@ def read_bytes(path: Path, *, sniff: bool = True, limit: int | None = None) -> b
         Reject well-known foreign formats (PNG, PDF, ...) with a clear message.
     limit
         Most bytes (after decompression) to accept; default :func:`max_decoded_bytes`.
+    max_frames
+        For a varint-framed (``.et``) file: most node frames to accept, counted while a gzip
+        stream is inflated (a plain file's frames are counted by the decoder, before it
+        allocates); None: not counted here.
 
     Raises
     ------
     TraceFormatError
         Unreadable, empty, foreign (with ``sniff``), a corrupt or truncated gzip stream,
-        or more than ``limit`` bytes (checked before reading a plain file and while
-        decompressing a gzip one).
+        more than ``limit`` bytes (checked before reading a plain file and while
+        decompressing a gzip one), more than ``max_frames`` node frames in a gzip stream,
+        or memory running out while decompressing.
 
     Notes
     -----
@@ -147,7 +297,8 @@ def read_bytes(path: Path, *, sniff: bool = True, limit: int | None = None) -> b
     except OSError as exc:
         raise TraceFormatError(f"{path}: cannot read: {exc.strerror or exc}") from exc
     if data[:2] == _GZIP_MAGIC:
-        data = _gunzip(data, path, limit)
+        counter = None if max_frames is None else _FrameCount(path, max_frames)
+        data = _gunzip(data, path, limit, counter)
     if not data:
         raise TraceFormatError(f"{path}: empty file; a trace file cannot be empty")
     for magic, what in _FOREIGN_MAGIC.items():
@@ -156,10 +307,13 @@ def read_bytes(path: Path, *, sniff: bool = True, limit: int | None = None) -> b
     return data
 
 
-MAX_JSON_DEPTH = 1000
+MAX_JSON_DEPTH = 200
 """Deepest nesting of JSON lists and objects read. Traces nest a few levels (a PyTorch ET's
 tensor lists a few more); decoders recurse per level, so a deeper file would end in a
-RecursionError or overflow the C stack (orjson's object decoder) instead of a message."""
+RecursionError or overflow the C stack (orjson's object decoder) instead of a message. The
+limit sits below what every later step handles too: orjson encodes at most 254 levels (the
+raw JSON kept per op), and the standard library's decoder and ``repr`` recurse within the
+interpreter's limit of 1,000 frames, less the frames already on the stack."""
 
 
 def check_json_depth(data: bytes, path: Path | str, limit: int = MAX_JSON_DEPTH) -> None:
@@ -214,10 +368,15 @@ def check_json_depth(data: bytes, path: Path | str, limit: int = MAX_JSON_DEPTH)
         )
 
 
-def load_json(path: Path) -> Any:
+def load_json(path: Path, *, limit: int | None = None) -> Any:
     """Decode a JSON file (plain or gzip); truncated, invalid or too deeply nested JSON is a
-    TraceFormatError (:func:`check_json_depth`: the decoder would recurse once per level)."""
-    data = read_bytes(path, sniff=False)
+    TraceFormatError (:func:`check_json_depth`: the decoder would recurse once per level).
+
+    ``limit``: most bytes (decompressed) the file may hold; default what the budget allows a
+    PyTorch execution trace (:data:`PYTORCH_ET_COST`), the costliest JSON to read per byte.
+    """
+    limit = PYTORCH_ET_COST.byte_limit() if limit is None else limit
+    data = read_bytes(path, sniff=False, limit=limit)
     check_json_depth(data, path)
     try:
         return orjson.loads(data)  # strict JSON (no NaN), ~1.7x the standard library's speed

@@ -35,6 +35,7 @@ __all__ = [
     "Call",
     "Events",
     "calls",
+    "check_event",
     "enclosing_call",
     "events",
     "is_kineto",
@@ -87,6 +88,30 @@ class Events:
     other: list[Any]  # every non-op event, in file order
 
 
+_SCALAR_FIELDS = ("name", "cat", "ph", "pid", "tid")
+"""Fields every reader compares, hashes or groups by: a list or an object there is no Kineto."""
+
+
+def check_event(e: dict[str, Any], i: int, path: Path) -> None:
+    """Refuse an event whose ``name``, ``cat``, ``ph``, ``pid`` or ``tid`` is a list or an object.
+
+    Why: Kineto writes each as a string or a number; the readers look them up in sets and
+    dicts, where a list is unhashable (a TypeError traceback, not a message).
+
+    Raises
+    ------
+    TraceFormatError
+        Naming the file, the event's index and the field.
+    """
+    for key in _SCALAR_FIELDS:
+        value = e.get(key)
+        if isinstance(value, (list, dict)):
+            raise TraceFormatError(
+                f"{path}: traceEvents[{i}]: {key!r} must be a string or a number, got "
+                f"{'a list' if isinstance(value, list) else 'an object'}"
+            )
+
+
 def events(doc: Any, path: Path) -> Events:
     """Split a document's events into op columns and the rest (kept verbatim)."""
     if not is_kineto(doc):
@@ -98,6 +123,7 @@ def events(doc: Any, path: Path) -> Events:
     for i, e in enumerate(doc["traceEvents"]):
         if not isinstance(e, dict):
             raise TraceFormatError(f"{path}: traceEvents[{i}] is not an object: {str(e)[:60]}")
+        check_event(e, i, path)
         if e.get("ph") == "X" and e.get("cat") not in _SPAN_CATS:
             if _number(e.get("ts"), -1.0) < 0:
                 raise TraceFormatError(

@@ -36,14 +36,20 @@ def _us(value: Any) -> int:
     return round(float(value)) if isinstance(value, (int, float)) and not isinstance(value, bool) else 0
 
 
+def _on_device(node: Any) -> bool:
+    """Whether an ET+ node is a device activity (its ``cat``, when a string, says so)."""
+    cat = node.get("cat") if isinstance(node, dict) else None
+    return isinstance(cat, str) and cat in DEVICE_CATS
+
+
 def split_device_nodes(doc: Any) -> tuple[Any, list[dict[str, Any]] | None]:
     """``doc`` without its device nodes, and those nodes; ``None`` when ``doc`` is no ET+ (its
     nodes carry no Kineto ``ts``)."""
     nodes = doc.get("nodes") if isinstance(doc, dict) else None
     if not isinstance(nodes, list) or not any(isinstance(n, dict) and "ts" in n for n in nodes):
         return doc, None
-    device = [n for n in nodes if isinstance(n, dict) and n.get("cat") in DEVICE_CATS]
-    host = [n for n in nodes if not (isinstance(n, dict) and n.get("cat") in DEVICE_CATS)]
+    device = [n for n in nodes if _on_device(n)]
+    host = [n for n in nodes if not _on_device(n)]
     return {**doc, "nodes": host}, device
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from etstore.errors import TraceFormatError
+from etstore.ingest.files import MAX_RANK, named_rank
 
 __all__ = ["PathLike", "Spec", "assign_ranks", "doc_kind", "name_rank", "trace_paths"]
 
@@ -44,8 +45,11 @@ def trace_paths(spec: Spec | None) -> list[tuple[int | None, Path]]:
 def name_rank(path: Path) -> int | None:
     """The rank a file name states: the number after ``rank``/``worker``, else its last number."""
     stem = path.name.split(".json")[0]
-    m = _RANK_WORD.search(stem) or _LAST_NUMBER.search(stem)
-    return int(m[1]) if m else None
+    m = _RANK_WORD.search(stem)
+    if m:
+        return named_rank(m[1], path)
+    m = _LAST_NUMBER.search(stem)  # a bare number past any rank is none (a timestamp, a job id)
+    return int(m[1]) if m and len(m[1]) <= 10 and int(m[1]) <= MAX_RANK else None
 
 
 def assign_ranks(

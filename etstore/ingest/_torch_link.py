@@ -24,6 +24,7 @@ import numpy as np
 import orjson
 
 from etstore.errors import TraceFormatError
+from etstore.ingest._kineto_events import check_event
 from etstore.ingest._torch_comm import ProcessGroup, process_groups
 from etstore.ingest._torch_sync import HostWaits, device_columns, device_waits, host_waits
 
@@ -85,6 +86,9 @@ def _events(doc: Any, path: Path) -> list[dict[str, Any]]:
     events = doc.get("traceEvents") if isinstance(doc, dict) else None
     if not isinstance(events, list):
         raise TraceFormatError(f"{path}: not a Kineto trace (expected a 'traceEvents' list)")
+    for i, e in enumerate(events):
+        if isinstance(e, dict):
+            check_event(e, i, path)
     return [e for e in events if isinstance(e, dict) and e.get("ph") == "X"]
 
 

@@ -428,9 +428,9 @@ def _decode_file(path: Path, rank: int) -> tuple[pa.Table, pa.Table, bytes | Non
     when the bytes are no Chakra file either.
     """
     try:
-        data = read_bytes(path)
+        data = read_bytes(path, max_frames=max_nodes())
     except TraceFormatError as foreign:
-        data = read_bytes(path, sniff=False)
+        data = read_bytes(path, sniff=False, max_frames=max_nodes())
         if data[:1] != b"{":
             raise
         try:

@@ -21,7 +21,13 @@ from pathlib import Path
 from typing import Any
 
 from etstore.errors import ConfigError, TraceFormatError
-from etstore.ingest._frames import check_json_depth, load_json
+from etstore.ingest._frames import (
+    COMM_GROUPS_COST,
+    KINETO_COST,
+    check_json_depth,
+    load_json,
+    read_within_budget,
+)
 
 log = logging.getLogger(__name__)
 
@@ -30,12 +36,14 @@ __all__ = [
     "CHAKRA_JSON",
     "COMM_GROUPS_SUFFIX",
     "KINETO",
+    "MAX_RANK",
     "MSCCL_XML",
     "PYTORCH_ET",
     "RankFile",
     "TorchFiles",
     "candidate_files",
     "comm_groups_path",
+    "named_rank",
     "rank_in_name",
     "read_comm_groups",
     "resolve_rank_files",
@@ -57,10 +65,22 @@ _EXTS = (".et", ".et.gz", ".json", ".json.gz")
 RankFile = tuple[int, Path]
 
 
+MAX_RANK = (1 << 31) - 1
+"""Largest rank a file name may state: ranks are 32-bit ints in every column and in ASTRA-sim."""
+
+
+def named_rank(digits: str, path: Path | str) -> int:
+    """The rank a file name states in ``digits``, refused in one line past :data:`MAX_RANK`."""
+    if len(digits) > 10 or int(digits) > MAX_RANK:
+        shown = digits if len(digits) <= 20 else f"{digits[:17]}..."
+        raise TraceFormatError(f"{path}: rank {shown} in the file name is past the largest, {MAX_RANK:,}")
+    return int(digits)
+
+
 def _split(path: Path) -> tuple[str, int | None]:
     m = _RANKED.match(path.name)
     if m:
-        return m["prefix"], int(m["rank"])
+        return m["prefix"], named_rank(m["rank"], path)
     stem = path.name
     for ext in _EXTS:
         if stem.endswith(ext):
@@ -98,6 +118,8 @@ def stoi(text: str) -> int | None:
     m = _STOI.match(text)
     if m is None:
         return None
+    if len(m[1].lstrip("+-").lstrip("0")) > 10:  # past 32 bits, and maybe past what int() converts
+        return None
     value = int(m[1])
     return value if _INT32[0] <= value <= _INT32[1] else None
 
@@ -120,15 +142,18 @@ def read_comm_groups(path: str | Path) -> dict[str, list[int]]:
     """
     path = Path(path)
     try:
-        data = json.loads(path.read_text())
+        raw = read_within_budget(path, COMM_GROUPS_COST)
+        data = _decoded_groups(raw, path)
     except FileNotFoundError as exc:
         raise ConfigError(f"{path}: no such communicator group file") from exc
-    except RecursionError:
-        raise ConfigError(f"{path}: JSON nested too deeply to be a communicator group file") from None
+    except TraceFormatError as exc:  # over the memory budget
+        raise ConfigError(str(exc)) from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{path}: cannot read the communicator group file ({exc})") from exc
     except json.JSONDecodeError as exc:
         raise ConfigError(f"{path}: line {exc.lineno}: not valid JSON ({exc.msg})") from exc
+    except ValueError as exc:  # an integer of more digits than Python converts
+        raise ConfigError(f"{path}: not valid JSON ({str(exc)[:120]})") from exc
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected an object mapping group names to rank lists")
     out: dict[str, list[int]] = {}
@@ -147,9 +172,9 @@ def read_comm_groups(path: str | Path) -> dict[str, list[int]]:
                 "(ASTRA-sim reads keys with stoi)"
             )
         if not isinstance(ranks, list) or not all(
-            isinstance(r, int) and not isinstance(r, bool) for r in ranks
+            isinstance(r, int) and not isinstance(r, bool) and 0 <= r <= MAX_RANK for r in ranks
         ):
-            raise ConfigError(f"{path}: group {name!r} must be a list of integer ranks")
+            raise ConfigError(f"{path}: group {name!r} must be a list of integer ranks in 0..{MAX_RANK:,}")
         spelled[key] = name
         out[key] = list(ranks)
     renamed = [f"{name!r} -> {key}" for key, name in spelled.items() if name != key]
@@ -158,6 +183,15 @@ def read_comm_groups(path: str | Path) -> dict[str, list[int]]:
             "%s: communicator group keys read as ASTRA-sim reads them (stoi): %s", path, ", ".join(renamed)
         )
     return out
+
+
+def _decoded_groups(raw: bytes, path: Path) -> Any:
+    """The JSON of a communicator group file, its depth checked first (the decoder recurses per level)."""
+    try:
+        check_json_depth(raw, path)
+    except TraceFormatError:
+        raise ConfigError(f"{path}: JSON nested too deeply to be a communicator group file") from None
+    return json.loads(raw.decode())
 
 
 def _trace_file(p: Path, exts: tuple[str, ...]) -> bool:
@@ -349,9 +383,12 @@ def rank_in_name(name: str) -> int | None:
             break
     m = _RANK_WORD.search(stem)
     if m:
-        return int(m[1])
+        return named_rank(m[1], name)
     numbers = _NUMBER.findall(stem)
-    return int(numbers[0]) if numbers else None
+    if not numbers:
+        return None
+    # a bare number past any rank is no rank (a timestamp, a job id): the file states none
+    return int(numbers[0]) if len(numbers[0]) <= 10 and int(numbers[0]) <= MAX_RANK else None
 
 
 def names_rank_files(spec: str | Path) -> bool:
@@ -430,7 +467,7 @@ def torch_rank_files(where: str, files: Sequence[tuple[Path, str]]) -> TorchFile
     for path, fmt in files:
         rank: int | None = None
         if fmt == KINETO:
-            doc = load_json(path)
+            doc = load_json(path, limit=KINETO_COST.byte_limit())
             out.docs[path] = doc
             rank, world = stated_rank(doc)
             if world is not None:

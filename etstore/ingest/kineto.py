@@ -39,7 +39,7 @@ import numpy as np
 import pyarrow as pa
 
 from etstore.errors import TraceFormatError
-from etstore.ingest._frames import load_json, write_varint
+from etstore.ingest._frames import KINETO_COST, load_json, write_varint
 from etstore.ingest._guard import values_in_range
 from etstore.ingest._kineto_events import (
     KERNEL_CATS,
@@ -373,7 +373,7 @@ def _read_kineto(
     if isinstance(spec, (str, Path)):
         path = Path(spec)
         doc = (docs or {}).get(path)
-        doc = load_json(path) if doc is None else doc
+        doc = load_json(path, limit=KINETO_COST.byte_limit()) if doc is None else doc
         file_rank, _ = stated_rank(doc) if isinstance(doc, Mapping) else (None, None)
         files: list[tuple[int, Path]] = [(file_rank or 0, path)]
         docs = {path: doc}
@@ -385,7 +385,7 @@ def _read_kineto(
     worlds: dict[int, Path] = {}
     for rank, path in files:
         doc = (docs or {}).get(path)
-        doc = load_json(path) if doc is None else doc
+        doc = load_json(path, limit=KINETO_COST.byte_limit()) if doc is None else doc
         with values_in_range(path):
             one = kineto_rank(doc, path, rank)
         if one.world_size is not None:

@@ -31,6 +31,7 @@ import numpy as np
 
 from etstore.collective import ALGORITHM_COLLECTIVES, short_name
 from etstore.errors import TraceFormatError
+from etstore.ingest._frames import MSCCL_XML_COST, read_within_budget
 from etstore.ir import BUF_CODE, BUFFERS, STEP_TYPES, TYPE_CODE, StepTable, build_trace
 from etstore.model import Trace
 
@@ -583,7 +584,7 @@ def read_msccl_xml(
     """
     p = Path(path)
     try:
-        data = p.read_bytes()
+        data = read_within_budget(p, MSCCL_XML_COST)
     except OSError as exc:
         raise TraceFormatError(f"{p}: cannot read: {exc.strerror or exc}") from exc
     return parse_msccl_xml(

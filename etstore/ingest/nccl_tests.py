@@ -37,6 +37,7 @@ import pyarrow as pa
 
 from etstore.collective import chakra_name
 from etstore.errors import TraceFormatError
+from etstore.ingest._frames import NCCL_TESTS_COST, read_within_budget
 from etstore.ingest._guard import values_in_range
 
 __all__ = [
@@ -241,7 +242,7 @@ def read_nccl_tests(
     """
     src = Path(path)
     try:
-        data = src.read_bytes()
+        data = read_within_budget(src, NCCL_TESTS_COST)
     except OSError as exc:
         raise TraceFormatError(f"{src}: cannot read the log: {exc.strerror or exc}") from exc
     try:
@@ -256,7 +257,12 @@ def read_nccl_tests(
     scan = _Scan(str(src))
     with values_in_range(src):
         for number, raw in enumerate(text.splitlines(), start=1):
-            scan.line(number, _PREFIX.sub("", raw, count=1).rstrip())
+            try:
+                scan.line(number, _PREFIX.sub("", raw, count=1).rstrip())
+            except ValueError as exc:  # int() of more digits than Python converts (4,300)
+                if "integer string conversion" not in str(exc):
+                    raise
+                raise TraceFormatError(f"{src}:{number}: a number of more digits than a count has") from None
         return scan.finish(name or _stem(src), hashlib.sha256(data).hexdigest(), forced)
 
 
@@ -521,7 +527,8 @@ def _integer(text: str, source: str, number: int, what: str, *, signed: bool = F
     """``text`` as an integer cell, or an error naming the line and column."""
     ok = re.fullmatch(r"-?\d+" if signed else r"\d+", text)
     if not ok:
-        raise TraceFormatError(f"{source}:{number}: column {what} is {text!r}, expected an integer")
+        shown = text if len(text) <= 40 else f"{text[:37]}..."
+        raise TraceFormatError(f"{source}:{number}: column {what} is {shown!r}, expected an integer")
     return int(text)
 
 

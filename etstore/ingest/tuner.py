@@ -36,6 +36,7 @@ import pyarrow as pa
 
 from etstore.collective import COLLECTIVE_NAMES, chakra_name
 from etstore.errors import TraceFormatError
+from etstore.ingest._frames import MAX_JSON_DEPTH, TUNER_COST, check_json_depth, read_within_budget
 
 __all__ = [
     "ACTION_FIELDS",
@@ -179,12 +180,31 @@ def is_tuner_log(path: str | Path) -> bool:
         if not line or (line.startswith("#") and not line.startswith("{")):
             continue
         if line.startswith("{"):
+            if _too_deep(line):
+                return False
             try:
                 obj = json.loads(line)
-            except (ValueError, RecursionError):  # RecursionError: nested too deeply to decode
+            except ValueError:
                 return False
             return isinstance(obj, dict) and _complete(_header_fields(list(_flat_keys(obj))))
         return any(_complete(_header_fields(line.split(sep))) for sep in (",", "\t"))
+    return False
+
+
+def _too_deep(line: str) -> bool:
+    """Whether a JSON line nests more than :data:`~etstore.ingest._frames.MAX_JSON_DEPTH` deep.
+
+    Why: the standard decoder recurses once per level, and a line nested a little less than
+    the interpreter's recursion limit decodes here but breaks whatever walks it next
+    (encoding its ``extra`` column), so depth is checked before decoding, as every JSON
+    reader does.
+    """
+    if line.count("[") + line.count("{") <= MAX_JSON_DEPTH:
+        return False
+    try:
+        check_json_depth(line.encode(), "line")
+    except TraceFormatError:
+        return True
     return False
 
 
@@ -233,7 +253,7 @@ def read_tuner_log(path: str | Path, *, name: str | None = None) -> TunerLog:
     """
     p = Path(path)
     try:
-        data = p.read_bytes()
+        data = read_within_budget(p, TUNER_COST)
     except OSError as exc:
         raise TraceFormatError(f"{p}: cannot read: {exc.strerror or exc}") from exc
     try:
@@ -306,28 +326,40 @@ class _Rows:
                 )
             return chakra
         number = _number(raw)
+        if number is not None and isinstance(raw, int) and not math.isfinite(number):  # past floats
+            raise TraceFormatError(f"{where}: {_shown(raw)} is out of range")
         if number is None or not math.isfinite(number):
-            raise TraceFormatError(f"{where}: {raw!r} is not a number")
+            raise TraceFormatError(f"{where}: {_shown(raw)} is not a number")
         if kind in ("count", "positive"):
             least = 1 if kind == "positive" else 0
             if number != int(number) or number < least or number >= 2**63:
                 what = "a positive integer" if least else "a non-negative integer"
-                raise TraceFormatError(f"{where}: expected {what}, got {raw!r}")
+                raise TraceFormatError(f"{where}: expected {what}, got {_shown(raw)}")
             if field in ("ranks", "nodes", "channels") and number >= 2**31:
-                raise TraceFormatError(f"{where}: {raw!r} is out of range (below 2^31 expected)")
+                raise TraceFormatError(f"{where}: {_shown(raw)} is out of range (below 2^31 expected)")
             # exact above 2^53 too: an integer as written, not its float
             return raw if isinstance(raw, int) else int(raw) if _INTEGER.fullmatch(str(raw)) else int(number)
         if kind == "time" and number < 0:
-            raise TraceFormatError(f"{where}: expected a time of at least 0, got {raw!r}")
+            raise TraceFormatError(f"{where}: expected a time of at least 0, got {_shown(raw)}")
         return float(number)
 
 
+def _shown(raw: Any) -> str:
+    """``raw`` for a message: its repr, cut to 60 characters (a value may be thousands of digits)."""
+    text = repr(raw)
+    return text if len(text) <= 60 else f"{text[:57]}..."
+
+
 def _number(raw: Any) -> float | None:
-    """A JSON number or numeric text as a float; None for anything else (booleans too)."""
+    """A JSON number or numeric text as a float (±inf past the float range); None for anything
+    else (booleans too)."""
     if isinstance(raw, bool):
         return None
     if isinstance(raw, int | float):
-        return float(raw)
+        try:
+            return float(raw)
+        except OverflowError:  # an integer past the float range
+            return math.inf if raw > 0 else -math.inf
     if isinstance(raw, str):
         try:
             return float(raw.strip())
@@ -402,9 +434,14 @@ def _read_jsonl(text: str, rows: _Rows) -> list[str]:
     for i, raw in enumerate(text.splitlines(), start=1):
         if not raw.strip():
             continue
+        if _too_deep(raw):
+            raise TraceFormatError(
+                f"{rows.source}:{i}: not a JSON object (nested more than {MAX_JSON_DEPTH} "
+                "lists and objects deep)"
+            )
         try:
             obj = json.loads(raw)
-        except (ValueError, RecursionError) as exc:  # RecursionError: nested too deeply to decode
+        except ValueError as exc:
             raise TraceFormatError(f"{rows.source}:{i}: not a JSON object ({exc})") from exc
         if not isinstance(obj, dict):
             raise TraceFormatError(

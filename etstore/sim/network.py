@@ -91,6 +91,7 @@ class Network:
         if hops is not None and hops not in HOP_MODES:
             raise ConfigError(f"hop model must be one of {', '.join(HOP_MODES)}, not {hops!r}")
         self.hops = hops or HOP_MODES[0]
+        topo.require_routes()  # its routes grow with NPUs squared: the budget first
         self.topo = topo
         self.num_nodes = topo.num_npus
         self.dims = tuple(dims) if dims is not None else dims_of(topo)

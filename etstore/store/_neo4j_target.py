@@ -53,12 +53,17 @@ def parse_url(url: str, env: Mapping[str, str] | None = None) -> Neo4jTarget:
         URL without its credentials).
     """
     env = os.environ if env is None else env
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+    except ValueError as exc:  # an unclosed IPv6 bracket, say
+        shown = re.sub(r"//[^/@]*@", "//", url)  # never the credentials
+        raise StoreError(f"{shown}: not a valid store URL ({exc})") from None
     scheme = parts.scheme.lower()
     try:
         host, port = parts.hostname, parts.port
-    except ValueError as exc:  # a non-numeric port
-        raise StoreError(f"{scheme}://{parts.netloc.rpartition('@')[2]}: bad port in the store URL") from exc
+    except ValueError as exc:  # a non-numeric port, a bad IPv6 address
+        shown = parts.netloc.rpartition("@")[2]
+        raise StoreError(f"{scheme}://{shown}: bad host or port in the store URL") from exc
     shown_netloc = parts.netloc.rpartition("@")[2]
     if scheme not in NEO4J_SCHEMES or not host:
         raise StoreError(

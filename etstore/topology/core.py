@@ -181,6 +181,11 @@ class Topology(LinkArrays):
         """
         return self.num_npus == 1 or self.is_regular() or bool((self.hop_distances() >= 0).all())
 
+    def require_routes(self) -> None:
+        """Raise :class:`TopologyError` upfront when routing a simulation over this topology (its
+        N × N tables, :func:`etstore.topology.paths.require_routes`) would not fit the memory budget."""
+        paths.require_routes(self)
+
     def require_connected(self) -> None:
         """Raise :class:`TopologyError` unless every NPU reaches every other.
 

@@ -34,6 +34,7 @@ __all__ = [
     "next_link",
     "product_distances",
     "require_connected",
+    "require_routes",
     "route",
 ]
 
@@ -47,6 +48,27 @@ def _require_table(t: LinkArrays, bytes_per_pair: float, what: str) -> None:
     """Refuse an N × N ``what`` table of ``bytes_per_pair`` (peak, temporaries included) over budget."""
     n = t.num_npus
     require_budget(float(n) * n * bytes_per_pair, f"topology {t.name}: the {n:,} x {n:,} {what} table")
+
+
+ROUTE_BYTES_PER_PAIR = 12
+"""Bytes per NPU pair of routing a simulation over a topology: the simulator's int32 next-hop
+table, the topology's own next-link table it starts from, and that table's transposed copy."""
+
+
+def require_routes(t: LinkArrays) -> None:
+    """Refuse, before any table is allocated, a topology whose routes would not fit the memory budget.
+
+    Why: a simulation routes through an N × N table (:data:`ROUTE_BYTES_PER_PAIR`); a spec of a
+    few characters (``hypercube:65536``) asks for 48 GiB of it. ``describe()`` and the closed
+    forms need none of it, so building a topology does not check this; what routes over it does.
+
+    Raises
+    ------
+    TopologyError
+        The tables exceed :func:`etstore.units.memory_budget`, in one line naming the topology,
+        the estimate and how to raise the budget.
+    """
+    _require_table(t, ROUTE_BYTES_PER_PAIR, "routing")
 
 
 def diameter_hops(t: LinkArrays) -> int:

@@ -3,7 +3,7 @@
 JSON decoders recurse once per level of nesting: the standard library's raises RecursionError,
 orjson's object decoder overflows the C stack (a segmentation fault), and a decoded 100,000-deep
 list still breaks whatever walks it later. Every JSON trace form etstore reads nests a few
-levels, so the bytes are scanned first and anything deeper than 1,000 levels is a
+levels, so the bytes are scanned first and anything deeper than 200 levels is a
 TraceFormatError naming the file and the byte. The ingest cases run the CLI in a subprocess, as
 a user would, because the old failure was a crash of the interpreter.
 """
@@ -34,19 +34,19 @@ def test_100000_nested_lists_are_refused_before_decoding(tmp_path: Path) -> None
     with pytest.raises(TraceFormatError) as err:
         load_json(path)
     assert str(err.value) == (
-        f"{path}: byte 1000: JSON nested more than 1,000 lists and objects deep (100,000 at its "
+        f"{path}: byte 200: JSON nested more than 200 lists and objects deep (100,000 at its "
         "deepest); no trace format etstore reads nests that deep"
     )
 
 
 def test_the_limit_itself_and_brackets_inside_strings(tmp_path: Path) -> None:
-    assert MAX_JSON_DEPTH == 1000
+    assert MAX_JSON_DEPTH == 200
     at_limit = tmp_path / "limit.json"
-    at_limit.write_text('{"a": ' + "[" * 999 + "]" * 999 + "}")
+    at_limit.write_text('{"a": ' + "[" * 199 + "]" * 199 + "}")
     inner, levels = load_json(at_limit)["a"], 1
     while inner:
         inner, levels = inner[0], levels + 1
-    assert levels == 999  # 1,000 deep with the object: decoded
+    assert levels == 199  # 200 deep with the object: decoded
     # brackets inside strings do not nest, escaped quotes do not end a string, an escaped
     # backslash before a quote does
     texts = {
@@ -118,13 +118,13 @@ def _nested_objects() -> str:
         (
             "objects.pt.trace.json",
             '{\n"traceEvents": [\n' + _nested_objects() + "]}\n",
-            "byte 6007: JSON nested",
+            "byte 1207: JSON nested",
         ),
-        ("lists.pt.trace.json", '{\n"traceEvents": ' + _nested_lists() + "\n}\n", "byte 1016: JSON nested"),
+        ("lists.pt.trace.json", '{\n"traceEvents": ' + _nested_lists() + "\n}\n", "byte 216: JSON nested"),
         # all on one line: the tuner-log sniff decoded it first
-        ("one_line.json", '{"traceEvents": ' + _nested_lists() + "}", "byte 1015: JSON nested"),
+        ("one_line.json", '{"traceEvents": ' + _nested_lists() + "}", "byte 215: JSON nested"),
         # small enough to be checked whole by the format sniff
-        ("small.json", '{"a": ' * 5000 + "1" + "}" * 5000, "byte 6000: JSON nested"),
+        ("small.json", '{"a": ' * 5000 + "1" + "}" * 5000, "byte 1200: JSON nested"),
         # a tuner trajectory (JSON lines) whose second line nests too deeply
         (
             "steps.jsonl",
