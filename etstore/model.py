@@ -37,12 +37,16 @@ __all__ = [
     "CHUNK_COLUMNS",
     "CORE_OP_COLUMNS",
     "DEPS_SCHEMA",
+    "DEP_KINDS",
+    "LANE_KINDS",
     "META_SCHEMA",
     "OPS_SCHEMA",
     "DepKind",
     "Trace",
     "TraceKind",
+    "chakra_deps",
     "decode_attrs",
+    "dep_kind_codes",
     "encode_attrs",
     "node_type_code",
     "node_type_name",
@@ -62,13 +66,75 @@ class TraceKind(str, Enum):
 
 
 class DepKind(str, Enum):
-    """What a dependency waits for (``deps.kind``): the producer's data, or only its completion."""
+    """Why a dependency holds (``deps.kind``).
+
+    Chakra's two kinds, ``data`` (the consumer reads bytes the producer wrote) and ``ctrl``
+    (issue order), are all a Chakra file can say. A recorded trace (PyTorch ET + Kineto)
+    knows more, and a rewrite needs it: an op may move within its lane (``thread``,
+    ``stream``), never ahead of what launched it or what it waited for. Every kind but
+    ``data`` is a ``ctrl`` dependency to Chakra (:func:`chakra_deps`).
+    """
 
     DATA = "data"
     CTRL = "ctrl"
+    THREAD = "thread"
+    """The op its CPU thread ran before it."""
+    STREAM = "stream"
+    """The activity its GPU stream ran before it."""
+    LAUNCH = "launch"
+    """What handed it its work: a kernel's launching runtime call; for gloo's worker thread,
+    what ran before the call that enqueued it."""
+    WAIT = "wait"
+    """What it waited for on another lane: a synchronize or blocking copy released by device
+    work, a stream waiting on another stream's event, a thread woken by another thread's op."""
+    GROUP = "group"
+    """The previous collective of its process group on the rank (calls are matched by order)."""
+    OVERWRITE = "overwrite"
+    """It overwrites bytes the earlier op read (or wrote, unread since): write after read."""
 
     def __str__(self) -> str:  # the value, as stored in ``deps.kind``
         return self.value
+
+
+DEP_KINDS: tuple[str, ...] = tuple(k.value for k in DepKind)
+LANE_KINDS: frozenset[str] = frozenset({"thread", "stream"})
+"""Kinds that only order a lane: an op may be moved within its lane past such an edge."""
+
+
+def dep_kind_codes(kinds: Any) -> np.ndarray:
+    """Each kind's index in :data:`DEP_KINDS` (``int8``; an unknown kind gets ``len(DEP_KINDS)``).
+
+    >>> dep_kind_codes(pa.array(["data", "ctrl", "wait", "nope"])).tolist()
+    [0, 1, 5, 8]
+    """
+    idx = pc.index_in(kinds, value_set=pa.array(DEP_KINDS, pa.string()))
+    return pc.fill_null(idx, len(DEP_KINDS)).to_numpy(zero_copy_only=False).astype(np.int8)
+
+
+def chakra_deps(deps: pa.Table) -> pa.Table:
+    """``deps`` with Chakra's two kinds: ``data`` kept, every other kind ``ctrl``.
+
+    Positions are renumbered within each (rank, dst, kind), the extended kinds' edges after
+    the ``ctrl`` ones in :data:`DEP_KINDS` order, so a writer gets one ordered list per kind.
+
+    >>> d = deps_table(0, [1, 2, 3], [4, 4, 4], ["wait", "ctrl", "data"])
+    >>> chakra_deps(d).select(["src", "kind", "pos"]).to_pylist()  # doctest: +NORMALIZE_WHITESPACE
+    [{'src': 1, 'kind': 'ctrl', 'pos': 1}, {'src': 2, 'kind': 'ctrl', 'pos': 0},
+     {'src': 3, 'kind': 'data', 'pos': 0}]
+    """
+    if deps.num_rows == 0:
+        return deps
+    codes = dep_kind_codes(deps["kind"])
+    if int(codes.max()) <= 1:
+        return deps
+    chakra = np.where(codes == 0, "data", "ctrl")
+    pos = deps["pos"].to_numpy(zero_copy_only=False)
+    order = np.lexsort((pos, codes))  # within a dst and Chakra kind: by kind, then position
+    src, dst = deps["src"].to_numpy()[order], deps["dst"].to_numpy()[order]
+    out = deps_table(deps["rank"].to_numpy()[order], src, dst, chakra[order].tolist())
+    back = np.empty_like(order)
+    back[order] = np.arange(len(order))
+    return out.take(pa.array(back))
 
 
 # Promoted attributes: column name -> (arrow type, oneof member written for new nodes).
@@ -326,7 +392,7 @@ def _positions_within(rank: np.ndarray, dst: np.ndarray, kinds: pa.Array) -> np.
     n = len(dst)
     if n == 0:
         return np.zeros(0, dtype=np.int32)
-    kind_code = (pc.equal(kinds, "ctrl").to_numpy(zero_copy_only=False)).astype(np.uint8)
+    kind_code = dep_kind_codes(kinds)
     order = np.lexsort((np.arange(n), kind_code, dst, rank))
     r, d, k = rank[order], dst[order], kind_code[order]
     new_group = np.ones(n, dtype=bool)

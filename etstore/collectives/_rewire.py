@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from etstore.collectives._columns import gather_bytes, ragged
 from etstore.collectives._parts import Parts
 from etstore.collectives._placement import Placed
-from etstore.model import DEPS_SCHEMA, Trace, deps_table, op_rows
+from etstore.model import DEPS_SCHEMA, Trace, dep_kind_codes, deps_table, op_rows
 
 __all__ = ["rewire"]
 
@@ -100,4 +99,4 @@ def _external_deps(
 
 
 def _kind_code(kinds: pa.ChunkedArray) -> np.ndarray:
-    return pc.equal(kinds, "ctrl").to_numpy(zero_copy_only=False).astype(np.int8)
+    return dep_kind_codes(kinds)

@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from etstore.ingest._frames import write_varint
-from etstore.model import ATTR_COLUMNS, Trace, node_type_code
+from etstore.model import ATTR_COLUMNS, Trace, chakra_deps, node_type_code
 from etstore.proto import COLLECTIVE_COMM_TYPES, ONEOF_FIELDS, Node
 
 __all__ = ["encode_rank", "write_et"]
@@ -91,7 +91,9 @@ def _deps_by_node(deps: pa.Table) -> dict[tuple[int, str], list[int]]:
 
 
 def encode_rank(ops: pa.Table, deps: pa.Table, metadata: bytes | None) -> bytes:
-    """One rank's ``.et`` bytes (uncompressed) from its ops and all its deps (incl. missing)."""
+    """One rank's ``.et`` bytes (uncompressed) from its ops and all its deps (incl. missing);
+    a recorded trace's lane, launch and wait dependencies are written as ``ctrl_deps``."""
+    deps = chakra_deps(deps)
     if _native is not None:
         return _native.encode_rank(ops, deps, metadata)
     return _encode_py(ops, deps, metadata)

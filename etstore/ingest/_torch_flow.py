@@ -12,17 +12,42 @@ iterations) play no part.
 * Readers: a node's inputs, except for view and metadata ops (``aten::view``,
   ``aten::as_strided``, ``aten::detach``, ...), which read no data: the consumer of the
   view does.
+* Overwrites: a writer comes after every row that read the bytes since they were last
+  written (or, if none did, after their last writer), so a rewrite cannot move it ahead of
+  them: the optimizer may not update a weight before the backward op that reads it, nor a
+  bucket be refilled before its send.
 """
 
 from __future__ import annotations
 
+import re
 from bisect import bisect_left
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
-__all__ = ["NO_READ_OPS", "storage_flow"]
+__all__ = ["NO_READ_OPS", "Flow", "returns_alias", "storage_flow"]
+
+_ALIAS = re.compile(r"Tensor\(\w+\)")
+
+
+def returns_alias(schema: object) -> bool:
+    """Whether an op schema returns an alias of an input without writing it (``aten::view``,
+    ``aten::resolve_conj``: ``-> Tensor(a)``), rather than a mutated one (``-> Tensor(a!)``).
+
+    >>> returns_alias("aten::resolve_conj(Tensor(a) self) -> Tensor(a)")
+    True
+    >>> returns_alias("aten::mul.out(Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)")
+    False
+    >>> returns_alias("aten::relu(Tensor self) -> Tensor"), returns_alias(None)
+    (False, False)
+    """
+    if not isinstance(schema, str) or "->" not in schema:
+        return False
+    ret = schema.rsplit("->", 1)[1]
+    return "!" not in ret and _ALIAS.search(ret) is not None
+
 
 # ops that make a tensor that shares its input's storage, or only look at its metadata
 # (a wait returns its input):
@@ -63,6 +88,9 @@ NO_READ_OPS = frozenset(
         "aten::empty",
         "aten::resize_",
         "_c10d_functional::wait_tensor",  # returns its input: the collective wrote the data
+        # wraps a functional collective's output for autograd as soon as it is issued, while
+        # gloo may still be filling it: no read (and its output is that same data)
+        "_c10d_functional::_wrap_tensor_autograd",
     }
 )
 
@@ -127,6 +155,36 @@ class _Bytes:
         los[i:j] = [s[0] for s in (*keep_before, (lo, hi, row), *keep_after)]
 
 
+class _Readers:
+    """Who read each byte range since it was last written: ``(lo, hi, row)`` per storage."""
+
+    def __init__(self) -> None:
+        self.reads: dict[int, list[tuple[int, int, int]]] = {}
+
+    def read(self, storage: int, lo: int, hi: int, row: int) -> None:
+        self.reads.setdefault(storage, []).append((lo, hi, row))
+
+    def overwritten(self, storage: int, lo: int, hi: int, row: int) -> list[int]:
+        """Rows before ``row`` that read bytes ``[lo, hi)`` it now overwrites; those reads are
+        forgotten (a later writer is ordered after ``row``, hence after them)."""
+        entries = self.reads.get(storage)
+        if not entries:
+            return []
+        out: list[int] = []
+        kept: list[tuple[int, int, int]] = []
+        for a, b, r in entries:
+            if b <= lo or a >= hi or r >= row:  # elsewhere, or ``row`` itself or its children
+                kept.append((a, b, r))
+                continue
+            out.append(r)
+            if a < lo:
+                kept.append((a, lo, r))
+            if b > hi:
+                kept.append((hi, b, r))
+        self.reads[storage] = kept
+        return out
+
+
 def _ranges(args: Sequence[list[Any]]) -> list[tuple[int, int, int]]:
     """``(storage, lo, hi)`` byte ranges of tensor records (those with data)."""
     out = []
@@ -137,56 +195,94 @@ def _ranges(args: Sequence[list[Any]]) -> list[tuple[int, int, int]]:
     return out
 
 
+class Flow(NamedTuple):
+    """Row pairs of a rank's storage flow: ``data`` (the consumer reads bytes the producer wrote
+    last) and ``overwrite`` (the later row overwrites bytes the earlier one read, or wrote with
+    no reader since)."""
+
+    src: np.ndarray
+    dst: np.ndarray
+    over_src: np.ndarray
+    over_dst: np.ndarray
+
+
 def storage_flow(
     names: Sequence[str],
     parent_row: np.ndarray,
     reads: Sequence[Sequence[list[Any]]],
     writes: Sequence[Sequence[list[Any]]],
     fills: Sequence[bool],
-) -> tuple[np.ndarray, np.ndarray]:
-    """Rows ``(producer, consumer)`` in entry order: the consumer reads bytes the producer wrote last.
+    views: Sequence[bool] | None = None,
+) -> Flow:
+    """Rows ``(producer, consumer)`` in entry order: the consumer reads bytes the producer wrote
+    last; and ``(earlier, writer)``: the writer overwrites bytes the earlier row read (or wrote,
+    unread), so it may not run before it.
 
     ``parent_row`` is each row's parent (-1 for none); ``reads`` and ``writes`` each row's
     input and output tensor records; ``fills`` marks rows (collectives, receives) that also
-    write the buffers they read. A node writes when it returns, so its children read what
+    write the buffers they read; ``views`` rows whose outputs alias their inputs unchanged
+    (their schema returns ``Tensor(a)``, not ``Tensor(a!)``), which, like :data:`NO_READ_OPS`,
+    read and write nothing. A node writes when it returns, so its children read what
     was there before it, and a wrapper's outputs are written by the children that wrote
     them: the wrapper writes only bytes none of them did. A collective's buffers are its
     own when it returns, whatever records nested in it listed.
 
     >>> base = [1, 7, 0, 8, 4, "cpu"]        # 8 floats of storage 7
     >>> view = [2, 7, 4, 4, 4, "cpu"]        # the last 4 of them, another tensor id
-    >>> src, dst = storage_flow(
-    ...     ["aten::ones", "aten::as_strided", "aten::mul_", "aten::sum"], np.full(4, -1),
-    ...     [[], [base], [view], [base]], [[base], [view], [view], []], [False] * 4)
-    >>> list(zip(src.tolist(), dst.tolist()))
+    >>> flow = storage_flow(
+    ...     ["aten::ones", "aten::as_strided", "aten::mul_", "aten::sum", "aten::zero_"], np.full(5, -1),
+    ...     [[], [base], [view], [base], []], [[base], [view], [view], [], [base]], [False] * 5)
+    >>> list(zip(flow.src.tolist(), flow.dst.tolist()))
     [(0, 2), (0, 3), (2, 3)]
+
+    ``aten::zero_`` overwrites what ``aten::mul_`` (its view) and ``aten::sum`` read:
+
+    >>> sorted(zip(flow.over_src.tolist(), flow.over_dst.tolist()))
+    [(2, 4), (3, 4)]
     """
     last = _Bytes()
+    readers = _Readers()
     src: list[int] = []
     dst: list[int] = []
+    over: set[tuple[int, int]] = set()
     Range = tuple[int, int, int]
     open_rows: list[tuple[int, list[Range], list[Range]]] = []  # entered, not yet returned
 
+    def overwrite(storage: int, lo: int, hi: int, row: int) -> None:
+        earlier = readers.overwritten(storage, lo, hi, row)
+        if not earlier:  # nobody read it: what wrote it before must still come first
+            earlier = [w for w in last.writers(storage, lo, hi) if w < row]
+        inside = {r for r, _, _ in open_rows}  # its callers: they read through it
+        over.update((e, row) for e in earlier if e != row and e not in inside)
+
     def close(row: int, written: list[Range], filled: list[Range]) -> None:
         for storage, lo, hi in written:
+            overwrite(storage, lo, hi, row)
             last.write_older(storage, lo, hi, row)
         for storage, lo, hi in filled:  # the collective's result, whatever its nested records listed
+            overwrite(storage, lo, hi, row)
             last.write(storage, lo, hi, row)
 
     for row, name in enumerate(names):
         parent = int(parent_row[row])
         while open_rows and open_rows[-1][0] != parent:
             close(*open_rows.pop())
-        read = _ranges(reads[row]) if name not in NO_READ_OPS else []
+        aliases = name in NO_READ_OPS or bool(views and views[row])
+        read = _ranges(reads[row]) if not aliases else []
         seen: set[int] = {row}
         for storage, lo, hi in read:
+            if not fills[row]:  # a collective's buffer is its own until it returns (it writes it)
+                readers.read(storage, lo, hi, row)
             for w in last.writers(storage, lo, hi):
                 if w not in seen:
                     seen.add(w)
                     src.append(w)
                     dst.append(row)
-        written = _ranges(writes[row]) if name not in NO_READ_OPS else []
+        written = _ranges(writes[row]) if not aliases else []
         open_rows.append((row, written, read if fills[row] else []))
     while open_rows:
         close(*open_rows.pop())
-    return np.asarray(src, dtype=np.int64), np.asarray(dst, dtype=np.int64)
+    pairs = sorted(over - set(zip(src, dst, strict=True)))  # a data edge already orders them
+    o_src = np.asarray([a for a, _ in pairs], dtype=np.int64)
+    o_dst = np.asarray([b for _, b in pairs], dtype=np.int64)
+    return Flow(np.asarray(src, dtype=np.int64), np.asarray(dst, dtype=np.int64), o_src, o_dst)

@@ -24,7 +24,10 @@ where the previous op ended. Releases come from
   ``cudaStreamWaitEvent`` of a ``wait()`` on gloo's CUDA work, counts);
 * a wait call (``c10d::wait``, ``_c10d_functional::wait_tensor``, an awaitable's ``wait()``)
   that returned within :data:`WAKE_US` of another thread's op ending inside it: that op (a
-  ``wait()`` on gloo's worker thread).
+  ``wait()`` on gloo's worker thread);
+* the data it reads: an op that reads what an op of another thread wrote could not start
+  before that op ended, however long the thread took to wake up (DDP's copy back of a
+  broadcast, after an untraced ``wait()``).
 
 A communication call keeps its own recorded time. Where the thread ran other ops inside it
 (gloo on CUDA tensors: a stream synchronize before the exchange, the copy back to the device
@@ -43,18 +46,21 @@ import numpy as np
 
 from etstore.ingest._torch_sync import Lanes
 
-__all__ = ["WAKE_US", "ThreadLanes", "run_threads", "thread_lanes"]
+__all__ = ["WAKE_US", "ThreadLanes", "issuers", "run_threads", "thread_lanes"]
 
 WAKE_US = 100
 """A thread that resumes this long (µs) after another thread's op ended was waiting for it."""
 
 
 class ThreadLanes(NamedTuple):
-    """Chain edges ``src → dst`` (run order, cross-thread waits), each timed row's duration and
-    start (the recorded one; a communication call's exchange where it ran nested ops)."""
+    """Chain edges ``src → dst`` and their kind (``thread``: run order; ``launch``: a worker's
+    run after what preceded its call; ``wait``: a thread released by another's op), each timed
+    row's duration and start (the recorded one; a communication call's exchange where it ran
+    nested ops)."""
 
     src: np.ndarray
     dst: np.ndarray
+    kind: np.ndarray
     rows: np.ndarray
     dur: np.ndarray
     start: np.ndarray
@@ -73,6 +79,7 @@ def thread_lanes(
     is_sync: np.ndarray | None = None,
     activity: tuple[np.ndarray, np.ndarray] | None = None,
     issuer: np.ndarray | None = None,
+    data_release: np.ndarray | None = None,
 ) -> ThreadLanes:
     """The thread chains of ``rows`` and the thread time of their timed ones.
 
@@ -106,6 +113,10 @@ def thread_lanes(
         follows what ran before the call on the call's thread, and its thread time starts
         where the call began (or the worker's previous op ended), so the worker's pick-up
         latency is the run's own time.
+    data_release
+        For each op, the latest recorded end of an op of another thread whose data it reads
+        (-1: none): the op could not start before that data existed, so a thread idle until
+        then was waiting for it, as for a release (default: none).
 
     Examples
     --------
@@ -119,8 +130,10 @@ def thread_lanes(
     ...     after=np.array([0, 2, 4, 6, 8]), start=np.array([0, 2, 8, 160, 100]),
     ...     end=np.array([10, 5, 9, 170, 150]), timed=np.ones(5, bool),
     ...     released_at=np.full(5, -1), keep_own=np.zeros(5, bool))
-    >>> lanes.dur.tolist(), list(zip(lanes.src.tolist(), lanes.dst.tolist()))
-    ([2, 3, 4, 20, 140], [(0, 1), (1, 2), (2, 3), (4, 3), (2, 4)])
+    >>> lanes.dur.tolist()
+    [2, 3, 4, 20, 140]
+    >>> list(zip(lanes.src.tolist(), lanes.dst.tolist(), lanes.kind.tolist()))
+    [(0, 1, 'thread'), (1, 2, 'thread'), (2, 3, 'thread'), (4, 3, 'wait'), (2, 4, 'wait')]
 
     A communication call (0..100) that synchronized (1..3) before its exchange and copied
     back (90..95) after it is the exchange, 3..90, between the two:
@@ -145,7 +158,8 @@ def thread_lanes(
     t_key, t_start, t_end = thread[t], start[t], end[t]
     n = len(t)
     if not n:
-        return ThreadLanes(src[0], dst[0], rows[t], np.zeros(0, dtype=np.int64), start[t])
+        kind = np.full(len(src[0]), "thread", dtype=object)
+        return ThreadLanes(src[0], dst[0], kind, rows[t], np.zeros(0, dtype=np.int64), start[t])
     first = np.ones(n, dtype=bool)
     first[1:] = t_key[1:] != t_key[:-1]
     last = np.r_[first[1:], True]
@@ -155,6 +169,8 @@ def thread_lanes(
     begin = np.r_[0, left[:-1]]
     begin[first] = t_start[first]
     release = released_at[t].copy()
+    if data_release is not None:  # it read what another thread wrote: it waited for it
+        release = np.maximum(release, data_release[t])
     pos = np.full(len(rows), -1, dtype=np.int64)
     pos[t] = np.arange(n)
     h = np.zeros(0, dtype=np.int64)
@@ -189,7 +205,9 @@ def thread_lanes(
     dur[own] = (t_end - t_start)[own]
     src.append(rows[t[a]])
     dst.append(rows[t[b]])
-    return ThreadLanes(np.concatenate(src), np.concatenate(dst), rows[t], dur, t_start)
+    kinds = ["thread"] + ["launch"] * (len(src) - 2) + ["wait"]
+    kind = np.concatenate([np.full(len(s), k, dtype=object) for s, k in zip(src, kinds, strict=True)])
+    return ThreadLanes(np.concatenate(src), np.concatenate(dst), kind, rows[t], dur, t_start)
 
 
 def _exchanges(
@@ -304,4 +322,22 @@ def run_threads(et_tids: np.ndarray, kineto: np.ndarray) -> np.ndarray:
             out[free] = np.bincount(kineto[mine]).argmax()
         else:
             out[free], spare = spare, spare + 1
+    return out
+
+
+def issuers(issued_by: dict[int, int], seq: np.ndarray, tids: np.ndarray) -> np.ndarray:
+    """Per position of ``seq``: the position of the call whose work that record ran on another
+    thread (gloo's worker), else -1."""
+    at = np.full(int(seq.max(initial=-1)) + 1, -1, dtype=np.int64)
+    at[seq] = np.arange(len(seq))
+    out = np.full(len(seq), -1, dtype=np.int64)
+    for record, call in issued_by.items():
+        if (
+            record < len(at)
+            and call < len(at)
+            and at[record] >= 0
+            and at[call] >= 0
+            and tids[record] != tids[call]
+        ):
+            out[at[record]] = at[call]
     return out

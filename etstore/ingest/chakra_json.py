@@ -28,6 +28,7 @@ from etstore.model import (
     META_SCHEMA,
     OPS_SCHEMA,
     Trace,
+    chakra_deps,
     member_number,
     node_type_name,
 )
@@ -265,7 +266,7 @@ def write_chakra_json(trace: Trace, prefix: str | Path) -> list[Path]:
     """Write ``<prefix>.<rank>.json`` per rank in Chakra's JSON form (plus our lossless keys)."""
     prefix = Path(prefix)
     prefix.parent.mkdir(parents=True, exist_ok=True)
-    all_deps = pa.concat_tables([trace.deps, trace.missing])
+    all_deps = chakra_deps(pa.concat_tables([trace.deps, trace.missing]))
     by_node: dict[tuple[int, int, str], list[tuple[int, int]]] = {}
     for r, s, d, k, p in zip(
         *(all_deps[c].to_pylist() for c in ("rank", "src", "dst", "kind", "pos")), strict=True

@@ -62,11 +62,11 @@ from etstore.ingest._torch_et_nodes import (
 )
 from etstore.ingest._torch_etplus import et_plus_link, split_device_nodes
 from etstore.ingest._torch_files import Spec, assign_ranks, doc_kind, name_rank, trace_paths
-from etstore.ingest._torch_flow import storage_flow
-from etstore.ingest._torch_lanes import run_threads, thread_lanes
+from etstore.ingest._torch_flow import Flow, returns_alias, storage_flow
+from etstore.ingest._torch_lanes import issuers, run_threads, thread_lanes
 from etstore.ingest._torch_link import LinkResult, dumps, link_rank, recorded_window
 from etstore.ingest.et import split_missing
-from etstore.model import ATTR_COLUMNS, META_SCHEMA, OPS_SCHEMA, Trace, deps_table, member_number
+from etstore.model import ATTR_COLUMNS, DEP_KINDS, META_SCHEMA, OPS_SCHEMA, Trace, deps_table, member_number
 from etstore.proto import GlobalMetadata
 
 __all__ = ["read_pytorch_et"]
@@ -139,14 +139,16 @@ def _node_types(nodes: EtNodes, comm: Comm) -> list[str]:
     return types
 
 
-def _data_edges(nodes: EtNodes, comm: Comm) -> tuple[np.ndarray, np.ndarray]:
-    """Rows ``(producer, consumer)``: a consumer reads bytes of a storage the producer wrote last."""
+def _data_edges(nodes: EtNodes, comm: Comm) -> Flow:
+    """Rows ``(producer, consumer)``: a consumer reads bytes of a storage the producer wrote last;
+    and the rows each writer overwrites the bytes of."""
     return storage_flow(
         nodes.names,
         nodes.parent_row,
         [tensors(*io) for io in nodes.inputs],
         [tensors(*io) for io in nodes.outputs],
         [k is not None and k.node_type != SEND_NODE for k in comm.kind],  # a collective fills its buffers
+        [returns_alias(a.get("op_schema")) for a in nodes.attrs],
     )
 
 
@@ -183,7 +185,10 @@ def _rank_columns(nodes: EtNodes, comm: Comm, link: LinkResult | None, *, lanes:
         comm=comm,
         extras=extras,
     )
-    rank.edge(*_data_edges(nodes, comm), "data")
+    flow = _data_edges(nodes, comm)
+    rank.edge(flow.src, flow.dst, "data")
+    if link is not None and lanes:  # what a rewrite of the recording must keep in order
+        rank.edge(flow.over_src, flow.over_dst, "overwrite")
     executes = np.flatnonzero(np.asarray([t != "METADATA_NODE" for t in types]))
     if link is not None and link.kernels.names:
         _add_kernels(rank, nodes, link)
@@ -195,7 +200,8 @@ def _rank_columns(nodes: EtNodes, comm: Comm, link: LinkResult | None, *, lanes:
     if len(comm_rows):
         pg_names = np.asarray([rank.comm.pg[r] or "" for r in comm_rows.tolist()], dtype=object)
         _, pg_key = np.unique(pg_names, return_inverse=True)
-        rank.edge(*_chain(comm_rows, pg_key.astype(np.int64)), "ctrl")
+        order = "group" if link is not None and lanes else "ctrl"  # Chakra's issue order without Kineto
+        rank.edge(*_chain(comm_rows, pg_key.astype(np.int64)), order)
     return rank
 
 
@@ -230,9 +236,9 @@ def _add_kernels(rank: _Rank, nodes: EtNodes, link: LinkResult) -> None:
                 c.kind[n + j], c.size[n + j], c.pg[n + j] = parsed.kind, size, parsed.pg_name
                 rank.types[n + j] = COLL_NODE
     launched = k.launcher >= 0
-    rank.edge(k.launcher[launched], rows[launched], "ctrl")
-    rank.edge(*_chain(rows, k.stream), "ctrl")
-    rank.edge(rows[k.held[0]], rows[k.held[1]], "ctrl")  # waits across streams
+    rank.edge(k.launcher[launched], rows[launched], "launch")
+    rank.edge(*_chain(rows, k.stream), "stream")
+    rank.edge(rows[k.held[0]], rows[k.held[1]], "wait")  # waits across streams
 
 
 def _add_host_waits(rank: _Rank, nodes: EtNodes, link: LinkResult, executes: np.ndarray) -> None:
@@ -243,7 +249,7 @@ def _add_host_waits(rank: _Rank, nodes: EtNodes, link: LinkResult, executes: np.
     first_kernel = len(nodes.names)
     rows = rank.append(w.names, True, w.own_us, w.start_us, [[(KINETO_ATTR, dumps(raw))] for raw in w.raw])
     released = w.releaser >= 0
-    rank.edge(first_kernel + w.releaser[released], rows[released], "ctrl")
+    rank.edge(first_kernel + w.releaser[released], rows[released], "wait")
     # where each call sits in its thread: just after the op of its thread that started last before it
     tids = run_threads(nodes.tids, link.thread)
     timed = executes[link.linked[executes]]
@@ -258,12 +264,13 @@ def _add_host_waits(rank: _Rank, nodes: EtNodes, link: LinkResult, executes: np.
     k_end = link.kernels.start_us + link.kernels.dur_us
     incl = np.concatenate([link.incl_us, np.zeros(n - first_kernel, dtype=np.int64), w.dur_us])
     seq = np.concatenate([executes, rows])
+    seq_end = rank.start[seq] + incl[seq]
     lanes = thread_lanes(
         rows=seq,
         thread=np.concatenate([tids[executes], tids[w.row]]),
         after=np.concatenate([2 * executes, 2 * p + 1]),
         start=rank.start[seq],
-        end=rank.start[seq] + incl[seq],
+        end=seq_end,
         timed=np.concatenate([link.linked[executes], np.ones(m, dtype=bool)]),
         released_at=np.concatenate(
             [
@@ -275,28 +282,30 @@ def _add_host_waits(rank: _Rank, nodes: EtNodes, link: LinkResult, executes: np.
         is_wait=np.asarray([_WAIT_CALL.search(rank.names[i]) is not None for i in seq.tolist()], dtype=bool),
         is_sync=np.arange(len(seq)) >= len(executes),
         activity=link.activity,
-        issuer=_issuers(rank.comm.issued_by, seq, tids),
+        issuer=issuers(rank.comm.issued_by, seq, tids),
+        data_release=_data_releases(rank, seq, tids, seq_end),
     )
-    rank.edge(lanes.src, lanes.dst, "ctrl")
+    for kind in ("thread", "launch", "wait"):
+        sel = lanes.kind == kind
+        rank.edge(lanes.src[sel], lanes.dst[sel], kind)
     rank.dur[lanes.rows] = lanes.dur
     rank.start[lanes.rows] = lanes.start
 
 
-def _issuers(issued_by: dict[int, int], seq: np.ndarray, tids: np.ndarray) -> np.ndarray:
-    """Per position of ``seq``: the position of the call whose work that record ran on another
-    thread (gloo's worker), else -1."""
+def _data_releases(rank: _Rank, seq: np.ndarray, tids: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """Per position of ``seq``: the latest recorded end of an op of another thread whose data
+    it reads (its ``data`` edges), else -1."""
     at = np.full(int(seq.max(initial=-1)) + 1, -1, dtype=np.int64)
     at[seq] = np.arange(len(seq))
     out = np.full(len(seq), -1, dtype=np.int64)
-    for record, call in issued_by.items():
-        if (
-            record < len(at)
-            and call < len(at)
-            and at[record] >= 0
-            and at[call] >= 0
-            and tids[record] != tids[call]
-        ):
-            out[at[record]] = at[call]
+    for src, dst, kind in zip(rank.src, rank.dst, rank.kinds, strict=True):
+        if kind != "data" or not len(src):
+            continue
+        inside = (src < len(at)) & (dst < len(at)) & (src < len(tids)) & (dst < len(tids))
+        s, d = src[inside], dst[inside]
+        ps, pd = at[s], at[d]
+        keep = (ps >= 0) & (pd >= 0) & (tids[s] != tids[d])
+        np.maximum.at(out, pd[keep], end[ps[keep]])
     return out
 
 
@@ -353,17 +362,13 @@ def _deps(rank_no: int, r: _Rank) -> pa.Table:
     src = np.concatenate(r.src) if r.src else np.zeros(0, dtype=np.int64)
     dst = np.concatenate(r.dst) if r.dst else np.zeros(0, dtype=np.int64)
     kind = np.concatenate(
-        [np.full(len(s), k == "ctrl", dtype=np.int8) for s, k in zip(r.src, r.kinds, strict=True)]
+        [np.full(len(s), DEP_KINDS.index(k), dtype=np.int8) for s, k in zip(r.src, r.kinds, strict=True)]
     )
     key = np.stack([dst, kind, src], axis=1)
     _, first = np.unique(key, axis=0, return_index=True)  # one edge per (dst, kind, src), in creation order
     keep = np.sort(first)
-    return deps_table(
-        rank_no,
-        r.ids[src[keep]],
-        r.ids[dst[keep]],
-        ["ctrl" if k else "data" for k in kind[keep].tolist()],
-    )
+    kinds = [DEP_KINDS[k] for k in kind[keep].tolist()]
+    return deps_table(rank_no, r.ids[src[keep]], r.ids[dst[keep]], kinds)
 
 
 def _metadata(header: Mapping[str, Any]) -> bytes:

@@ -57,7 +57,8 @@ def graph_ddl() -> list[str]:
 
     Notes
     -----
-    ``DEP.kind`` stays the string ``'data'``/``'ctrl'`` that Cypher queries compare with;
+    ``DEP.kind`` stays the string (a :class:`~etstore.model.DepKind` value) that Cypher
+    queries compare with;
     what each property costs the bulk load is in ``docs/store.md`` ("Ingest speed").
     """
     op_schema = pa.schema(

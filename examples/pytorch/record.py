@@ -148,6 +148,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch", type=int, default=8, help="samples per rank and step")
     args = parser.parse_args(argv)
     Path(args.out).mkdir(parents=True, exist_ok=True)
+    if args.device == "cpu":  # on a machine with GPUs, FSDP2 would still put its shards on one
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""
     mp.spawn(_worker, args=(args.ranks, args), nprocs=args.ranks, join=True)
 
 

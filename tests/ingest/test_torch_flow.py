@@ -79,7 +79,7 @@ def test_every_bucket_writer_feeds_its_all_reduce() -> None:
 def test_a_reused_tensor_id_on_another_storage_links_nothing() -> None:
     first = [5, 1, 0, 4, 4, "cpu"]
     again = [5, 2, 0, 4, 4, "cpu"]  # the same tensor id, a new storage
-    src, dst = storage_flow(
+    src, dst, *_ = storage_flow(
         ["aten::ones", "aten::zeros", "aten::sum"],
         np.full(3, -1),
         [[], [], [again]],
@@ -97,7 +97,7 @@ def test_a_child_reads_what_was_there_before_its_parent_returned() -> None:
     buf = [9, 3, 0, 32, 4, "cpu"]
     names = ["c10d::allreduce_", "_c10d_functional::wait_tensor", "gloo:all_reduce", "aten::mse_loss"]
     parents = np.asarray([-1, -1, 1, -1])
-    src, dst = storage_flow(
+    src, dst, *_ = storage_flow(
         names, parents, [[buf], [buf], [buf], [buf]], [[buf], [buf], [], []], [False, False, True, False]
     )
     assert sorted(zip(src.tolist(), dst.tolist(), strict=True)) == [(0, 2), (2, 3)]

@@ -107,3 +107,23 @@ def test_a_thread_resumes_at_its_first_recorded_event_of_any_kind() -> None:
     assert (2, 1) not in edges
     got, edges = _lanes(**kw, activity=(np.array([0, 0, 0]), np.array([0, 1_050, 1_200])))
     assert (2, 1) in edges and got[1] == (1_200, 250)
+
+
+def test_an_op_reading_another_threads_data_waited_for_it() -> None:
+    """Thread 0 runs A (0..10), then B (300..310), which reads what thread 1's W (5..100) wrote.
+    B resumed 200 µs after W ended (an untraced wait() with a slow wake-up: beyond both
+    wake-up bounds), yet it could not start before W ended: its thread time starts at W's
+    end (210 µs), not where A left the thread (300 µs, which would count the wait)."""
+    args = dict(
+        rows=np.array([0, 1, 2]),
+        thread=np.array([0, 0, 1]),
+        after=np.array([0, 2, 4]),
+        start=np.array([0, 300, 5]),
+        end=np.array([10, 310, 100]),
+        timed=np.ones(3, bool),
+        released_at=np.full(3, -1),
+        keep_own=np.zeros(3, bool),
+    )
+    assert thread_lanes(**args).dur.tolist() == [10, 300, 95]
+    lanes = thread_lanes(**args, data_release=np.array([-1, 100, -1]))
+    assert lanes.dur.tolist() == [10, 210, 95]

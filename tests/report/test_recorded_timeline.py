@@ -153,7 +153,7 @@ def test_a_launch_flow_per_cpu_to_device_edge(recording: Recording) -> None:
         for r, s, d, kind in zip(
             *(trace.deps[c].to_pylist() for c in ("rank", "src", "dst", "kind")), strict=True
         )
-        if kind == "ctrl" and not device[(r, s)] and device[(r, d)]
+        if kind == "launch" and not device[(r, s)] and device[(r, d)]
     }
     flows: dict[int, dict[str, dict[str, Any]]] = defaultdict(dict)
     for e in events:
