@@ -35,14 +35,9 @@ from etstore.sim._kinds import (
     K_MEM,
     K_RECV,
     K_SEND,
-    NRES,
-    R_COMM,
-    R_COMP,
-    R_CPU,
-    R_MEM,
-    R_RECV,
     SUB_TAG_BASE,
 )
+from etstore.sim._slots import blocks_hold_slot, op_slots
 from etstore.sim.config import SimConfig
 from etstore.sim.network import Network
 from etstore.sim.result import not_stuck
@@ -85,7 +80,7 @@ class Built:
     types: TypeNames
     ids: np.ndarray  # node id per trace op, uint64
     is_coll: np.ndarray  # per trace op: a COMM_COLL_NODE
-    is_step: np.ndarray  # per trace op: a step of an expanded collective (carries chunk attributes)
+    is_step: np.ndarray  # per trace op: a step of an expanded collective (chunk attributes, or a block's op)
     hold_acq: np.ndarray  # rows that take the comm slot for an expanded collective's block (_holds)
     hold_rel: np.ndarray  # rows that give it back, same order
     hold_key: np.ndarray  # per block: (rank << 40) | id of the collective node it replaced, uint64
@@ -159,7 +154,7 @@ class _Ops:
     has_size: np.ndarray
     ctag: np.ndarray
     is_coll: np.ndarray
-    is_step: np.ndarray  # an algorithm's step (chunk attributes): takes no NPU slot
+    is_step: np.ndarray  # an algorithm's step (chunk attributes): priced as one, slots per _slots
     all_ranks: np.ndarray
     kind: np.ndarray
     dur: np.ndarray  # ns
@@ -200,7 +195,7 @@ def _decode_ops(trace: Trace, net: Network, config: SimConfig) -> _Ops:
     rank = ops["rank"].to_numpy().astype(np.int64)
     ids = ops["id"].to_numpy().astype(np.uint64)
     types = TypeNames(ops["type"])
-    durm = ops["duration_micros"].to_numpy().astype(np.float64)
+    durm, _ = _col(ops, "duration_micros", 0, np.float64)  # absent: 0, as ASTRA-sim's feeder reads it
     is_cpu, _ = _col(ops, "is_cpu_op", False, bool)
     csize, has_size = _col(ops, "comm_size", 0, np.int64)
     csrc, has_src = _col(ops, "comm_src", -1, np.int64)
@@ -256,8 +251,9 @@ def _algorithm_steps(
 
     ``expand`` copies an algorithm's chunk attributes (``total_chunk_cnt``) onto the
     ops that replace a collective and writes the bytes of each reduction or copy in
-    its ``comm_size``; such a step is charged as inside a collective node: no NPU
-    slot, and a zero-duration reduction or copy costs :func:`_templates.step_cost_ns`.
+    its ``comm_size``; such a step is charged as inside a collective node: a
+    zero-duration reduction or copy costs :func:`_templates.step_cost_ns`, and under
+    ``expanded_slots="collective"`` it takes no NPU slot (:mod:`._slots`).
     """
     total, has_total = _col(ops, "total_chunk_cnt", 0, np.int64)
     is_step = has_total & (total > 0)
@@ -407,16 +403,17 @@ def _expand_collectives(
 
 
 def _hold_slots(
-    trace: Trace, plan: _Plan, ops: _Ops, es: np.ndarray, ed: np.ndarray
+    trace: Trace, plan: _Plan, ops: _Ops, es: np.ndarray, ed: np.ndarray, config: SimConfig
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Acquire and release ops around every recorded block of an expanded trace (:mod:`._holds`).
 
     Returns the rewired trace edges and the acquire rows, release rows and parent
-    keys per block (empty when the trace records no blocks). Block members become
-    steps: they take no slot of their own.
+    keys per block (empty when the trace records no blocks, or under the ``"astra"``
+    execution model, where each op takes its own slot). Block members become steps:
+    they take no slot of their own.
     """
     empty = np.zeros(0, dtype=np.int64)
-    holds = collective_holds(trace, ops.rank, ops.ids)
+    holds = collective_holds(trace, ops.rank, ops.ids) if blocks_hold_slot(config) else None
     if holds is None:
         return es, ed, empty, empty, empty.astype(np.uint64)
     nb = holds.count
@@ -484,7 +481,7 @@ def build(
         )
     deferred = Deferred() if defer else None
     join_of, waits = _expand_collectives(trace, plan, ops, instances, algos, config, deferred)
-    es, ed, hold_acq, hold_rel, hold_key = _hold_slots(trace, plan, ops, es, ed)
+    es, ed, hold_acq, hold_rel, hold_key = _hold_slots(trace, plan, ops, es, ed, config)
     # trace edges leave a collective from its join
     if len(es):
         top = np.flatnonzero(es < n0)
@@ -529,60 +526,6 @@ def _successors(esrc: np.ndarray, edst: np.ndarray, n: int) -> tuple[np.ndarray,
     return succ, ptr, indeg
 
 
-def _slots(
-    built: Built, kind: np.ndarray, rank: np.ndarray, config: SimConfig
-) -> tuple[np.ndarray, np.ndarray, list[float]]:
-    """(acq, rel, free): slot id ``rank_index * NRES + class`` each op takes and gives back.
-
-    A collective takes its rank's communication slot when it starts and its join
-    gives it back; a class without a cap takes no slot, nor does an expanded
-    collective's step (as the same step inside a collective node takes none).
-    """
-    n = len(kind)
-    ranks = built.ranks
-    rix = np.searchsorted(ranks, rank)
-    cls = np.full(n, -1, dtype=np.int64)
-    caps = {
-        R_COMP: config.max_comp_ops,
-        R_CPU: config.max_cpu_ops,
-        R_COMM: config.max_comm_ops,
-        R_RECV: config.max_recv_ops,
-        R_MEM: config.max_mem_ops,
-    }
-    n0 = built.n0
-    top = np.arange(n) < n0
-    cls[(kind == K_COMP)] = R_COMP
-    cls[(kind == K_CPU)] = R_CPU
-    cls[(kind == K_MEM)] = R_MEM
-    cls[top & ((kind == K_SEND) | (kind == K_COLL))] = R_COMM
-    cls[top & (kind == K_RECV)] = R_RECV
-    steps = np.zeros(n, dtype=bool)
-    steps[:n0] = built.is_step
-    cls[steps] = -1  # an expanded collective's steps run as inside the collective node: no slot
-    replay_coll = np.zeros(n, dtype=bool)
-    replay_coll[:n0] = built.is_coll & (kind[:n0] == K_DELAY)
-    cls[replay_coll] = R_COMM
-    for c, cap in caps.items():
-        if cap is None:
-            cls[cls == c] = -1
-    slot = np.where(cls >= 0, rix * NRES + cls, -1)
-    acq = slot.copy()
-    rel = slot.copy()
-    coll_rows = np.flatnonzero((kind == K_COLL) & top)
-    rel[coll_rows] = -1
-    rel[built.join_of[coll_rows]] = slot[coll_rows]
-    # an expanded collective's block: its acquire op takes the comm slot, its release op gives it back
-    if len(built.hold_acq) and caps[R_COMM] is not None:
-        comm_slot = rix[built.hold_acq] * NRES + R_COMM
-        acq[built.hold_acq], rel[built.hold_acq] = comm_slot, -1
-        acq[built.hold_rel], rel[built.hold_rel] = -1, comm_slot
-    free = [0.0] * (len(ranks) * NRES)
-    for r in range(len(ranks)):
-        for c, cap in caps.items():
-            free[r * NRES + c] = float(cap) if cap is not None else 0.0
-    return acq, rel, free
-
-
 def _message_keys(
     kind: np.ndarray, rank: np.ndarray, peer: np.ndarray, tag: np.ndarray, size: np.ndarray, config: SimConfig
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -610,7 +553,7 @@ def loop_inputs(built: Built, config: SimConfig) -> LoopInputs:
     size = a["size"].astype(np.int64)
     succ, ptr, indeg = _successors(built.esrc, built.edst, n)
     indeg = indeg + built.join_indeg
-    acq, rel, free = _slots(built, kind, rank, config)
+    acq, rel, free = op_slots(built, kind, rank, config)
     msrc, mdst, mkey = _message_keys(kind, rank, peer, tag, size, config)
     # ASTRA-sim issues a rank's dependency-free nodes in ascending node id; ids are uint64,
     # so the loop gets each trace op's position in (rank, id) order instead

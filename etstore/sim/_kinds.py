@@ -14,6 +14,7 @@ __all__ = [
     "K_MEM",
     "K_RECV",
     "K_SEND",
+    "LINK_ITEM",
     "NRES",
     "R_COMM",
     "R_COMP",
@@ -29,3 +30,5 @@ K_COMP, K_CPU, K_SEND, K_RECV, K_COLL, K_JOIN, K_DELAY, K_MEM = range(8)
 R_COMP, R_CPU, R_COMM, R_RECV, R_MEM = range(5)
 NRES = 5
 SUB_TAG_BASE = 1 << 40  # tags of collective sub-messages live above every trace tag
+LINK_ITEM = 1 << 62
+"""Loop items ``~(LINK_ITEM + link)`` free a link (store-and-forward; ``LINK_ITEM`` in ``_simstate.h``)."""

@@ -10,7 +10,6 @@ take the same inputs and give bit-identical outputs (``tests/sim/test_simloop.py
 from __future__ import annotations
 
 import heapq
-import threading
 import time
 from collections import deque
 from collections.abc import Callable
@@ -21,7 +20,8 @@ import numpy as np
 
 from etstore.sim._build import LoopInputs
 from etstore.sim._defer import Deferred, PairTotals
-from etstore.sim._kinds import K_RECV, K_SEND
+from etstore.sim._kinds import K_RECV, K_SEND, LINK_ITEM
+from etstore.sim._loopprep import NoProgress, item_op, locality_order, loop_links, message_model, run_watched
 from etstore.sim.config import SimConfig
 from etstore.sim.network import Network
 
@@ -30,7 +30,7 @@ try:  # the optional native loop (setup.py); _run below stays the reference and 
 except ImportError:  # pragma: no cover - depends on the build
     _simloop = None
 
-__all__ = ["LoopOutput", "LoopProgress", "locality_order", "native_loop", "run_loop"]
+__all__ = ["LoopOutput", "LoopProgress", "NoProgress", "locality_order", "native_loop", "run_loop"]
 
 LoopProgress = Callable[[int, int], None]
 """``progress(done, total)``: ops finished of the ops the loop replays."""
@@ -97,12 +97,21 @@ def _run(
     finishes. Ready and start times are not recorded here (they follow from the end
     times, see :func:`simulate`), except for ops that took a slot.
 
-    A congestion-aware hop (``hop[dst][node]`` a link of ``ldst``/``llat``/``lbw``) starts
-    when the link is free, holds it ``size / bandwidth``, and is store-and-forward: the
-    message is at the next node ``latency + size / bandwidth`` after the hop started (as
-    ASTRA-sim's link, truncated as one delay). With ``cut_through`` the next hop may start
-    ``latency`` after this one did, but no link finishes before the message's tail has
-    reached it (``tail``), and the destination receives the tail.
+    A congestion-aware hop (``hop[dst][node]`` a link of ``ldst``/``llat``/``lbw``) is
+    store-and-forward, as ASTRA-sim's congestion-aware ``Link``: a link serializes one
+    message at a time for ``size / bandwidth`` and the message is at the next node
+    ``latency + size / bandwidth`` after the hop started (truncated as one delay); a
+    message that reaches a busy link waits in the link's FIFO, and the link takes the
+    next one when an item ``~(LINK_ITEM + link)`` says it is free. A send's first hop
+    is taken as it starts (ASTRA-sim's ``sim_send`` hands the message to its first link
+    at once) unless ``overhead`` delays it. The order these items are scheduled in is
+    ASTRA-sim's, so messages that meet at a link queue in ASTRA-sim's order. With
+    ``cut_through`` the next hop may start ``latency`` after this one did, but no link
+    finishes before the message's tail has reached it (``tail``), and the destination
+    receives the tail.
+
+    A time that is not a number would stop the clock: the loop raises
+    :class:`NoProgress` naming the item instead of running on.
     """
     end_t = [-1.0] * n
     start_t = [-1.0] * n  # only for ops that took an NPU slot
@@ -116,6 +125,8 @@ def _run(
     recv_q: dict[int, deque[int]] = {}
     nl = len(ldst)
     lfree = [0.0] * nl
+    sending = [False] * nl  # store-and-forward: the link is serializing a message
+    pending: list[deque[int]] = [deque() for _ in range(nl)] if aware and not cut_through else []
     lbusy = [0.0] * nl
     lbytes = [0.0] * nl
     lmsgs = [0] * nl
@@ -127,6 +138,36 @@ def _run(
     floor = int
     t = 0.0
     nev = 0
+    store_forward = aware and not cut_through
+
+    def at(t2: float, x: int) -> None:
+        b = buckets.get(t2)
+        if b is None:
+            buckets[t2] = [x]
+            push(cal, t2)
+        else:
+            b.append(x)
+
+    def transmit(link: int, s: int) -> None:
+        """Link ``link`` starts serializing message ``s`` now."""
+        sending[link] = True
+        sz = size[s]
+        raw = sz / lbw[link]
+        fin = t + (floor(raw) if integer_ns else raw)
+        lbusy[link] += fin - t
+        lbytes[link] += sz
+        lmsgs[link] += 1
+        cur[s] = ldst[link]
+        at(t + (floor(llat[link] + raw) if integer_ns else llat[link] + raw), ~s)
+        at(fin, ~(LINK_ITEM + link))
+
+    def forward(s: int) -> None:
+        """Message ``s`` is at a node short of its destination: onto its next link, or into its FIFO."""
+        link = hop[dstn[s]][cur[s]]  # type: ignore[index]
+        if sending[link]:
+            pending[link].append(s)
+        else:
+            transmit(link, s)
 
     def begin(j: int) -> None:
         """Op ``j`` starts at ``t``: match its message, schedule its end (or its message's first move)."""
@@ -142,6 +183,9 @@ def _run(
                     send_q[mk] = deque((j,))
                 else:
                     q.append(j)
+            if store_forward and not overhead and cur[j] != dstn[j]:
+                forward(j)
+                return
             t2 = t + (overhead if aware else mt[j])
             x = ~j
         elif k == K_RECV:
@@ -162,12 +206,7 @@ def _run(
                 return
         else:
             t2, x = t + dur[j], j
-        b = buckets.get(t2)
-        if b is None:
-            buckets[t2] = [x]
-            push(cal, t2)
-        else:
-            b.append(x)
+        at(t2, x)
 
     def ready(j: int) -> None:
         """Op ``j``'s dependencies are done: start it, or queue it for its slot."""
@@ -199,12 +238,25 @@ def _run(
     while cal:
         t = pop(cal)
         items = buckets.pop(t)
+        if t != t:  # a NaN time never compares equal: no later event could be ordered after it
+            raise NoProgress(items[0], t)
+        freed = 0
         for x in items:
             if x < 0:
                 s = ~x
+                if s >= LINK_ITEM:  # a link has serialized its message: it takes the next one
+                    link = s - LINK_ITEM
+                    sending[link] = False
+                    if pending[link]:
+                        transmit(link, pending[link].popleft())
+                    freed += 1
+                    continue
                 if aware:
                     u = cur[s]
                     d = dstn[s]
+                    if u != d and store_forward:
+                        forward(s)
+                        continue
                     if u != d:
                         link = hop[d][u]  # type: ignore[index]
                         st = lfree[link]
@@ -215,25 +267,17 @@ def _run(
                         ser = floor(raw) if integer_ns else raw
                         fin = st + ser
                         nxt = ldst[link]
-                        if cut_through:
-                            if fin < tail[s]:
-                                fin = tail[s]
-                            lat = floor(llat[link]) if integer_ns else llat[link]
-                            tail[s] = fin + lat
-                            t2 = tail[s] if nxt == d else st + lat
-                        else:
-                            t2 = st + (floor(llat[link] + raw) if integer_ns else llat[link] + raw)
+                        if fin < tail[s]:
+                            fin = tail[s]
+                        lat = floor(llat[link]) if integer_ns else llat[link]
+                        tail[s] = fin + lat
+                        t2 = tail[s] if nxt == d else st + lat
                         lfree[link] = fin
                         lbusy[link] += fin - st
                         lbytes[link] += sz
                         lmsgs[link] += 1
                         cur[s] = nxt
-                        b = buckets.get(t2)
-                        if b is None:
-                            buckets[t2] = [x]
-                            push(cal, t2)
-                        else:
-                            b.append(x)
+                        at(t2, x)
                         continue
                 arrived[s] = True
                 r = partner[s]
@@ -256,7 +300,7 @@ def _run(
                     ready(j)
             if dirty:
                 dispatch()
-        nev += len(items)
+        nev += len(items) - freed
     return {
         "start": start_t,
         "end": end_t,
@@ -270,14 +314,6 @@ def _run(
         "lbytes": lbytes,
         "lmsgs": lmsgs,
     }
-
-
-def _loop_links(net: Network, aware: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(destination node, latency ns, bytes/ns) per link the loop walks (aware: the hop graph)."""
-    if aware:
-        graph = net.hop_graph()
-        return graph.dst, graph.latency_ns, graph.bytes_per_ns
-    return net.dst, net.latency_ns, net.bytes_per_ns
 
 
 def _run_lists(
@@ -294,7 +330,7 @@ def _run_lists(
     progress: LoopProgress | None = None,
 ) -> tuple[dict[str, Any], float]:
     """:func:`_run` on renumbered Python lists; (its output, CPU seconds of list conversion + loop)."""
-    ldst, llat, lbw = _loop_links(net, aware)
+    ldst, llat, lbw = loop_links(net, aware)
     n = len(perm)
     succ_new = inv[succ].tolist()
     ptr_new = ptr[perm]
@@ -358,7 +394,7 @@ def _run_native(
     np.cumsum(cnt, out=sptr[1:])
     gather = np.arange(int(sptr[-1]), dtype=np.int64) - np.repeat(sptr[:-1] - starts, cnt)
     succ_new = np.ascontiguousarray(inv[succ[gather]], dtype=np.int64)
-    ldst, llat, lbw = _loop_links(net, aware)
+    ldst, llat, lbw = loop_links(net, aware)
     nl = len(ldst)
     # the aware graph's [dst, node] next-link array (rows built by net.prepare_hops) instead of ``hop``
     nh = np.zeros(0, np.int32)
@@ -409,7 +445,12 @@ def _run_native(
         net.hops == "cut-through",
         deferred,
     )
-    ret = _simloop.run(*args) if progress is None else _run_watched(args, end, progress)
+    try:
+        ret = _simloop.run(*args) if progress is None else run_watched(_simloop.run, args, end, progress)
+    except ValueError as exc:  # the C loop's guard: (message, item) when a time is not a number
+        if len(exc.args) == 2 and isinstance(exc.args[1], int):
+            raise NoProgress(exc.args[1], float("nan")) from None
+        raise
     events, t, send_q, recv_q, waitq = ret[:5]
     loop_s = time.process_time() - t_loop
     out = {
@@ -430,86 +471,6 @@ def _run_native(
     return out, loop_s
 
 
-def _run_watched(args: tuple[Any, ...], end: np.ndarray, progress: LoopProgress) -> Any:
-    """``_simloop.run(*args)`` on a helper thread (the C loop releases the GIL) while this
-    thread reports how many ops have an end time, about every 0.1 s and never more than
-    ~2 % of one core (a count over ``end`` costs O(ops)); callbacks stay on the caller's thread.
-    A daemon thread, so that Ctrl-C ends the process without waiting for the loop."""
-    box: dict[str, Any] = {}
-
-    def work() -> None:
-        try:
-            box["out"] = _simloop.run(*args)
-        except BaseException as exc:  # re-raised on the caller's thread
-            box["error"] = exc
-
-    worker = threading.Thread(target=work, name="etstore-simloop", daemon=True)
-    total = len(end)
-    progress(0, total)
-    worker.start()
-    wait_s = 0.1
-    while True:
-        worker.join(wait_s)
-        if not worker.is_alive():
-            break
-        t0 = time.perf_counter()
-        done = int(np.count_nonzero(end >= 0))
-        wait_s = max(0.1, 50 * (time.perf_counter() - t0))
-        progress(done, total)
-    if "error" in box:
-        raise box["error"]
-    progress(int(np.count_nonzero(end >= 0)), total)
-    return box["out"]
-
-
-def locality_order(rank: np.ndarray, owner: np.ndarray, n0: int) -> np.ndarray:
-    """Op order for the loop: by position within its rank (sub-ops at their collective's), then rank."""
-    n = len(rank)
-    top_rank = rank[:n0]
-    order = np.argsort(top_rank, kind="stable")
-    first = np.zeros(n0, dtype=np.int64)
-    if n0:
-        r_sorted = top_rank[order]
-        starts = np.flatnonzero(np.r_[True, r_sorted[1:] != r_sorted[:-1]])
-        group_start = np.repeat(starts, np.diff(np.r_[starts, n0]))
-        first[order] = np.arange(n0) - group_start
-    within = np.empty(n, dtype=np.int64)
-    within[:n0] = first
-    if n > n0:
-        within[n0:] = first[owner[n0:]]
-    return np.lexsort((np.arange(n), rank, within))
-
-
-def _message_model(
-    inp: LoopInputs, net: Network, config: SimConfig, aware: bool, native: bool, deferred: Deferred | None
-) -> tuple[np.ndarray, list[list[int] | None]]:
-    """(mt, hop): per-send network time (congestion-unaware), or the routes the aware loop walks.
-
-    The native loop reads the aware graph's next-link array (rows built by
-    ``net.prepare_hops``); the Python loop takes them as lists (``hop[dst][node]``).
-    """
-    sends = np.flatnonzero(inp.kind == K_SEND)
-    mt = np.zeros(len(inp.kind))
-    hop: list[list[int] | None] = []
-    if aware and deferred is not None:  # the routes the deferred sub-ops' messages take too
-        net.prepare_hops(deferred.destinations())
-    if len(sends):
-        mdst = inp.mdst[sends]
-        if aware and native:
-            net.prepare_hops(mdst)
-        elif aware:
-            hop = net.hop_table(mdst)
-        else:
-            mt[sends] = net.message_times_ns(
-                inp.msrc[sends],
-                mdst,
-                inp.size[sends],
-                integer_ns=config.integer_ns,
-                overhead_ns=config.message_overhead_ns,
-            )
-    return mt, hop
-
-
 def run_loop(
     inp: LoopInputs,
     net: Network,
@@ -526,6 +487,8 @@ def run_loop(
     ``progress(done, total)``, when given, is called on the caller's thread with the ops
     finished so far, about every 0.1 s (native loop; the Python loop reports its end only).
 
+    Raises :class:`NoProgress` (``op`` in op order) where an event's time is not a number.
+
     Notes
     -----
     O(events · log T) for T distinct event times; events ≈ ops + messages (+ link
@@ -535,7 +498,7 @@ def run_loop(
     native = _simloop is not None
     if deferred is not None and not native:
         raise RuntimeError("collectives expanded as they start need the native loop")
-    mt, hop = _message_model(inp, net, config, aware, native, deferred)
+    mt, hop = message_model(inp, net, config, aware, native, deferred)
     n = len(inp.kind)
     cur = np.where(inp.kind == K_SEND, inp.rank, 0)
     # Renumber ops so that ops likely to run at about the same time sit next to each other
@@ -557,15 +520,18 @@ def run_loop(
         "size": inp.size,
         "prio": inp.prio,
     }
-    if deferred is not None:
-        spec = deferred.spec(n, perm, inv, net, config, aware)
-        out, loop_s = _run_native(
-            perm, inv, inp.succ, inp.ptr, cols, list(inp.free), aware, hop, net, config, progress, spec
-        )
-    else:
-        run = _run_native if native else _run_lists
-        args = (perm, inv, inp.succ, inp.ptr, cols, list(inp.free), aware, hop, net, config, progress)
-        out, loop_s = run(*args)
+    try:
+        if deferred is not None:
+            spec = deferred.spec(n, perm, inv, net, config, aware)
+            out, loop_s = _run_native(
+                perm, inv, inp.succ, inp.ptr, cols, list(inp.free), aware, hop, net, config, progress, spec
+            )
+        else:
+            run = _run_native if native else _run_lists
+            args = (perm, inv, inp.succ, inp.ptr, cols, list(inp.free), aware, hop, net, config, progress)
+            out, loop_s = run(*args)
+    except NoProgress as exc:
+        raise NoProgress(exc.item, exc.t, item_op(exc.item, perm)) from None
     pairs = PairTotals.from_loop(out["pairs"], net.num_nodes) if deferred is not None else None
     for key in ("end", "start", "indeg"):
         out[key] = np.asarray(out[key])[inv]

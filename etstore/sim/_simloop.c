@@ -30,11 +30,21 @@
  *
  * Hops (congestion-aware). A message walks the links of the network's aware graph
  * (etstore.sim.network.Network.hop_graph: the topology's links plus, per switch, an
- * uplink and a downlink per NPU), one event per hop, each link a FIFO queue held
- * trunc(size / bw). Store-and-forward (ASTRA-sim's Link): the next node has the message
- * trunc(latency + size / bw) after the hop started. Cut-through (`cut_through`): the
- * head is at the next node trunc(latency) after the hop started, the link is held
- * until the tail has passed (`tail`), and the destination waits for the tail.
+ * uplink and a downlink per NPU), one event per hop. Store-and-forward (ASTRA-sim's
+ * congestion-aware Link): a link serializes one message for trunc(size / bw); the next node
+ * has it trunc(latency + size / bw) after the hop started; a message that finds the link
+ * busy waits in the link's FIFO (`phead`), and an item ~(LINK_ITEM + link) frees the link
+ * and starts the next one. A send's first hop is taken as it starts. Items are scheduled
+ * in ASTRA-sim's order, so messages meeting at a link queue as they do there. The reference
+ * schedules every free item; here a free item takes its sequence number when the hop starts
+ * but enters the heap (or the running round, where it is due now) only once a message
+ * waits for it, which gives the same order with one heap item per hop. Cut-through
+ * (`cut_through`): the head is at the next node trunc(latency) after the hop started, the
+ * link is held until the tail has passed (`tail`, `lfree`), and the destination waits for
+ * the tail.
+ *
+ * Progress. A round pops at least one item, so the loop ends once every op has; an item
+ * whose time is not a number would pop none, and the loop stops with ERR_TIME naming it.
  *
  * The loop runs without the GIL: it only touches the input buffers and malloc'd
  * memory. Input errors raise ValueError before the loop starts.
@@ -154,6 +164,114 @@ static inline int schedule(Loop *s, double t2, int64_t x)
     return 0;
 }
 
+/* ------------------------------------------------------------------ links (store-and-forward) */
+
+static int items_append(Loop *s, int64_t x);
+
+/* The item that frees link `link` is not yet due at (t, key): the link is still serializing. */
+static inline int link_busy(const Loop *s, int64_t link, double t)
+{
+    return s->lfin[link] > t || (s->lfin[link] == t && s->lseq[link] > s->key);
+}
+
+/* Link `link` starts serializing message snd at t, as ASTRA-sim's Link::schedule_chunk_transmission:
+ * the message is at the far end trunc(latency + size / bw) later, and the link is free again
+ * trunc(size / bw) later. That free item takes its sequence number now, after the arrival's,
+ * as in ASTRA-sim, but enters the heap only if a message comes to wait for it (`forward`):
+ * alone it would change nothing, and most hops find their link free. */
+static inline int transmit(Loop *s, int64_t link, int64_t snd, double t)
+{
+    double sz = op_size(s, snd), raw = sz / s->lbw[link];
+    double fin = t + (s->integer_ns ? trunc(raw) : raw), delay = s->llat[link] + raw;
+    s->lbusy[link] += fin - t;
+    s->lbytes[link] += sz;
+    s->lmsgs[link] += 1;
+    s->cur[snd] = s->ldst[link];
+    if (schedule(s, t + (s->integer_ns ? trunc(delay) : delay), ~snd) < 0) return -1;
+    s->lfin[link] = fin;
+    s->lseq[link] = (int64_t)s->seq++;
+    s->lpush[link] = 0;
+    return 0;
+}
+
+/* Put link `link`'s free item where the reference, which schedules every one, has it: in the
+ * heap, or, when it is due in the running round (its time is now and its number was taken
+ * before the round began), among the round's heap items in sequence order. */
+static int schedule_free(Loop *s, int64_t link, double t)
+{
+    int64_t x = ~(LINK_ITEM + link), q = s->lseq[link];
+    s->lpush[link] = 1;
+    if (!(s->lfin[link] == t && (uint64_t)q < s->s0)) {
+        if (heap_push(&s->heap, s->lfin[link], (uint64_t)q, x) < 0) {
+            s->err = ERR_MEMORY;
+            return -1;
+        }
+        return 0;
+    }
+    if (items_append(s, x) < 0) return -1; /* grows items and iseq */
+    int64_t p = s->npopped;
+    while (p > 0 && s->iseq[p - 1] > q) p--;
+    memmove(s->items + p + 1, s->items + p, (size_t)(s->nitems - 1 - p) * sizeof(int64_t));
+    memmove(s->iseq + p + 1, s->iseq + p, (size_t)(s->npopped - p) * sizeof(int64_t));
+    s->items[p] = x;
+    s->iseq[p] = q;
+    s->npopped++;
+    return 0;
+}
+
+/* Message snd is at NPU cur[snd], short of its destination d: onto its next link, or into its FIFO. */
+static inline int forward(Loop *s, int64_t snd, int64_t d, double t)
+{
+    int64_t u = s->cur[snd];
+    int64_t link = s->hop[d * s->nn + u];
+    if (link < 0 || link >= s->nl) {
+        s->err = ERR_ROUTE;
+        s->err_u = u;
+        s->err_d = d;
+        return -1;
+    }
+    if (!link_busy(s, link, t)) return transmit(s, link, snd, t);
+    int64_t c = s->pfree;
+    if (c >= 0) {
+        s->pfree = s->pnext[c];
+    } else {
+        if (s->ptop == s->pcap) {
+            int64_t cap = s->pcap ? 2 * s->pcap : 256;
+            int64_t *m = realloc(s->pmsg, (size_t)cap * sizeof(int64_t));
+            if (m) s->pmsg = m;
+            int64_t *nx = m ? realloc(s->pnext, (size_t)cap * sizeof(int64_t)) : NULL;
+            if (!nx) {
+                s->err = ERR_MEMORY;
+                return -1;
+            }
+            s->pnext = nx;
+            s->pcap = cap;
+        }
+        c = s->ptop++;
+    }
+    s->pmsg[c] = snd;
+    s->pnext[c] = -1;
+    if (s->ptail[link] >= 0)
+        s->pnext[s->ptail[link]] = c;
+    else
+        s->phead[link] = c;
+    s->ptail[link] = c;
+    return s->lpush[link] ? 0 : schedule_free(s, link, t);
+}
+
+/* Link `link`'s free item runs at t (a message waits for it): the first waiting message goes. */
+static int link_free(Loop *s, int64_t link, double t)
+{
+    int64_t c = s->phead[link];
+    s->phead[link] = s->pnext[c];
+    if (s->phead[link] < 0) s->ptail[link] = -1;
+    int64_t snd = s->pmsg[c];
+    s->pnext[c] = s->pfree;
+    s->pfree = c;
+    if (transmit(s, link, snd, t) < 0) return -1;
+    return s->phead[link] >= 0 ? schedule_free(s, link, t) : 0;
+}
+
 /* Op j starts at time t: match its message, schedule its end (or its message's first move).
  * A deferred collective's send is matched here or by a later receive: its part may then go. */
 static int begin_op(Loop *s, int64_t j, double t)
@@ -170,9 +288,14 @@ static int begin_op(Loop *s, int64_t j, double t)
             if (mk < s->nkeys && s->sorder[mk] < 0) s->sorder[mk] = s->screated++;
             fifo_push(s, s->shead, s->stail, mk, j);
         }
+        if (j >= s->n) s->d.t0[j] = t;
+        /* store-and-forward: the first hop is taken as the send starts, as ASTRA-sim's sim_send */
+        if (s->aware && !s->cut_through && s->overhead == 0) {
+            int64_t d = op_dstn(s, j);
+            if (s->cur[j] != d) return forward(s, j, d, t);
+        }
         t2 = t + (s->aware ? s->overhead : op_mt(s, j));
         x = ~j;
-        if (j >= s->n) s->d.t0[j] = t;
     } else if (k == K_RECV) {
         int64_t mk = op_dkey(s, j);
         if (s->shead[mk] >= 0) {
@@ -226,7 +349,9 @@ static int items_append(Loop *s, int64_t x)
 {
     if (s->nitems == s->items_cap) {
         int64_t cap = s->items_cap ? s->items_cap * 2 : 1024;
-        int64_t *a = realloc(s->items, (size_t)cap * sizeof(int64_t));
+        int64_t *q = realloc(s->iseq, (size_t)cap * sizeof(int64_t));
+        if (q) s->iseq = q;
+        int64_t *a = q ? realloc(s->items, (size_t)cap * sizeof(int64_t)) : NULL;
         if (!a) {
             s->err = ERR_MEMORY;
             return -1;
@@ -282,6 +407,7 @@ static int sub_op_done(Loop *s, int64_t y, double t)
 static int run_loop(Loop *s)
 {
     double t = 0.0;
+    s->key = -1;
     for (int64_t i = 0; i < s->n; i++)
         if (s->indeg[i] == 0 && ready_op(s, i, t) < 0) return -1;
     if (dispatch(s, t) < 0) return -1;
@@ -290,15 +416,37 @@ static int run_loop(Loop *s)
         /* one round: every item of the earliest time, in the order scheduled */
         t = s->heap.a[0].t;
         s->nitems = 0;
-        while (s->heap.len && s->heap.a[0].t == t)
-            if (items_append(s, heap_pop(&s->heap).x) < 0) return -1;
+        s->s0 = s->seq;
+        while (s->heap.len && s->heap.a[0].t == t) {
+            Item it = heap_pop(&s->heap);
+            if (items_append(s, it.x) < 0) return -1;
+            s->iseq[s->nitems - 1] = (int64_t)it.seq;
+        }
+        s->npopped = s->nitems;
+        if (s->nitems == 0) { /* a NaN time equals nothing: stop rather than spin on it */
+            s->err = ERR_TIME;
+            s->err_u = s->heap.a[0].x;
+            return -1;
+        }
+        int64_t freed = 0; /* link items: not events of the trace */
         for (int64_t k = 0; k < s->nitems; k++) { /* nitems grows with matched receives */
             int64_t x = s->items[k], y;
+            /* appended receives run after every heap item of the round, before anything scheduled in it */
+            s->key = k < s->npopped ? s->iseq[k] : (int64_t)s->s0 - 1;
             if (x < 0) {
                 int64_t snd = ~x;
+                if (snd >= LINK_ITEM) {
+                    if (link_free(s, snd - LINK_ITEM, t) < 0) return -1;
+                    freed++;
+                    continue;
+                }
                 if (s->aware) {
                     int64_t u = s->cur[snd], d = op_dstn(s, snd);
-                    if (u != d) { /* one hop: queue behind earlier messages on the link */
+                    if (u != d && !s->cut_through) {
+                        if (forward(s, snd, d, t) < 0) return -1;
+                        continue;
+                    }
+                    if (u != d) { /* cut-through: one hop, queued behind earlier messages on the link */
                         int64_t link = s->hop[d * s->nn + u];
                         if (link < 0 || link >= s->nl) {
                             s->err = ERR_ROUTE;
@@ -313,15 +461,11 @@ static int run_loop(Loop *s)
                         double ser = s->integer_ns ? trunc(raw) : raw; /* Python's int(): toward zero */
                         double fin = st + ser, t2;
                         int64_t nxt = s->ldst[link];
-                        if (s->cut_through) { /* the head moves on after the latency, the tail follows */
-                            if (fin < s->tail[snd]) fin = s->tail[snd];
-                            double lat = s->integer_ns ? trunc(s->llat[link]) : s->llat[link];
-                            s->tail[snd] = fin + lat;
-                            t2 = nxt == d ? s->tail[snd] : st + lat;
-                        } else { /* store-and-forward: latency + serialization, truncated as one delay */
-                            double delay = s->llat[link] + raw;
-                            t2 = st + (s->integer_ns ? trunc(delay) : delay);
-                        }
+                        /* the head moves on after the latency, the tail follows */
+                        if (fin < s->tail[snd]) fin = s->tail[snd];
+                        double lat = s->integer_ns ? trunc(s->llat[link]) : s->llat[link];
+                        s->tail[snd] = fin + lat;
+                        t2 = nxt == d ? s->tail[snd] : st + lat;
                         s->lfree[link] = fin;
                         s->lbusy[link] += fin - st;
                         s->lbytes[link] += sz;
@@ -360,7 +504,7 @@ static int run_loop(Loop *s)
             }
             if (s->ndirty && dispatch(s, t) < 0) return -1;
         }
-        s->events += s->nitems;
+        s->events += s->nitems - freed;
     }
     s->t = t;
     return 0;
@@ -611,6 +755,23 @@ static PyObject *simloop_run(PyObject *self, PyObject *args)
     s.dirty = malloc(nr * sizeof(int64_t));
     s.arrived = calloc(nn1, 1);
     s.tail = s.cut_through ? calloc(nn1, sizeof(double)) : NULL; /* all 0.0: no tail before injection */
+    int sf = s.aware && !s.cut_through;
+    size_t nl1 = (size_t)(nl > 0 ? nl : 1);
+    s.lfin = sf ? malloc(nl1 * sizeof(double)) : NULL;
+    s.lseq = sf ? calloc(nl1, sizeof(int64_t)) : NULL;
+    s.lpush = sf ? calloc(nl1, 1) : NULL;
+    s.phead = sf ? malloc(nl1 * sizeof(int64_t)) : NULL;
+    s.ptail = sf ? malloc(nl1 * sizeof(int64_t)) : NULL;
+    s.pfree = -1;
+    if (sf && (!s.lfin || !s.lseq || !s.lpush || !s.phead || !s.ptail)) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    if (sf) {
+        for (size_t l = 0; l < nl1; l++) s.lfin[l] = -1.0; /* never busy before its first message */
+        memset(s.phead, 0xff, nl1 * sizeof(int64_t));
+        memset(s.ptail, 0xff, nl1 * sizeof(int64_t));
+    }
     s.whead = malloc(nr * sizeof(int64_t));
     s.wtail = malloc(nr * sizeof(int64_t));
     s.shead = malloc(nk * sizeof(int64_t));
@@ -641,10 +802,17 @@ static PyObject *simloop_run(PyObject *self, PyObject *args)
     rc = run_loop(&s);
     Py_END_ALLOW_THREADS
     if (rc < 0) {
-        if (s.err == ERR_ROUTE)
+        if (s.err == ERR_ROUTE) {
             PyErr_Format(PyExc_ValueError, "_simloop.run: no route from NPU %lld to NPU %lld",
                          (long long)s.err_u, (long long)s.err_d);
-        else
+        } else if (s.err == ERR_TIME) { /* (message, item): the caller names the op */
+            PyObject *ea = Py_BuildValue("(sL)", "_simloop.run: an event's time is not a number",
+                                         (long long)s.err_u);
+            if (ea) {
+                PyErr_SetObject(PyExc_ValueError, ea);
+                Py_DECREF(ea);
+            }
+        } else
             PyErr_NoMemory();
         goto done;
     }
@@ -676,6 +844,13 @@ done:
     free(s.dirty);
     free(s.arrived);
     free(s.tail);
+    free(s.lfin);
+    free(s.lseq);
+    free(s.lpush);
+    free(s.phead);
+    free(s.ptail);
+    free(s.pmsg);
+    free(s.pnext);
     free(s.whead);
     free(s.wtail);
     free(s.shead);
@@ -685,6 +860,7 @@ done:
     free(s.rtail);
     free(s.rorder);
     free(s.items);
+    free(s.iseq);
     free(s.heap.a);
     /* release in the order acquired: kind, then spec[0 .. held-2] */
     PyBuffer_Release(&b[KIND]);

@@ -18,7 +18,8 @@ enum { K_COMP, K_CPU, K_SEND, K_RECV, K_COLL, K_JOIN, K_DELAY, K_MEM };
 typedef struct {
     double t;     /* when */
     uint64_t seq; /* insertion order: ties at one time run first-scheduled first */
-    int64_t x;    /* >= 0: op x finishes; < 0: message of send ~x moves (hop or arrival) */
+    int64_t x;    /* >= 0: op x finishes; < 0: message of send ~x moves (hop or arrival), or link
+                   * ~x - LINK_ITEM becomes free (store-and-forward) */
 } Item;
 
 typedef struct {
@@ -87,6 +88,13 @@ typedef struct {
     int64_t *dkey, *keyval; /* dense message key per op (-1: none) and its mkey */
     uint8_t *arrived;
     double *tail; /* cut-through: when each message's last byte reaches its current node */
+    /* store-and-forward (ASTRA-sim's congestion-aware Link): a link serializes one message
+     * until `lfin`; the item that frees it has sequence number `lseq` and is put in the heap
+     * (`lpush`) only once a message waits for it in its FIFO, a pool of (message, next) */
+    double *lfin;
+    int64_t *lseq;
+    uint8_t *lpush;
+    int64_t *phead, *ptail, *pmsg, *pnext, pfree, pcap, ptop;
     int64_t *whead, *wtail;                 /* slot ready queues, per resource, sorted by (prio, op) */
     uint8_t *touched;                       /* per resource: in `dirty` */
     int64_t *dirty, ndirty;                 /* resources to hand out after the running item */
@@ -94,6 +102,9 @@ typedef struct {
     int64_t *rhead, *rtail, *rorder;        /* receives waiting for a send, per dense key */
     int64_t screated, rcreated;             /* creation counters: dict order of the reference */
     int64_t *items, nitems, items_cap;      /* the running round */
+    int64_t *iseq, npopped;                 /* its items' sequence numbers: the first npopped came from the heap */
+    int64_t key;                            /* the running item's place: its sequence number (-1 before the loop) */
+    uint64_t s0;                            /* the sequence counter when the running round began */
     Heap heap;
     uint64_t seq;
     double t;
@@ -101,10 +112,13 @@ typedef struct {
     Defer d;
     /* error raised after the loop, with the GIL */
     int err;
-    int64_t err_u, err_d;
+    int64_t err_u, err_d; /* ERR_ROUTE: the NPUs; ERR_TIME: err_u is the item whose time is not a number */
 } Loop;
 
-enum { ERR_NONE, ERR_MEMORY, ERR_ROUTE };
+enum { ERR_NONE, ERR_MEMORY, ERR_ROUTE, ERR_TIME };
+
+/* items ~(LINK_ITEM + link): a link finishes serializing a message (as LINK_ITEM in _loop.py) */
+#define LINK_ITEM ((int64_t)1 << 62)
 
 /* What the loop reads of op j: its own entry for a static op, its template's for a sub-op. */
 #define SUB_ROW(s, j) ((j) - (s)->d.p_shift[(s)->d.opart[j]])

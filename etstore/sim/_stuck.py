@@ -3,7 +3,9 @@
 The loop never hangs: when no event is left and some op has not ended, the
 engine raises the :class:`~etstore.errors.SimulationError` built here, whose
 message names the causes and whose ``.stuck`` table lists every op that never
-finished (:data:`~etstore.sim.result.STUCK_SCHEMA`).
+finished (:data:`~etstore.sim.result.STUCK_SCHEMA`). When the clock itself cannot
+move (an event time that is not a number), the loop stops at once and
+:func:`no_progress_error` names the op in one line.
 """
 
 from __future__ import annotations
@@ -18,10 +20,10 @@ from etstore.errors import SimulationError
 from etstore.model import Trace
 from etstore.sim._build import Built, LoopInputs
 from etstore.sim._kinds import K_JOIN, K_RECV, K_SEND, SUB_TAG_BASE
-from etstore.sim._loop import LoopOutput
+from etstore.sim._loop import LoopOutput, NoProgress
 from etstore.sim.result import STUCK_SCHEMA
 
-__all__ = ["stuck_error"]
+__all__ = ["no_progress_error", "stuck_error"]
 
 _MAX_LINES = 10  # causes listed in the message; the rest are in .stuck
 
@@ -154,3 +156,33 @@ def stuck_error(trace: Trace, built: Built, inp: LoopInputs, out: LoopOutput) ->
         + more
     )
     return SimulationError(msg, stuck)
+
+
+def no_progress_error(trace: Trace, built: Built, inp: LoopInputs, exc: NoProgress) -> SimulationError:
+    """The one-line error for a replay whose next event has a time that is not a number.
+
+    Such a time compares equal to nothing, so no event could ever be ordered after it;
+    the loop stops instead of spinning, and this names the op it stopped at (``.stuck``
+    holds that op's row).
+    """
+    what = "an event no trace op names (a link's, or a step of a collective expanded as it started)"
+    rows: dict[str, list[Any]] = {f.name: [] for f in STUCK_SCHEMA}
+    if exc.op >= 0:
+        names = trace.ops["name"].to_pylist()
+        describe = _Describe(built, inp, names)
+        what = describe(exc.op)
+        o = describe.top(exc.op)
+        for key, value in (
+            ("rank", int(inp.rank[exc.op])),
+            ("id", int(built.ids[o])),
+            ("name", names[o]),
+            ("type", str(built.types[o])),
+            ("state", "started"),
+            ("reason", "its end time is not a number"),
+        ):
+            rows[key].append(value)
+    msg = (
+        f"simulation of {trace.name!r} cannot go on: the next event, {what}, has a time that is not a "
+        "number (a duration or a message time that is NaN)"
+    )
+    return SimulationError(msg, pa.Table.from_pydict(rows, schema=STUCK_SCHEMA))

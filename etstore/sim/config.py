@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
@@ -31,6 +32,7 @@ from etstore.sim._native import parse_implementation
 from etstore.topology import AstraNetwork, astra_topology, read_network_config
 
 __all__ = [
+    "EXPANDED_SLOTS",
     "AstraNetwork",
     "ConfigError",
     "SimConfig",
@@ -42,6 +44,9 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+EXPANDED_SLOTS = ("astra", "collective")
+"""Execution models of an expanded collective's ops (:attr:`SimConfig.expanded_slots`)."""
 
 
 def collective_name(name: str) -> str:
@@ -173,6 +178,16 @@ class SimConfig:
         ``local_reduction_delay`` ns per 100 bytes + 50 ns, instead of one endpoint
         delay per packet (not on a communicator group smaller than the system, whose
         ring uses ASTRA-sim's fixed 10 ns path). See docs/simulator.md.
+    expanded_slots
+        How the ops of an expanded collective (sends, receives, reductions and copies
+        carrying an algorithm's chunk attributes, as ``expand`` writes them) take NPU
+        slots. ``"astra"``: as ASTRA-sim's workload layer runs the exported ``.et``, each
+        send on its NPU's one communication slot, each reduction or copy on its one
+        compute slot, receives on none (``HardwareResource::occupy``). ``"collective"``:
+        as ASTRA-sim runs a custom collective inside its node: the steps take no slot and
+        the block that replaced a node holds the communication slot as the node did,
+        where the trace records its blocks (``params["collective_blocks"]``). See
+        docs/simulator.md, "Expanded collectives: two execution models".
     ignored
         Keys of the ASTRA-sim system file that etstore did not apply, each as
         ``key=value (why)``; :func:`read_system_config` also logs them as one warning.
@@ -211,6 +226,7 @@ class SimConfig:
     shared_bus_o_ns: float = 0.0
     shared_bus_g_ns_per_byte: float = 0.0
     local_reduction_delay: int = 1
+    expanded_slots: str = "collective"
     ignored: tuple[str, ...] = ()
     extra: Mapping[str, Any] = field(default_factory=dict)
 
@@ -225,13 +241,20 @@ class SimConfig:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ConfigError(f"{name} must be >= 1 or None (unlimited), not {value}")
-        if self.local_mem_bw_gb_per_s <= 0:
-            raise ConfigError(f"local_mem_bw_gb_per_s must be > 0, not {self.local_mem_bw_gb_per_s}")
+        if not (0 < self.local_mem_bw_gb_per_s < math.inf):
+            raise ConfigError(
+                f"local_mem_bw_gb_per_s must be a finite number > 0, not {self.local_mem_bw_gb_per_s}"
+            )
         if self.preferred_dataset_splits < 1 or self.active_chunks_per_dimension < 1:
             raise ConfigError("preferred_dataset_splits and active_chunks_per_dimension must be >= 1")
+        if self.expanded_slots not in EXPANDED_SLOTS:
+            raise ConfigError(
+                f"expanded_slots must be {' or '.join(EXPANDED_SLOTS)}, not {self.expanded_slots!r}"
+            )
         for name in ("endpoint_delay_ns", "message_overhead_ns", "min_comp_ns", "duration_unit_ns"):
-            if getattr(self, name) < 0:
-                raise ConfigError(f"{name} must be >= 0, not {getattr(self, name)}")
+            value = getattr(self, name)
+            if not (0 <= value < math.inf):  # NaN or infinity would stall the replay's clock
+                raise ConfigError(f"{name} must be a finite number >= 0, not {value}")
         if self.collective_optimization not in ("localBWAware", "baseline"):
             raise ConfigError(
                 "collective_optimization must be localBWAware or baseline, "

@@ -18,8 +18,10 @@ Issue semantics (FORMATS.md §1, ASTRA-sim's workload layer):
   collective type (ASTRA-sim's native ring, a generator, or a stored algorithm); the
   k-th collective of a communicator group on every member rank is one instance;
 * one cost model on every path: a reduction or copy inside an algorithm costs its
-  local-memory passes whether the algorithm runs inside a node or after ``expand``,
-  whose steps take no NPU slot (docs/simulator.md, "Cost model");
+  local-memory passes whether the algorithm runs inside a node or after ``expand``
+  (docs/simulator.md, "Cost model"); the steps ``expand`` wrote take NPU slots as
+  ``config.expanded_slots`` says (:mod:`~etstore.sim._slots`): none, as inside the node
+  (``"collective"``), or each its own, as ASTRA-sim runs the exported files (``"astra"``);
 * under the congestion-unaware model, links offered more than their bandwidth are
   listed in ``SimResult.overloaded``.
 
@@ -29,8 +31,9 @@ kind, duration, size, peer, match key) and replayed by one heap-based loop over
 their own modules: :mod:`~etstore.sim._algorithms` (which algorithm each collective
 instance runs), :mod:`~etstore.sim._build` (the arrays), :mod:`~etstore.sim._holds`
 (an expanded collective's block holds the communication slot as its node did),
-:mod:`~etstore.sim._loop`
-(the loop, Python and native), :mod:`~etstore.sim._defer` (with the native loop,
+:mod:`~etstore.sim._slots` (which slot each op takes), :mod:`~etstore.sim._loop`
+(the loop, Python and native) with :mod:`~etstore.sim._loopprep` (what it takes
+prepared), :mod:`~etstore.sim._defer` (with the native loop,
 collectives are expanded as they start, so memory follows what is in flight),
 :mod:`~etstore.sim._tables` (the result tables) and :mod:`~etstore.sim._stuck` (why a
 replay stopped).
@@ -48,8 +51,8 @@ from etstore.model import Trace
 from etstore.progress import ProgressFn
 from etstore.sim._algorithms import Algorithms, AlgorithmSpec
 from etstore.sim._build import build, loop_inputs
-from etstore.sim._loop import native_loop, run_loop
-from etstore.sim._stuck import stuck_error
+from etstore.sim._loop import NoProgress, native_loop, run_loop
+from etstore.sim._stuck import no_progress_error, stuck_error
 from etstore.sim._tables import result_tables
 from etstore.sim.config import SimConfig
 from etstore.sim.network import Network
@@ -185,13 +188,16 @@ def _simulate(
         progress("build", trace.num_ops, trace.num_ops)
         progress("loop", 0, n)
         looped = lambda done, total: progress("loop", done, total)  # noqa: E731
-    out = run_loop(inputs, net, config, built.n0, looped, built.deferred)
-    if (out.end < 0).any():
-        if built.deferred is not None:  # diagnose on the full expansion: its queues name every sub-op
-            built = build(trace, net, config, algos, groups)
-            inputs = loop_inputs(built, config)
-            out = run_loop(inputs, net, config, built.n0)
-        raise stuck_error(trace, built, inputs, out)
+    try:
+        out = run_loop(inputs, net, config, built.n0, looped, built.deferred)
+        if (out.end < 0).any():
+            if built.deferred is not None:  # diagnose on the full expansion: its queues name every sub-op
+                built = build(trace, net, config, algos, groups)
+                inputs = loop_inputs(built, config)
+                out = run_loop(inputs, net, config, built.n0)
+            raise stuck_error(trace, built, inputs, out)
+    except NoProgress as exc:  # the clock cannot move: name the op in one line
+        raise no_progress_error(trace, built, inputs, exc) from None
     if progress is not None:
         progress("loop", n, n)
         progress("tables", 0, 1)
