@@ -10,7 +10,7 @@ import pyarrow as pa
 
 from etstore import collectives
 from etstore.cli._common import add_format, open_to_record, progress, progress_to
-from etstore.cli._console import warn
+from etstore.cli._console import styled, warn
 from etstore.cli._inputs import trace_from
 from etstore.cli._perturb_args import add_perturbation, perturbation_from
 from etstore.cli._render import render
@@ -21,7 +21,14 @@ from etstore.collectives.specs import algorithms_by_type, parse_by_type
 from etstore.collectives.stored import resolve_algorithm
 from etstore.errors import OptionError
 from etstore.sim import BUILTIN_ALGORITHMS, simulate
-from etstore.sim.config import SimConfig, read_comm_groups, read_network_config, read_system_config
+from etstore.sim.config import (
+    EXPANDED_SLOTS,
+    SimConfig,
+    read_comm_groups,
+    read_network_config,
+    read_system_config,
+)
+from etstore.sim.jobs import JobRuns, JobsResult, job_tables, read_placement, record_jobs, simulate_jobs
 from etstore.sim.metrics import record_run, record_sweep
 from etstore.sim.perturb import perturb
 from etstore.sim.sweep import parse_sizes, sweep
@@ -79,6 +86,8 @@ def _config(args: argparse.Namespace) -> Any:
         overrides["reduction_mem_accesses"] = args.reduction_mem_accesses
     if args.copy_mem_accesses is not None:
         overrides["copy_mem_accesses"] = args.copy_mem_accesses
+    if getattr(args, "expanded_slots", None):  # sim only
+        overrides["expanded_slots"] = args.expanded_slots
     if args.system_config:
         return read_system_config(args.system_config, **overrides)
     return dataclasses.replace(SimConfig(), **overrides)
@@ -117,11 +126,13 @@ def _placement(trace: Any, topo: Any) -> str | None:
 
 
 def _sim(args: argparse.Namespace, console: Console) -> int:
+    if len(args.trace) > 1 or args.placement:
+        return _sim_jobs(args, console)
     topo, dims = _network(args)
     config = _config(args)
     groups = read_comm_groups(args.comm_groups) if args.comm_groups else None
     with open_to_record(args) as store:
-        trace = trace_from(store, args.trace)
+        trace = trace_from(store, args.trace[0])
         perturbation = perturbation_from(args)
         if perturbation is not None:  # a what-if: the trace's compute changed
             trace = perturb(trace, perturbation)
@@ -162,9 +173,13 @@ def _sim(args: argparse.Namespace, console: Console) -> int:
         return 0
     head = f"run {run_id}: " if run_id is not None else ""
     console.print(
-        f"{head}[bold]{trace.name}[/] on {topo.name} ({config.congestion} network): "
-        f"{result.total_ns / 1e3:,.3f} µs simulated; {result.events:,} events in {result.wall_s:.2f} s "
-        f"({result.events_per_s / 1e6:.2f} M events/s)",
+        styled(
+            head,
+            (trace.name, "bold"),
+            f" on {topo.name} ({config.congestion} network): "
+            f"{result.total_ns / 1e3:,.3f} µs simulated; {result.events:,} events in {result.wall_s:.2f} s "
+            f"({result.events_per_s / 1e6:.2f} M events/s)",
+        ),
         highlight=False,
         soft_wrap=True,
     )
@@ -182,6 +197,99 @@ def _sim(args: argparse.Namespace, console: Console) -> int:
             f"metrics recorded: SELECT * FROM runs WHERE run_id = {run_id}", highlight=False, soft_wrap=True
         )
     return 0
+
+
+def _sim_jobs(args: argparse.Namespace, console: Console) -> int:
+    """``sim A B ... [--placement FILE]``: the jobs together on one fabric, a run each and a joint run."""
+    several = len(args.trace) > 1
+    if several and args.comm_groups:
+        raise OptionError(
+            "sim: --comm-groups replaces one trace's groups; with several traces each keeps its own"
+        )
+    topo, dims = _network(args)
+    config = _config(args)
+    groups = [read_comm_groups(args.comm_groups)] if args.comm_groups else None
+    placement = read_placement(args.placement) if args.placement else None
+    with open_to_record(args) as store:
+        traces = [trace_from(store, spec) for spec in args.trace]
+        perturbation = perturbation_from(args)
+        if perturbation is not None:  # ranks name one trace's ranks: refused where they would be ambiguous
+            if several:
+                raise OptionError("sim: --slow, --scale and --jitter take one trace, not several jobs")
+            traces = [perturb(traces[0], perturbation)]
+        algorithms = _algorithms(store, args.algo)
+        runs = None
+        with progress_to(console, f"sim {' '.join(t.name for t in traces)}") as step:
+            result = simulate_jobs(
+                traces,
+                topo,
+                placement=placement,
+                config=config,
+                algorithms=algorithms,
+                groups=groups,
+                dims=dims,
+                progress=step,
+            )
+            if store is not None and not args.no_record:
+                params = {
+                    "algo": args.algo or [],
+                    "argv": "sim",
+                    **({"perturbation": perturbation.to_dict()} if perturbation else {}),
+                }
+                runs = record_jobs(store.warehouse, result, params=params)
+    warning = result.joint.overload_warning()
+    if warning:
+        warn(warning)
+    used = sum(len(j.npu) for j in result.combined.jobs)
+    if topo.num_npus > used:
+        idle = topo.num_npus - used
+        warn(f"placement: {used} ranks on a topology of {topo.num_npus} NPUs; the other {idle} run nothing")
+    tables = job_tables(result, runs)
+    only = chosen_table(args)
+    if only is not None:
+        print_table(tables[only], args.format, limit=args.limit, console=console)
+        return 0
+    _print_jobs(result, tables, runs, f"{topo.name} ({config.congestion} network)", args.limit, console)
+    return 0
+
+
+def _print_jobs(
+    result: JobsResult, tables: dict[str, Any], runs: JobRuns | None, where: str, limit: int, console: Console
+) -> None:
+    """The table format of ``sim A B``: a line, the jobs, their ranks and collectives."""
+    joint, jobs = result.joint, result.combined.jobs
+    head = f"run {runs.joint}: " if runs is not None else ""
+    names = ", ".join(j.trace_name for j in jobs)
+    console.print(
+        f"{head}{len(jobs)} job{'s' if len(jobs) > 1 else ''} ({names}) on {where}: "
+        f"{joint.total_ns / 1e3:,.3f} µs simulated; {joint.events:,} events in {joint.wall_s:.2f} s",
+        highlight=False,
+        soft_wrap=True,
+    )
+    summary = tables["summary"]
+    shown = ["job", "run_id", "trace", "total_ns", "mean_compute_ns", "mean_exposed_comm_ns", "collectives"]
+    summary = summary.select([c for c in shown if c in summary.column_names])
+    print_table(summary, "table", title="jobs (ns)", console=console)
+    print_table(tables["ranks"], "table", limit=limit, title="per rank (ns)", console=console)
+    colls = tables["collectives"]
+    if colls.num_rows:
+        keep = [
+            "job",
+            "pg_name",
+            "comm_type",
+            "algorithm",
+            "group_size",
+            "size_bytes",
+            "time_ns",
+            "busbw_gb_per_s",
+        ]
+        title = f"collectives ({colls.num_rows}; busbw GB/s, GB = 10^9)"
+        print_table(colls.select(keep), "table", limit=limit, title=title, console=console)
+    if runs is not None:
+        ids = ", ".join(str(i) for i in (runs.joint, *runs.jobs))
+        console.print(
+            f"metrics recorded: SELECT * FROM runs WHERE run_id IN ({ids})", highlight=False, soft_wrap=True
+        )
 
 
 def _collectives(result: Any, args: argparse.Namespace) -> Any:
@@ -295,7 +403,17 @@ def _common(sp: argparse.ArgumentParser) -> None:
 def register(sub: Any) -> None:
     """Add ``sim`` and ``sweep`` to the subparsers ``sub``."""
     sp = sub.add_parser("sim", help="replay a trace over a network; metrics into DuckDB")
-    sp.add_argument("trace", help="stored trace name or trace files")
+    sp.add_argument(
+        "trace",
+        nargs="+",
+        help="stored trace name or trace files; several: jobs sharing the fabric (J0, J1, ... in this order)",
+    )
+    sp.add_argument(
+        "--placement",
+        metavar="FILE",
+        help='where each job rank runs: JSON {"J0-0": NPU, ...} (ASTRA-sim multi-tenant form); '
+        "default: the jobs on consecutive NPUs in the order given",
+    )
     add_topology_options(sp, required=False)
     sp.add_argument(
         "--network-config", metavar="FILE", help="ASTRA-sim analytical network YAML (instead of --topo)"
@@ -311,6 +429,13 @@ def register(sub: Any) -> None:
         "--comm-groups",
         metavar="FILE",
         help="ASTRA-sim communicator group JSON; replaces the trace's groups, every pg_name must be in it",
+    )
+    sp.add_argument(
+        "--expanded-slots",
+        choices=EXPANDED_SLOTS,
+        help="NPU slots of an expanded collective's sends and reductions: astra (each send on its NPU's "
+        "comm slot, each reduction on its compute slot, as ASTRA-sim runs the exported .et) or collective "
+        "(none; the block holds the comm slot as its node did; the default); docs/simulator.md",
     )
     add_limit(sp, 20)
     _common(sp)
