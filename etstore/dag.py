@@ -4,18 +4,22 @@ cycles, longest path.
 Nodes are ``0..n-1`` (rows of an ops table); edges are two int arrays
 ``src → dst``. Each pass walks topological generations (Kahn's algorithm one
 frontier at a time), so the Python-level loop runs once per generation, not once
-per node.
+per node, and a round touches only its own generation's nodes and edges: traces
+hundreds of thousands of generations deep stay linear.
 """
 
 from __future__ import annotations
 
+import sys
 from typing import NamedTuple
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from etstore.errors import OptionError
 from etstore.model import Trace, op_rows
+from etstore.progress import ProgressFn
 
 __all__ = [
     "Endpoints",
@@ -24,11 +28,13 @@ __all__ = [
     "cycle_members",
     "find_cycle",
     "generations",
+    "heaviest_paths",
     "longest_path",
     "match_messages",
     "message_endpoints",
     "pair_endpoints",
     "trace_edges",
+    "walk_back",
 ]
 
 
@@ -39,42 +45,92 @@ def _csr(n: int, src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray, np.ndarr
     return indptr, dst[order]
 
 
-def _expand(indptr: np.ndarray, nodes: np.ndarray) -> np.ndarray:
-    """Positions in the CSR index array of every out-edge of ``nodes``."""
-    starts = indptr[nodes]
-    counts = indptr[nodes + 1] - starts
-    total = int(counts.sum())
-    if total == 0:
-        return np.zeros(0, dtype=np.int64)
-    offsets = np.repeat(starts - np.concatenate([[0], np.cumsum(counts)[:-1]]), counts)
-    return np.arange(total, dtype=np.int64) + offsets
+class _Ticker:
+    """Calls ``progress(phase, done, total)`` each time ``done`` passes another 1% of ``total``.
+
+    The per-generation loops run hundreds of thousands of rounds on deep traces; a call
+    per round would cost more than the round.
+    """
+
+    def __init__(self, progress: ProgressFn | None, phase: str, total: int) -> None:
+        self.progress, self.phase, self.total = progress, phase, total
+        self.step = max(1, total // 100)
+        self.next = 0 if progress is not None else sys.maxsize  # no callback: one comparison a round
+        self.last = -1
+
+    def __call__(self, done: int) -> None:
+        if done >= self.next and self.progress is not None:
+            self.progress(self.phase, done, self.total)
+            self.next, self.last = done + self.step, done
+
+    def finish(self) -> None:
+        """The phase is over: report it done (once)."""
+        if self.progress is not None and self.last != self.total:
+            self.progress(self.phase, self.total, self.total)
+            self.last = self.total
 
 
-def generations(n: int, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
+def generations(
+    n: int, src: np.ndarray, dst: np.ndarray, *, progress: ProgressFn | None = None
+) -> np.ndarray:
     """Topological generation of each node (-1 for nodes on or behind a cycle).
+
+    Generation 0 holds the nodes without in-edges; a node is in generation ``g + 1``
+    when its last predecessor to be placed is in generation ``g``.
+
+    Parameters
+    ----------
+    n
+        Number of nodes ``0..n-1``.
+    src, dst
+        Edges ``src[i] -> dst[i]`` (int arrays of equal length).
+    progress
+        Called as ``progress("order", nodes placed, n)`` every 1% or so.
+
+    Examples
+    --------
+    >>> generations(4, np.array([0, 1, 0]), np.array([1, 2, 2])).tolist()
+    [0, 1, 2, 0]
 
     Notes
     -----
-    O(V + E log E) overall; one numpy round per generation.
+    Kahn's algorithm one frontier at a time: O(V + E) element work in all, plus a
+    constant number of numpy calls per generation (tens of µs), so a trace
+    ``D`` generations deep pays O(D) of Python on top; nothing per round is O(V).
     """
     src = np.asarray(src, dtype=np.int64)
     dst = np.asarray(dst, dtype=np.int64)
     gen = np.full(n, -1, dtype=np.int64)
     if n == 0:
         return gen
-    indeg = np.bincount(dst, minlength=n).astype(np.int64)
+    tick = _Ticker(progress, "order", n)
+    indeg = np.bincount(dst, minlength=n)
+    outdeg = np.bincount(src, minlength=n)
     indptr, targets_of = _csr(n, src, dst)
+    zero = indeg.dtype.type(0)
     frontier = np.flatnonzero(indeg == 0)
-    g = 0
+    g = placed = 0
     while frontier.size:
         gen[frontier] = g
-        targets = targets_of[_expand(indptr, frontier)]
+        g += 1
+        placed += frontier.size
+        tick(placed)
+        if frontier.size == 1:  # a chain: its out-edges are one slice
+            v = frontier[0]
+            targets = targets_of[indptr[v] : indptr[v + 1]]
+        else:  # every out-edge of the frontier: ragged ranges of the CSR, gathered at once
+            counts = outdeg[frontier]
+            ends = counts.cumsum()
+            targets = targets_of[np.repeat(indptr[frontier] - ends + counts, counts) + np.arange(ends[-1])]
         if targets.size == 0:
             break
-        uniq, counts = np.unique(targets, return_counts=True)
-        indeg[uniq] -= counts
-        frontier = uniq[indeg[uniq] == 0]
-        g += 1
+        np.subtract.at(indeg, targets, 1)
+        ready = targets[indeg[targets] == zero]
+        if ready.size > 1:  # a node reached by several frontier edges is listed once
+            ready = np.sort(ready)
+            ready = ready[np.concatenate(([True], ready[1:] != ready[:-1]))]
+        frontier = ready
+    tick.finish()
     return gen
 
 
@@ -141,6 +197,133 @@ def find_cycle(n: int, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
     return np.asarray(path[int(seen[i]) :][::-1], dtype=np.int64)
 
 
+def heaviest_paths(
+    gen: np.ndarray,
+    src: np.ndarray,
+    dst: np.ndarray,
+    weight: np.ndarray,
+    *,
+    progress: ProgressFn | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per node, the weight of the heaviest path ending there and its predecessor on that path.
+
+    Parameters
+    ----------
+    gen
+        A layering of the nodes in which every edge goes to a later layer:
+        :func:`generations` of this graph or of any graph that contains its edges
+        (one pass over a trace's generations serves its subgraphs too). Nodes with
+        ``gen < 0`` are left out, with the edges that touch them.
+    src, dst
+        Edges ``src[i] -> dst[i]``.
+    weight
+        Node weights.
+    progress
+        Called as ``progress("path", nodes done, nodes)`` every 1% or so.
+
+    Returns
+    -------
+    (numpy.ndarray, numpy.ndarray)
+        ``finish`` (float64): ``weight[v]`` plus the largest ``finish`` of ``v``'s
+        predecessors (``-inf`` for nodes left out); ``pred`` (int64): the predecessor
+        that attains it, the first such edge in the order given, or -1.
+
+    Raises
+    ------
+    OptionError
+        An edge does not go to a later layer of ``gen``.
+
+    Examples
+    --------
+    >>> src, dst = np.array([0, 0, 1, 2]), np.array([1, 2, 3, 3])
+    >>> finish, pred = heaviest_paths(np.array([0, 1, 1, 2]), src, dst, np.array([1, 5, 2, 1]))
+    >>> finish.tolist(), pred.tolist()
+    ([1.0, 6.0, 3.0, 7.0], [-1, 0, 0, 1])
+
+    Notes
+    -----
+    O(V + E log E): nodes are renumbered layer by layer and in-edges sorted by their
+    node, so each layer is one ``maximum.reduceat`` over a contiguous slice; the
+    predecessors follow afterwards from one comparison over all edges.
+    """
+    gen = np.asarray(gen, dtype=np.int64)
+    src = np.asarray(src, dtype=np.int64)
+    dst = np.asarray(dst, dtype=np.int64)
+    n = len(gen)
+    finish = np.full(n, -np.inf)
+    pred = np.full(n, -1, dtype=np.int64)
+    order = np.argsort(gen, kind="stable")[int(np.count_nonzero(gen < 0)) :]  # node at each position
+    m = len(order)
+    if m == 0:
+        return finish, pred
+    from_gen, to_gen = gen[src], gen[dst]
+    ok = (from_gen >= 0) & (to_gen >= 0)
+    if bool(np.any(ok & (from_gen >= to_gen))):
+        raise OptionError("heaviest_paths: an edge does not go to a later generation")
+    del from_gen, to_gen
+    at = _positions(n, order)
+    into, come_from = at[dst[ok]], at[src[ok]]
+    del at, ok
+    indeg = np.bincount(into, minlength=m)
+    # a node without in-edges reads one from slot m, which holds 0.0: its finish is its weight
+    lone = np.flatnonzero(indeg == 0).astype(into.dtype)
+    into = np.concatenate([into, lone])
+    come_from = np.concatenate([come_from, np.full(len(lone), m, dtype=into.dtype)])
+    by_dst = np.argsort(into, kind="stable")  # ties keep the edge order
+    edge_dst, edge_src = into[by_dst], come_from[by_dst]
+    del into, come_from, by_dst, lone
+    first_edge = np.zeros(m + 1, dtype=np.int64)
+    np.cumsum(np.maximum(indeg, 1), out=first_edge[1:])
+    layer_of = gen[order]
+    bounds = np.zeros(int(layer_of[-1]) + 2, dtype=np.int64)
+    np.cumsum(np.bincount(layer_of), out=bounds[1:])
+    local = first_edge[:m] - first_edge[bounds[layer_of]]  # a node's first in-edge within its layer
+    del layer_of, indeg
+    fin = np.empty(m + 1)
+    fin[m] = 0.0
+    best = np.empty(m)
+    w = np.asarray(weight, dtype=np.float64)[order]
+    tick = _Ticker(progress, "path", m)
+    starts, edge_at = bounds.tolist(), first_edge[bounds].tolist()
+    for a, b, ea, eb in zip(starts[:-1], starts[1:], edge_at[:-1], edge_at[1:], strict=True):
+        layer_best = np.maximum.reduceat(fin[edge_src[ea:eb]], local[a:b])
+        best[a:b] = layer_best
+        np.add(layer_best, w[a:b], out=fin[a:b])
+        tick(b)
+    tick.finish()
+    del local, w
+    # the edge attaining each maximum; those from slot m name no predecessor
+    hit = (fin[edge_src] == best[edge_dst]) & (edge_src != m)
+    hits = np.flatnonzero(hit)
+    del hit
+    first = np.ones(len(hits), dtype=bool)
+    first[1:] = edge_dst[hits[1:]] != edge_dst[hits[:-1]]
+    hits = hits[first]
+    finish[order] = fin[:m]
+    pred[order[edge_dst[hits]]] = order[edge_src[hits]]
+    return finish, pred
+
+
+def _positions(n: int, order: np.ndarray) -> np.ndarray:
+    """Position of each node in ``order`` (-1 where absent), in the narrowest int that holds it."""
+    at = np.full(n, -1, dtype=np.int32 if len(order) < np.iinfo(np.int32).max else np.int64)
+    at[order] = np.arange(len(order), dtype=at.dtype)
+    return at
+
+
+def walk_back(pred: np.ndarray, last: int) -> np.ndarray:
+    """The chain of ``pred`` links that ends at ``last``, first node first.
+
+    >>> walk_back(np.array([-1, 0, 1, 0]), 2).tolist()
+    [0, 1, 2]
+    """
+    links = np.ascontiguousarray(pred, dtype=np.int64).data  # Python ints one at a time, no list
+    path = [last]
+    while links[path[-1]] >= 0:
+        path.append(links[path[-1]])
+    return np.asarray(path[::-1], dtype=np.int64)
+
+
 def longest_path(
     n: int, src: np.ndarray, dst: np.ndarray, weight: np.ndarray
 ) -> tuple[float, np.ndarray, np.ndarray]:
@@ -148,45 +331,28 @@ def longest_path(
 
     Returns ``(length, path_rows, finish)`` where ``finish[v]`` is the heaviest
     path weight ending at ``v``. Nodes on cycles are ignored (call
-    :func:`generations` first to report them).
+    :func:`generations` first to report them). The path ends at the first node
+    with the largest ``finish`` and steps back along the first edge (in the order
+    given) that attains each maximum.
+
+    Examples
+    --------
+    >>> src, dst = np.array([0, 0, 1, 2]), np.array([1, 2, 3, 3])
+    >>> length, rows, _ = longest_path(4, src, dst, np.array([1, 5, 2, 1]))
+    >>> length, rows.tolist()
+    (7.0, [0, 1, 3])
 
     Notes
     -----
-    O(V + E log E): each generation takes ``max`` over its in-edges at once.
+    O(V + E log E) with one numpy round per generation (:func:`generations`,
+    :func:`heaviest_paths`).
     """
-    src = np.asarray(src, dtype=np.int64)
-    dst = np.asarray(dst, dtype=np.int64)
-    weight = np.asarray(weight, dtype=np.float64)
     if n == 0:
         return 0.0, np.zeros(0, dtype=np.int64), np.zeros(0)
     gen = generations(n, src, dst)
-    ok = (gen[src] >= 0) & (gen[dst] >= 0)
-    src, dst = src[ok], dst[ok]
-    finish = np.where(gen >= 0, weight, -np.inf)
-    pred = np.full(n, -1, dtype=np.int64)
-    order = np.argsort(gen[dst], kind="stable")
-    src, dst = src[order], dst[order]
-    edge_gen = gen[dst]
-    bounds = np.searchsorted(edge_gen, np.arange(1, int(gen.max()) + 2))
-    start = 0
-    for end in bounds:
-        if end == start:
-            continue
-        s, d = src[start:end], dst[start:end]
-        best = np.full(n, -np.inf)
-        np.maximum.at(best, d, finish[s])
-        uniq = np.unique(d)
-        # the predecessor that attains the max (the first one in edge order)
-        hit = finish[s] == best[d]
-        first = np.unique(d[hit], return_index=True)
-        pred[first[0]] = s[hit][first[1]]
-        finish[uniq] = best[uniq] + weight[uniq]
-        start = end
+    finish, pred = heaviest_paths(gen, src, dst, weight)
     last = int(np.argmax(finish))
-    path = [last]
-    while pred[path[-1]] >= 0:
-        path.append(int(pred[path[-1]]))
-    return float(finish[last]), np.asarray(path[::-1], dtype=np.int64), finish
+    return float(finish[last]), walk_back(pred, last), finish
 
 
 def break_cycles(n: int, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
