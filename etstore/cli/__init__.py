@@ -20,8 +20,6 @@ import signal
 import sys
 from types import FrameType
 
-from etstore.pandas_gate import hide_pandas
-
 
 def _interrupted_while_starting(signum: int, frame: FrameType | None) -> None:
     """SIGINT before the command runs (the imports below and the command module's): nothing
@@ -29,6 +27,18 @@ def _interrupted_while_starting(signum: int, frame: FrameType | None) -> None:
     sys.stderr.write("etstore: interrupted\n")
     sys.stderr.flush()
     os._exit(130)
+
+
+_CONSOLE_SCRIPT = os.path.basename(sys.argv[0] if sys.argv else "") == "etstore"
+# A Ctrl-C during the imports would otherwise print a traceback from inside some library, so the
+# handler goes in before them, etstore's own included (only standard modules above, which the
+# interpreter's start-up has mostly loaded already). Only the console script gets it (argv[0] is
+# the script); main() puts the default back once the command's module is imported.
+if _CONSOLE_SCRIPT and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+    with contextlib.suppress(ValueError):  # not the main thread: signals are not ours to handle
+        signal.signal(signal.SIGINT, _interrupted_while_starting)
+
+from etstore.pandas_gate import hide_pandas  # noqa: E402  (after the interrupt handler, on purpose)
 
 
 def _become_the_command() -> None:
@@ -44,15 +54,8 @@ def _become_the_command() -> None:
     hide_pandas()
 
 
-_CONSOLE_SCRIPT = os.path.basename(sys.argv[0] if sys.argv else "") == "etstore"
 if _CONSOLE_SCRIPT:
     _become_the_command()
-# A Ctrl-C during the imports would otherwise print a traceback from inside some library, so the
-# handler goes in before them (only builtin modules above). Only the console script gets it
-# (argv[0] is the script); main() puts the default back once the command's module is imported.
-if _CONSOLE_SCRIPT and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
-    with contextlib.suppress(ValueError):  # not the main thread: signals are not ours to handle
-        signal.signal(signal.SIGINT, _interrupted_while_starting)
 
 import argparse  # noqa: E402  (after the interrupt handler, on purpose)
 import difflib  # noqa: E402
@@ -94,7 +97,7 @@ COMMANDS: dict[str, Command] = {
     "demo": Command("demo", "run the end-to-end demo on shipped examples"),
     "cypher": Command("query", "run a Cypher query on the graph"),
     "sql": Command("query", "run SQL on the DuckDB tables"),
-    "critical-path": Command("query", "duration-weighted longest dependency path"),
+    "critical-path": Command("critical_path", "longest dependency path of a trace or a simulation run"),
     "check": Command("algorithms", "prove an algorithm delivers its collective (exit 1 if not)"),
     "algo": Command("algorithms", "built-in collective algorithms"),
     "topo": Command("topology", "network topologies"),
@@ -119,9 +122,10 @@ COMMANDS: dict[str, Command] = {
         "timeline",
         "timeline of a run or timestamped trace as Chrome trace JSON (Perfetto, chrome://tracing)",
     ),
-    "overlap": Command("analysis", "find overlap, chunk and reorder opportunities with estimated gains"),
+    "overlap": Command("analysis", "find overlap, chunk and reorder opportunities, each gain simulated"),
     "rewrite": Command("analysis", "store a new trace applying overlap, reorder or chunk-split"),
     "compare": Command("analysis", "simulate two traces and record per-rank and total differences"),
+    "rescale": Command("rescale", "store a trace re-scaled to another data- or tensor-parallel size"),
 }
 
 

@@ -9,14 +9,16 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from etstore.cli._common import add_format, open_from_args, stored_status
+from etstore.cli._common import add_format, open_from_args, progress_to, stored_status
+from etstore.cli._console import styled
 from etstore.cli._render import json_text, render
 from etstore.cli._tables import add_table, chosen_table, one_row, print_table
 from etstore.errors import OptionError
+from etstore.query.apply import rewrite_stored
 from etstore.query.overlap import explain, find_opportunities
-from etstore.query.rewrite import rewrite_stored
 from etstore.sim import SimConfig
 from etstore.sim.compare import compare
+from etstore.sim.config import EXPANDED_SLOTS
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -24,8 +26,22 @@ if TYPE_CHECKING:
 __all__ = ["register"]
 
 
-def _config(congestion: str | None) -> Any:
-    return SimConfig(congestion=congestion) if congestion else None
+def _config(args: argparse.Namespace) -> Any:
+    """The simulator's settings the command's flags change (None: the defaults)."""
+    changes = {
+        k: v for k, v in (("congestion", args.congestion), ("expanded_slots", args.expanded_slots)) if v
+    }
+    return SimConfig(**changes) if changes else None
+
+
+def _sim_flags(sp: argparse.ArgumentParser) -> None:
+    sp.add_argument("--congestion", choices=("unaware", "aware"), default=None, help="network model")
+    sp.add_argument(
+        "--expanded-slots",
+        choices=EXPANDED_SLOTS,
+        default=None,
+        help="how an expanded collective's sends and reductions hold their NPU's slots (docs/simulator.md)",
+    )
 
 
 def _overlap(args: argparse.Namespace, console: Console) -> int:
@@ -34,23 +50,26 @@ def _overlap(args: argparse.Namespace, console: Console) -> int:
         out = sys.stdout if args.trace is None else sys.stderr
         for finder, engine, text in explain():
             if args.format == "table":
-                console.print(f"[bold]-- {finder} ({engine})[/]")
-                console.print(text, highlight=False, markup=False)
+                console.print(styled((f"-- {finder} ({engine})", "bold")))
+                console.print(text, highlight=False)
             else:
                 out.write(f"-- {finder} ({engine})\n{text}\n")
         if args.trace is None:
             return 0
     if args.trace is None:
         raise OptionError("overlap: name a trace (or pass --explain alone to print the queries)")
-    with open_from_args(args) as store:
+    with open_from_args(args) as store, progress_to(console, f"overlap {args.trace}") as step:
         found = find_opportunities(
             store,
             args.trace,
             topo=args.topo,
-            config=_config(args.congestion),
+            config=_config(args),
             run_id=args.run,
             kinds=args.kind or ("overlap", "chunk", "reorder"),
             max_pieces=args.max_pieces,
+            limit=args.limit,
+            progress=step,
+            measure=not args.estimates,
         )
     if args.format == "json":
         rows = found.to_pylist()
@@ -58,18 +77,68 @@ def _overlap(args: argparse.Namespace, console: Console) -> int:
             r["detail"] = json.loads(r["detail"])
         sys.stdout.write(json_text(rows) + "\n")
         return 0
+    details = [json.loads(d) for d in found["detail"].to_pylist()]
+    if found.num_rows and all("moves" in d for d in details) and args.format == "table":
+        _measured_table(args.trace, found, details, console)
+        return 0
     render(found, args.format, title=f"opportunities in {args.trace}", console=console)
-    if args.format == "table":
+    if args.format == "table" and args.estimates:
         best = max(found["gain_ns"].to_pylist(), default=0) or 0
         console.print(
             f"{found.num_rows} opportunities; largest estimated gain {best / 1e3:,.1f} µs "
-            "(gains overlap, so they do not add up)",
+            "(estimates overlap, so they do not add up; without --estimates each is simulated)",
+            soft_wrap=True,
+        )
+    elif args.format == "table":
+        console.print(
+            f"{found.num_rows} opportunities, each simulated with it applied on top of the ones of its kind "
+            f"above it: the gains of a kind add up to what applying them realises "
+            f"({sum(found['gain_ns'].to_pylist()) / 1e3:,.1f} µs in all)",
             soft_wrap=True,
         )
     return 0
 
 
+def _measured_table(trace: str, found: pa.Table, details: list[dict[str, Any]], console: Console) -> None:
+    """A recording's opportunities: what moves in front of what, on how many ranks, and the
+    gain its replay measured beside the estimate."""
+    rows = []
+    for o, gain, d in zip(
+        found["opportunity"].to_pylist(), found["gain_ns"].to_pylist(), details, strict=True
+    ):
+        moves = d["moves"]
+        rows.append(
+            {
+                "opportunity": o,
+                "in front of": d["held"],
+                "ranks": len(moves),
+                "ops moved": sum(len(m["moved"]) for m in moves),
+                "estimated_us": round(d["estimate_ns"] / 1e3, 1),
+                "gain_us": round(gain / 1e3, 1),
+                "gain_pct": round(gain / d["makespan_ns"] * 100, 2) if d.get("makespan_ns") else None,
+                "alone_gain_us": round(d["alone_gain_ns"] / 1e3, 1),
+            }
+        )
+    print_table(pa.Table.from_pylist(rows), "table", title=f"opportunities in {trace}", console=console)
+    network = details[0].get("network", "")
+    total = sum(found["gain_ns"].to_pylist())
+    console.print(
+        f"{found.num_rows} opportunities measured by replaying {trace} on {network} (makespan "
+        f"{details[0]['makespan_ns'] / 1e3:,.1f} µs): each gain is on top of the ones above it, so "
+        f"applying all of them takes off {total / 1e3:,.1f} µs; alone_gain is one applied alone. "
+        f"Apply: etstore rewrite {trace} --apply overlap (or --opportunity N), then etstore compare",
+        soft_wrap=True,
+        highlight=False,
+    )
+
+
 def _rewrite(args: argparse.Namespace, console: Console) -> int:
+    if args.apply is None:
+        if not args.opportunity:
+            raise OptionError(
+                "rewrite: say what to apply: --apply overlap|reorder|chunk-split or --opportunity N"
+            )
+        args.apply = "overlap"
     with open_from_args(args) as store:
         report = rewrite_stored(
             store,
@@ -79,6 +148,7 @@ def _rewrite(args: argparse.Namespace, console: Console) -> int:
             topo=args.topo,
             run_id=args.run,
             max_pieces=args.max_pieces,
+            opportunities=args.opportunity,
         )
         info = report.trace
         params = store.load(info.name).params
@@ -97,7 +167,7 @@ def _rewrite(args: argparse.Namespace, console: Console) -> int:
 
 def _compare(args: argparse.Namespace, console: Console) -> int:
     with open_from_args(args) as store:
-        cmp = compare(store, args.a, args.b, args.topo, congestion=args.congestion)
+        cmp = compare(store, args.a, args.b, args.topo, config=_config(args))
     summary = {
         "comparison_id": cmp.comparison_id,
         "trace_a": cmp.trace_a,
@@ -132,11 +202,11 @@ def _topo_arg(sp: argparse.ArgumentParser) -> None:
 
 def register(sub: Any) -> None:
     """Add ``overlap``, ``rewrite`` and ``compare`` to the subparsers ``sub``."""
-    sp = sub.add_parser("overlap", help="find overlap, chunk and reorder opportunities with estimated gains")
+    sp = sub.add_parser("overlap", help="find overlap, chunk and reorder opportunities, each gain simulated")
     sp.add_argument("trace", nargs="?", help="stored trace")
     sp.add_argument("--explain", action="store_true", help="print the Cypher and SQL queries the finders run")
     _topo_arg(sp)
-    sp.add_argument("--congestion", choices=("unaware", "aware"), default=None, help="network model")
+    _sim_flags(sp)
     sp.add_argument("--run", type=int, default=None, help="take timings from this recorded run instead")
     sp.add_argument(
         "--kind",
@@ -145,12 +215,27 @@ def register(sub: Any) -> None:
         help="only these finders (repeatable)",
     )
     sp.add_argument("--max-pieces", type=int, default=8, help="chunk: at most this many pieces per consumer")
+    sp.add_argument(
+        "--limit", type=int, default=32, help="simulate at most this many opportunities per kind (default 32)"
+    )
+    sp.add_argument(
+        "--estimates",
+        action="store_true",
+        help="keep the finders' estimates instead of simulating each opportunity (quick; not a recording)",
+    )
     add_format(sp)
     sp.set_defaults(handler=_overlap)
 
     sp = sub.add_parser("rewrite", help="store a new trace applying overlap, reorder or chunk-split")
     sp.add_argument("trace", help="stored trace")
-    sp.add_argument("--apply", required=True, metavar="{overlap,reorder,chunk-split}", help="what to apply")
+    sp.add_argument("--apply", default=None, metavar="{overlap,reorder,chunk-split}", help="what to apply")
+    sp.add_argument(
+        "--opportunity",
+        type=int,
+        action="append",
+        metavar="N",
+        help="a recording: apply opportunity N of 'etstore overlap' (repeatable; default every one)",
+    )
     sp.add_argument("--name", default=None, help="name of the new trace (default: <trace>-<apply>)")
     _topo_arg(sp)
     sp.add_argument("--run", type=int, default=None, help="chunk-split: chunk arrival from this recorded run")
@@ -164,7 +249,7 @@ def register(sub: Any) -> None:
     sp.add_argument("a", help="stored trace A (the baseline)")
     sp.add_argument("b", help="stored trace B")
     _topo_arg(sp)
-    sp.add_argument("--congestion", choices=("unaware", "aware"), default=None, help="network model")
+    _sim_flags(sp)
     add_format(sp)
     add_table(
         sp,

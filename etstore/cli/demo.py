@@ -4,14 +4,16 @@ Ingest a real recorded trace (``examples/dlrm_8r``: 8-rank DLRM, PyTorch executi
 linked with their Kineto traces) and an MSCCL-IR algorithm → query (Cypher, SQL) → check
 the algorithm → expand the trace's collectives into sends, receives and reductions →
 simulate (the same algorithms as collective nodes and expanded, then ASTRA-sim's native
-ring) → find chunk-level overlap → rewrite → compare → export
-(.et, MSCCL-IR) → one HTML report. Every step is a library call the CLI also makes; a
+ring) → replay the recorded step as it ran → find the work each thread or stream could run
+while it waited, each opportunity measured by replay → rewrite → compare (the win realised)
+→ export (.et, MSCCL-IR) → one HTML report. Every step is a library call the CLI also makes; a
 step that cannot apply to the trace says so in one line.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -19,19 +21,20 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from etstore.cli._console import styled
 from etstore.cli._render import recognised_line, render
 from etstore.collectives.check import check_algorithm
 from etstore.collectives.generators import GENERATORS, generate
 from etstore.collectives.specs import parse_generator
 from etstore.collectives.stored import expand_stored
-from etstore.errors import ConfigError, RewriteError
+from etstore.errors import ConfigError
 from etstore.ingest import read_trace
 from etstore.ingest.export import export_trace
 from etstore.ingest.msccl_writer import write_msccl_xml
 from etstore.model import Trace
 from etstore.query import critical_path
-from etstore.query.overlap import OPPORTUNITY_KINDS, find_opportunities
-from etstore.query.rewrite import rewrite_stored
+from etstore.query.apply import rewrite_stored
+from etstore.query.overlap import find_opportunities
 from etstore.report import write_report
 from etstore.sim import SimConfig, SimResult, simulate
 from etstore.sim.compare import Comparison, compare
@@ -45,8 +48,9 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ALLTOALL_GENERATOR",
-    "DEMO_FINDERS",
+    "DEMO_LIMIT",
     "EXAMPLES",
+    "OWN_RECORDING",
     "RING_GENERATOR",
     "TOPOLOGY",
     "register",
@@ -57,7 +61,8 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 TOPOLOGY = "switch:8,bw=50,lat=500"  # 8 NPUs on one switch, like the 8 GPUs of the recorded DLRM run
 RING_GENERATOR = "ring:2"  # all-reduce when the shipped MSCCL-IR ring has another rank count
 ALLTOALL_GENERATOR = "direct"  # all-to-all: every rank sends each peer its block directly
-DEMO_FINDERS = OPPORTUNITY_KINDS  # all three: the reorder finder takes ≈ 1.5 s on the expanded DLRM
+DEMO_LIMIT = 12  # opportunities measured (two replays of the DLRM each, ≈ 0.4 s)
+OWN_RECORDING = EXAMPLES.parent / "tests" / "data" / "torch_fsdp2_2r"  # examples/pytorch/record.py's
 
 
 def _workload_dir() -> Path:
@@ -122,49 +127,14 @@ def run_demo(*, store_location: str | None, console: Console, out_dir: Path) -> 
 
         base = _simulate_step(store, name, expanded, algo if ring_fits else None, console)
 
-        console.rule("6. opportunities: overlap, chunk-level overlap and reorder, with estimated gains")
-        found = find_opportunities(store, expanded, run_id=base.run_b, kinds=DEMO_FINDERS)
-        if found.num_rows:
-            top = found.sort_by([("gain_ns", "descending")]).slice(0, 5)
-            cols = [c for c in ("kind", "rank", "op_id", "other_id", "gain_ns") if c in top.column_names]
-            render(top.select(cols), console=console)
-        console.print(
-            f"{found.num_rows} opportunities ({', '.join(DEMO_FINDERS)} finders) recorded in the "
-            "opportunities table"
-        )
-
         runs, traces, totals = [base.run_a, base.run_b], [name, expanded], [base.total_a_ns, base.total_b_ns]
-        final = _rewrite_step(store, expanded, base.run_b, console)
-        if final is not None:
-            after, rewritten = final
-            runs.append(after.run_b)
-            traces.append(rewritten)
-            totals.append(after.total_b_ns)
-        last = traces[-1]
-
-        console.rule("8. the recorded step replayed as it ran, and its critical path")
-        recorded = store.load(name)
-        rep = replay(recorded)
-        render(rep.steps, console=console)
-        fit = replay(recorded, fit=True)
-        worst, worst_fit = (max(abs(e) for e in r.steps["error_pct"].to_pylist()) for r in (rep, fit))
-        console.print(
-            f"every rank's simulated step within {worst:.1f}% of its measured one, each collective "
-            f"lasting as it ran after its last peer arrived; within {worst_fit:.1f}% on "
-            f"{fit.topology.name}, the network fitted to its collectives that what-ifs change "
-            "(etstore replay [--topo fitted|SPEC])",
-            soft_wrap=True,
-        )
-        cp = critical_path(recorded)
-        console.print(
-            f"{cp.length_micros:,.0f} µs over {cp.path.num_rows} ops (CPU ops, their kernel launches and "
-            "the NCCL kernels, as timed by Kineto)",
-            soft_wrap=True,
-        )
-        render(
-            cp.path.select(["step", "rank", "name", "type", "duration_micros", "via"]).slice(0, 6),
-            console=console,
-        )
+        _replay_step(store, name, console)
+        for final in (_overlap_steps(store, name, console), _own_recording_step(store, console)):
+            if final is not None:
+                runs += [final.run_a, final.run_b]
+                traces += [final.trace_a, final.trace_b]
+                totals += [final.total_a_ns, final.total_b_ns]
+        last = expanded
 
         console.rule("9. export: the expanded trace for ASTRA-sim, the algorithm for MSCCL/RCCL")
         paths = export_trace(store.load(last), out_dir / last)  # as ASTRA-sim runs them
@@ -179,7 +149,7 @@ def run_demo(*, store_location: str | None, console: Console, out_dir: Path) -> 
             pa.table({"run": runs, "trace": traces, "simulated": [_us(v) for v in totals]}),
             console=console,
         )
-        console.print(f"report: [bold]{html.resolve()}[/]", soft_wrap=True)
+        console.print(styled("report: ", (str(html.resolve()), "bold")), soft_wrap=True)
     return html
 
 
@@ -198,14 +168,18 @@ def _ingest_step(store: Store, console: Console) -> tuple[str, str, bool]:
     )
     console.print(recognised_line(name, trace.params) or name, highlight=False, soft_wrap=True)
     console.print(
-        f"{src} → trace [bold]{name}[/]: {report.trace.ops:,} ops, {report.trace.deps:,} deps over "
-        f"{trace.num_ranks} ranks" + ("" if report.created else " (already stored: same content)")
+        styled(
+            f"{src} → trace ",
+            (name, "bold"),
+            f": {report.trace.ops:,} ops, {report.trace.deps:,} deps over {trace.num_ranks} ranks"
+            + ("" if report.created else " (already stored: same content)"),
+        )
     )
     xml = _algorithm_xml()
     algo = store.ingest(read_trace(xml)).trace.name
     algorithm = store.load(algo)
     check = check_algorithm(algorithm)
-    console.print(f"{xml.name} → algorithm [bold]{algo}[/]; check: {check.summary()}")
+    console.print(styled(f"{xml.name} → algorithm ", (algo, "bold"), f"; check: {check.summary()}"))
     return name, algo, _ranks_of(algorithm) == trace.num_ranks
 
 
@@ -253,8 +227,11 @@ def _expand_step(store: Store, name: str, ring: str | None, console: Console) ->
     done = expand_stored(store, name, {"allreduce": allreduce, "alltoall": ALLTOALL_GENERATOR})
     expanded = done.report.trace.name
     console.print(
-        f"[bold]{expanded}[/]: {done.report.trace.ops:,} ops ({done.expansion.lineage.num_rows:,} new, "
-        f"replacing {done.expansion.collectives.num_rows} collective instances)"
+        styled(
+            (expanded, "bold"),
+            f": {done.report.trace.ops:,} ops ({done.expansion.lineage.num_rows:,} new, "
+            f"replacing {done.expansion.collectives.num_rows} collective instances)",
+        )
     )
     q = (
         "MATCH (c:Op)-[:BECOMES]->(x:Op) WHERE c.trace = $t AND c.rank = 0 "
@@ -327,18 +304,76 @@ def _comm_end_line(store: Store, base: Comparison, console: Console) -> None:
         )
 
 
-def _rewrite_step(store: Store, expanded: str, run: int, console: Console) -> tuple[Comparison, str] | None:
-    """Step 7: chunk-split rewrite and compare, or one line saying why it does not apply."""
-    console.rule("7. rewrite: split the chunk consumers per chunk, then compare")
-    try:
-        rewritten = rewrite_stored(store, expanded, "chunk-split", run_id=run).trace.name
-    except RewriteError as exc:
-        console.print(f"does not apply to this trace: {exc}", style="yellow", soft_wrap=True)
-        return None
-    after = compare(store, expanded, rewritten, TOPOLOGY)
+def _replay_step(store: Store, name: str, console: Console) -> None:
+    """Step 6: the recorded step replayed as it ran, and its critical path."""
+    console.rule("6. the recorded step replayed as it ran, and its critical path")
+    recorded = store.load(name)
+    rep = replay(recorded)
+    render(rep.steps, console=console)
+    fit = replay(recorded, fit=True)
+    worst, worst_fit = (max(abs(e) for e in r.steps["error_pct"].to_pylist()) for r in (rep, fit))
     console.print(
-        f"{expanded}: {_us(after.total_a_ns)} → {rewritten}: {_us(after.total_b_ns)} "
-        f"({after.diff_ns / after.total_a_ns * 100:+.1f}%)"
+        f"every rank's simulated step within {worst:.1f}% of its measured one, each collective "
+        f"lasting as it ran after its last peer arrived; within {worst_fit:.1f}% on "
+        f"{fit.topology.name}, the network fitted to its collectives that what-ifs change "
+        "(etstore replay [--topo fitted|SPEC])",
+        soft_wrap=True,
+    )
+    cp = critical_path(recorded)
+    console.print(
+        f"{cp.length_micros:,.0f} µs over {cp.path.num_rows} ops (CPU ops, their kernel launches and "
+        "the NCCL kernels, as timed by Kineto)",
+        soft_wrap=True,
+    )
+    render(
+        cp.path.select(["step", "rank", "name", "type", "duration_micros", "via"]).slice(0, 6),
+        console=console,
+    )
+
+
+def _overlap_steps(store: Store, name: str, console: Console) -> Comparison | None:
+    """Steps 7 and 8: the recording's overlap opportunities, each measured by replaying it with
+    the opportunity applied; then all of them applied and compared: the win realised."""
+    console.rule(
+        "7. opportunities: work a thread or stream could run while it waits, each measured by replay"
+    )
+    found = find_opportunities(store, name, kinds=("overlap",), limit=DEMO_LIMIT)
+    details = [json.loads(d) for d in found["detail"].to_pylist()]
+    if not found.num_rows:
+        console.print("no lane of the recording waits with independent work behind it", style="yellow")
+        return None
+    rows = [
+        {
+            "opportunity": o,
+            "in front of": d["held"][:48],
+            "ranks": len(d["moves"]),
+            "ops moved": sum(len(m["moved"]) for m in d["moves"]),
+            "gain": _us(g),
+            "alone": _us(d["alone_gain_ns"]),
+        }
+        for o, g, d in zip(
+            found["opportunity"].to_pylist(), found["gain_ns"].to_pylist(), details, strict=True
+        )
+    ]
+    render(pa.Table.from_pylist(rows), console=console)
+    estimated = sum(found["gain_ns"].to_pylist())
+    console.print(
+        f"{found.num_rows} opportunities; each gain is what it takes off the replayed step on top of "
+        f"the ones above it: together {_us(estimated)}",
+        soft_wrap=True,
+    )
+    console.rule("8. rewrite: apply them, then compare the two recordings replayed as they ran")
+    rewritten = rewrite_stored(store, name, "overlap").trace.name
+    after = compare(store, name, rewritten)
+    moved = sum(len(m["moved"]) for d in details for m in d["moves"])
+    held = sorted({d["held"] for d in details})
+    console.print(
+        f"{name}: {_us(after.total_a_ns)} → {rewritten}: {_us(after.total_b_ns)} "
+        f"({after.diff_ns / after.total_a_ns * 100:+.1f}%): estimated {_us(estimated)}, realised "
+        f"{_us(-after.diff_ns)}. What changed: {moved:,} ops moved earlier on their own thread or "
+        f"stream, in front of {', '.join(held)}, where the recording had them wait; every data, "
+        "overwrite, launch, wait and process-group dependency kept",
+        soft_wrap=True,
     )
     t = after.table
     per_rank = pa.table(
@@ -350,7 +385,28 @@ def _rewrite_step(store: Store, expanded: str, run: int, console: Console) -> tu
         }
     )
     render(per_rank, title="per rank (the last row, without a rank, is the makespan)", console=console)
-    return after, rewritten
+    return after
+
+
+def _own_recording_step(store: Store, console: Console) -> Comparison | None:
+    """The same, in one line, on a recording made with ``examples/pytorch/record.py``: FSDP2 on
+    two CPU ranks with gloo."""
+    if not OWN_RECORDING.is_dir():
+        console.print(f"{OWN_RECORDING} is missing: skipping the FSDP2 recording", style="yellow")
+        return None
+    name = store.ingest(read_trace(OWN_RECORDING), name="fsdp2_2r").trace.name
+    found = find_opportunities(store, name, kinds=("overlap",), limit=DEMO_LIMIT)
+    if not found.num_rows:
+        return None
+    after = compare(store, name, rewrite_stored(store, name, "overlap").trace.name)
+    console.print(
+        f"the same on {name} (FSDP2, 2 CPU ranks, gloo; recorded by examples/pytorch/record.py): "
+        f"{found.num_rows} opportunities, estimated {_us(sum(found['gain_ns'].to_pylist()))}, realised "
+        f"{_us(-after.diff_ns)} ({after.diff_ns / after.total_a_ns * 100:+.1f}% of "
+        f"{_us(after.total_a_ns)})",
+        soft_wrap=True,
+    )
+    return after
 
 
 def _demo(args: argparse.Namespace, console: Console) -> int:

@@ -11,7 +11,7 @@ so what is found is what gets applied.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -209,8 +209,9 @@ def _restore_comm_order(g: RankGraph, order: Sequence[int], comm: list[int], bef
             j += 1
 
 
-def overlap_rank(g: RankGraph) -> Applied:
-    """Bypass ctrl edges collective → independent compute on one rank (in place).
+def overlap_rank(g: RankGraph, only: Collection[int] | None = None) -> Applied:
+    """Bypass ctrl edges collective → independent compute on one rank (in place); with
+    ``only``, from those collectives (local rows) alone: one opportunity.
 
     Notes
     -----
@@ -227,7 +228,10 @@ def overlap_rank(g: RankGraph) -> Applied:
 
     def candidate(u: int, v: int) -> bool:
         return (
-            g.types[u] == "COMM_COLL_NODE" and g.types[v] == "COMP_NODE" and not has_bit(desc_data[v], col[u])
+            g.types[u] == "COMM_COLL_NODE"
+            and g.types[v] == "COMP_NODE"
+            and not has_bit(desc_data[v], col[u])
+            and (only is None or u in only)
         )
 
     work = [e for e, k in g.edges.items() if k == "ctrl" and candidate(*e)]
@@ -255,8 +259,9 @@ def overlap_rank(g: RankGraph) -> Applied:
     return Applied(freed, {})
 
 
-def reorder_rank(g: RankGraph) -> Applied:
-    """Bypass ctrl edges independent compute → send/collective on one rank (in place).
+def reorder_rank(g: RankGraph, only: Collection[int] | None = None) -> Applied:
+    """Bypass ctrl edges independent compute → send/collective on one rank (in place); with
+    ``only``, to those sends/collectives (local rows) alone: one opportunity.
 
     Notes
     -----
@@ -273,7 +278,12 @@ def reorder_rank(g: RankGraph) -> Applied:
     preds, succs = g.preds(), g.succs()
 
     def candidate(x: int, s: int) -> bool:
-        return g.types[x] == "COMP_NODE" and g.types[s] in COMM_TYPES and not has_bit(anc_data[x], col[s])
+        return (
+            g.types[x] == "COMP_NODE"
+            and g.types[s] in COMM_TYPES
+            and not has_bit(anc_data[x], col[s])
+            and (only is None or s in only)
+        )
 
     work = [e for e, k in g.edges.items() if k == "ctrl" and candidate(*e)]
     passed: dict[int, list[int]] = {}

@@ -34,8 +34,10 @@ from typing import Any
 
 import pyarrow as pa
 
-from etstore.errors import OptionError, StoreError, UnknownTraceError
+from etstore.errors import EtstoreError, OptionError, StoreError, UnknownTraceError
 from etstore.model import Trace
+from etstore.progress import ProgressFn
+from etstore.query._gains import measure_gains
 from etstore.query._rankgraph import (
     chunk_consumers,
     group_slots,
@@ -43,9 +45,11 @@ from etstore.query._rankgraph import (
     piece_count,
     rank_graphs,
     reorder_rank,
-    split_durations,
 )
+from etstore.query.hoists import find_hoists
+from etstore.query.split import SplitCost
 from etstore.sim import SimConfig, simulate
+from etstore.sim.engine import RECORDED
 from etstore.store.base import Store
 from etstore.store.warehouse import OPPORTUNITIES_DDL, Warehouse
 from etstore.topology import Topology, default_topology, parse_topology
@@ -78,6 +82,7 @@ OPPORTUNITIES_SCHEMA = pa.schema(
         ("other_id", pa.uint64()),
         ("gain_ns", pa.float64()),
         ("detail", pa.string()),
+        ("opportunity", pa.int32()),
     ]
 )
 
@@ -141,7 +146,8 @@ GROUP BY p.rank, p.comm_id
 ORDER BY p.rank, p.comm_id"""
 
 _RECORD_SQL = (
-    "INSERT INTO opportunities SELECT trace, kind, rank, op_id, other_id, gain_ns, detail FROM _etstore_found"
+    "INSERT INTO opportunities (trace, kind, rank, op_id, other_id, gain_ns, detail, opportunity) "
+    "SELECT trace, kind, rank, op_id, other_id, gain_ns, detail, opportunity FROM _etstore_found"
 )
 
 
@@ -273,7 +279,7 @@ def _reorder_rows(store: Store, trace: Trace, timings: pa.Table) -> list[dict[st
 
 
 def _chunk_rows(
-    store: Store, trace: Trace, timings: pa.Table, *, max_pieces: int, unit_ns: float
+    store: Store, trace: Trace, timings: pa.Table, *, max_pieces: int, unit_ns: float, split: SplitCost
 ) -> list[dict[str, Any]]:
     expansions = store.sql(EXPANSIONS_SQL, {"trace": trace.name}).to_arrow()
     if expansions.num_rows == 0:
@@ -290,6 +296,7 @@ def _chunk_rows(
     graphs = rank_graphs(trace)
     by_rank = {g.rank: g for g in graphs}
     durations = trace.ops["duration_micros"].to_numpy()
+    names = trace.ops["name"].to_pylist()
     out = []
     for cc in chunk_consumers(trace, graphs, expansions):
         g = by_rank[cc.rank]
@@ -301,10 +308,10 @@ def _chunk_rows(
         slots = sorted(arrival, key=lambda s: (arrival[s], s))
         d_us = int(durations[g.first + cc.consumer])
         k = piece_count(len(slots), d_us, max_pieces)
-        if k < 2:
+        if k < 2 or not split.splits(names[g.first + cc.consumer]):
             continue
         groups = group_slots(slots, k)
-        durs = split_durations(d_us, k)
+        durs = split.pieces(d_us, k)
         inside = set(cc.expansion_preds)
         outside = [u for u in g.preds()[cc.consumer] if u not in inside]
         e = max((end_of[u] for u in outside), default=0.0)
@@ -351,8 +358,18 @@ def find_opportunities(
     kinds: Sequence[str] = OPPORTUNITY_KINDS,
     max_pieces: int = 8,
     record: bool = True,
+    limit: int = 32,
+    progress: ProgressFn | None = None,
+    measure: bool = True,
+    split: SplitCost | None = None,
 ) -> pa.Table:
-    """Overlap, chunk and reorder opportunities of a stored trace, with estimated gains.
+    """Overlap, chunk and reorder opportunities of a stored trace, with their gains.
+
+    Gains are measured: each opportunity is applied (on top of the ones of its kind taken
+    before it) and the trace simulated again. A recorded trace (PyTorch ET + Kineto) has
+    overlap opportunities only, each a hoist in its lanes (:mod:`etstore.query.hoists`),
+    replayed on ``topo`` (default as it ran). Other traces get the three finders below,
+    whose estimates choose what is measured (:mod:`etstore.query._gains`).
 
     Parameters
     ----------
@@ -373,6 +390,15 @@ def find_opportunities(
         Chunk finder: at most this many pieces per consumer.
     record
         Replace the trace's rows in DuckDB table ``opportunities``.
+    limit
+        Measure at most this many opportunities per kind (largest estimates first; two
+        simulations each).
+    progress
+        Called with (phase, done, total) after each measurement.
+    measure
+        False: keep the finders' estimates (a quick look; not for a recording).
+    split
+        Chunk finder: what pieces cost, which ops split (:class:`~etstore.query.split.SplitCost`).
 
     Returns
     -------
@@ -380,8 +406,10 @@ def find_opportunities(
         :data:`OPPORTUNITIES_SCHEMA`: ``trace``, ``kind``, ``rank``, ``op_id`` (the
         collective, or the send/collective for reorder), ``other_id`` (overlap: the
         first freed compute op; chunk: the consumer; reorder: the compute op right
-        ahead), ``gain_ns`` (> 0), ``detail`` (JSON: timings in ns and op ids).
-        Ordered by kind, rank, op_id.
+        ahead), ``gain_ns`` (> 0), ``detail`` (JSON: timings in ns and op ids),
+        ``opportunity`` (1, 2, ... in row order: what ``etstore rewrite --opportunity``
+        takes). Ordered by kind, then in the order measured (largest estimate first); with
+        ``measure=False``, by kind, rank, op_id.
 
     Raises
     ------
@@ -399,17 +427,37 @@ def find_opportunities(
     if bad:
         raise OptionError(f"unknown opportunity kind {bad[0]!r}; expected {', '.join(OPPORTUNITY_KINDS)}")
     tr = store.load(trace)
-    timings = opportunity_timings(store, tr, topo=topo, config=config, run_id=run_id)
-    unit_ns = float((config or SimConfig()).duration_unit_ns)
     rows: list[dict[str, Any]] = []
-    if "overlap" in kinds:
-        rows += _overlap_rows(store, tr, timings)
-    if "chunk" in kinds:
-        rows += _chunk_rows(store, tr, timings, max_pieces=max_pieces, unit_ns=unit_ns)
-    if "reorder" in kinds:
-        rows += _reorder_rows(store, tr, timings)
-    order = {k: i for i, k in enumerate(OPPORTUNITY_KINDS)}
-    rows.sort(key=lambda r: (order[r["kind"]], r["rank"], r["op_id"], r["other_id"]))
+    if tr.params.get("execution") == RECORDED and tr.kind != "expanded":  # its lanes, as recorded
+        if "overlap" in kinds:
+            rows = _recorded_rows(tr, topo, limit, progress)
+    else:
+        timings = opportunity_timings(store, tr, topo=topo, config=config, run_id=run_id)
+        cost = split or SplitCost()
+        unit_ns = float((config or SimConfig()).duration_unit_ns)
+        if "overlap" in kinds:
+            rows += _overlap_rows(store, tr, timings)
+        if "chunk" in kinds:
+            rows += _chunk_rows(store, tr, timings, max_pieces=max_pieces, unit_ns=unit_ns, split=cost)
+        if "reorder" in kinds:
+            rows += _reorder_rows(store, tr, timings)
+        if measure and rows:
+            expansions = store.sql(EXPANSIONS_SQL, {"trace": trace}).to_arrow() if "chunk" in kinds else None
+            topology = _measure_topology(store, tr, topo, run_id)
+            rows = measure_gains(
+                tr,
+                rows,
+                topology=topology,
+                config=config,
+                expansions=expansions,
+                max_pieces=max_pieces,
+                limit=limit,
+                progress=progress,
+                split=cost,
+            )
+        else:
+            order = {k: i for i, k in enumerate(OPPORTUNITY_KINDS)}
+            rows.sort(key=lambda r: (order[r["kind"]], r["rank"], r["op_id"], r["other_id"]))
     table = pa.table(
         {
             "trace": pa.array([trace] * len(rows), pa.string()),
@@ -419,6 +467,7 @@ def find_opportunities(
             "other_id": pa.array([r["other_id"] for r in rows], pa.uint64()),
             "gain_ns": pa.array([r["gain_ns"] for r in rows], pa.float64()),
             "detail": pa.array([json.dumps(r["detail"], sort_keys=True) for r in rows], pa.string()),
+            "opportunity": pa.array(range(1, len(rows) + 1), pa.int32()),
         },
         schema=OPPORTUNITIES_SCHEMA,
     )
@@ -426,6 +475,48 @@ def find_opportunities(
         _record(store.warehouse, trace, table)
     log.debug("found %d opportunities in %s", table.num_rows, trace)
     return table
+
+
+def _measure_topology(
+    store: Store, trace: Trace, topo: Topology | str | None, run_id: int | None
+) -> Topology:
+    """Where gains are measured: ``topo``, else the topology run ``run_id`` ran on, else the
+    trace's default."""
+    if isinstance(topo, Topology):
+        return topo
+    if topo is None and run_id is not None:
+        spec = store.sql("SELECT topology FROM runs WHERE run_id = $r", {"r": int(run_id)}).to_arrow()
+        if spec.num_rows and spec["topology"][0].as_py():
+            try:
+                return parse_topology(str(spec["topology"][0].as_py()))
+            except EtstoreError:
+                log.info("run %s's topology cannot be read back; measuring on the default", run_id)
+    return parse_topology(topo or default_topology(trace))
+
+
+def _recorded_rows(
+    trace: Trace, topo: Topology | str | None, limit: int, progress: ProgressFn | None
+) -> list[dict[str, Any]]:
+    """A recording's overlap opportunities, one row per change, gains measured by replay."""
+    topology = None if topo is None else topo if isinstance(topo, Topology) else parse_topology(topo)
+    base, found = find_hoists(trace, topo=topology, limit=limit, progress=progress)
+    rows = []
+    for o in found:
+        detail = o.detail(trace)
+        first = detail["moves"][0]
+        detail["makespan_ns"] = float(base.result.total_ns)
+        detail["network"] = base.label
+        rows.append(
+            {
+                "kind": "overlap",
+                "rank": first["rank"],
+                "op_id": first["before"],
+                "other_id": first["moved"][0],
+                "gain_ns": o.gain_ns,
+                "detail": detail,
+            }
+        )
+    return rows
 
 
 def _record(warehouse: Warehouse, trace: str, table: pa.Table) -> None:

@@ -26,9 +26,8 @@ order on each rank, so collective instances still match across ranks.
 
 from __future__ import annotations
 
-import json
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -36,7 +35,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from etstore.errors import RewriteError
-from etstore.model import Trace, deps_table
+from etstore.model import DEP_KINDS, LANE_KINDS, Trace, deps_table
 from etstore.query._rankgraph import (
     ChunkConsumer,
     RankGraph,
@@ -51,19 +50,18 @@ from etstore.query._rankgraph import (
     split_durations,
     topo_order,
 )
-from etstore.query.overlap import EXPANSIONS_SQL, find_opportunities
-from etstore.sim import SimConfig
-from etstore.store.base import IngestReport, Store
-from etstore.topology import Topology
+from etstore.query.hoists import apply_opportunity
+from etstore.query.split import SplitCost
 
 __all__ = [
     "REWRITE_KINDS",
+    "REWRITE_OF",
     "ChunkConsumer",
     "RewriteError",
     "check_rewrite",
     "chunk_consumers",
     "rewrite",
-    "rewrite_stored",
+    "rewrite_recording",
     "split_durations",
 ]
 
@@ -96,8 +94,10 @@ def rewrite(
     chunk_order: Mapping[tuple[int, int], Sequence[int]] | None = None,
     max_pieces: int = 8,
     name: str | None = None,
+    only: Mapping[int, Collection[int]] | None = None,
+    split: SplitCost | None = None,
 ) -> Trace:
-    """A new trace applying every ``kind`` opportunity of ``trace``.
+    """A new trace applying every ``kind`` opportunity of ``trace`` (or those ``only`` names).
 
     Parameters
     ----------
@@ -116,6 +116,13 @@ def rewrite(
         ``chunk-split``: at most this many pieces per consumer (each ≥ 1 µs).
     name
         Name of the result (default ``<trace>-<kind>``).
+    only
+        Per rank, the op ids whose opportunities to apply, and no others: the collective
+        (``overlap``), the send or collective (``reorder``), the consumer (``chunk-split``).
+    split
+        ``chunk-split``: what pieces cost and which ops split (:class:`~etstore.query.split.SplitCost`;
+        default 4 µs a launch, no interference); ``params["split_ops"]`` lists each split op
+        before and after.
 
     Returns
     -------
@@ -134,7 +141,7 @@ def rewrite(
     O((V + E) · K / w) per rank for K sends and collectives (bitset reachability);
     ``chunk-split`` O(V + E).
     """
-    return _rewrite(trace, kind, expansions, chunk_order, max_pieces, name)[0]
+    return _rewrite(trace, kind, expansions, chunk_order, max_pieces, name, only, split)[0]
 
 
 def _rewrite(
@@ -144,6 +151,8 @@ def _rewrite(
     chunk_order: Mapping[tuple[int, int], Sequence[int]] | None,
     max_pieces: int,
     name: str | None,
+    only: Mapping[int, Collection[int]] | None = None,
+    split: SplitCost | None = None,
 ) -> tuple[Trace, pa.Table]:
     """:func:`rewrite` plus the lineage (``rank``, ``id``, ``parent_id``) of every new op."""
     if kind not in REWRITE_KINDS:
@@ -154,9 +163,17 @@ def _rewrite(
     new_ops = trace.ops
     changes = 0
     parent_ids = trace.ops["id"]
+    cost = split or SplitCost()
+    split_ops: list[dict[str, Any]] = []
     if kind in ("overlap", "reorder"):
         for g in graphs:
-            applied = overlap_rank(g) if kind == "overlap" else reorder_rank(g)
+            mine = None
+            if only is not None and g.rank not in only:  # nothing to apply on this rank
+                continue
+            if only is not None:
+                wanted = {int(i) for i in only.get(g.rank, ())}
+                mine = {k for k, i in enumerate(g.ids.tolist()) if int(i) in wanted}
+            applied = overlap_rank(g, mine) if kind == "overlap" else reorder_rank(g, mine)
             changes += len(applied.freed)
             for s, target in applied.moved.items():
                 row_key[g.first + s] = g.first + target - 0.5 + s * 1e-9
@@ -166,7 +183,7 @@ def _rewrite(
                 f"chunk-split of {trace.name!r} needs the expansion lineage (an expanded trace)"
             )
         new_ops, row_key, changes, piece_parent = _chunk_split(
-            trace, graphs, expansions, chunk_order or {}, max_pieces
+            trace, graphs, expansions, chunk_order or {}, max_pieces, only, cost, split_ops
         )
         parent_ids = pa.concat_arrays([trace.ops["id"].combine_chunks(), pa.array(piece_parent, pa.uint64())])
     order = np.argsort(row_key, kind="stable")
@@ -180,6 +197,8 @@ def _rewrite(
     }
     if kind == "chunk-split":
         params["max_pieces"] = max_pieces
+        params["split"] = cost.to_params()
+        params["split_ops"] = split_ops
     if "execution" in trace.params:  # a recording's threads and streams stay chains of dependencies
         params["execution"] = trace.params["execution"]
     out = out.replace(name=name or f"{trace.name}-{kind}", kind="rewritten", params=params)
@@ -196,9 +215,13 @@ def _chunk_split(
     expansions: pa.Table,
     chunk_order: Mapping[tuple[int, int], Sequence[int]],
     max_pieces: int,
+    only: Mapping[int, Collection[int]] | None,
+    cost: SplitCost,
+    split_ops: list[dict[str, Any]],
 ) -> tuple[pa.Table, np.ndarray, int, list[int]]:
-    """Split each chunk consumer: (ops with pieces appended, row sort key, consumers split,
-    id of the op each appended piece comes from)."""
+    """Split each chunk consumer that splits: (ops with pieces appended, row sort key,
+    consumers split, id of the op each appended piece comes from); what each became is
+    appended to ``split_ops``."""
     ops = trace.ops
     n = ops.num_rows
     dur = ops["duration_micros"].to_numpy().copy()
@@ -216,13 +239,18 @@ def _chunk_split(
         g = by_rank[cc.rank]
         row = g.first + cc.consumer
         cid = int(g.ids[cc.consumer])
+        if only is not None and cid not in {int(i) for i in only.get(cc.rank, ())}:
+            continue
         slots = list(chunk_order.get((cc.rank, cid), sorted(cc.writers)))
         slots = [s for s in slots if s in cc.writers] + [s for s in sorted(cc.writers) if s not in slots]
         k = piece_count(len(slots), int(dur[row]), max_pieces)
-        if k < 2:
+        if k < 2 or not cost.splits(names[row]):
             continue
         groups = group_slots(slots, k)
-        durs = split_durations(int(dur[row]), k)
+        durs = cost.pieces(int(dur[row]), k)
+        split_ops.append(
+            {"rank": cc.rank, "id": cid, "name": names[row], "before_us": int(dur[row]), "pieces_us": durs}
+        )
         next_id = int(g.ids.max()) + 1 if g.n else 0
         piece_local: list[int] = []
         for j in range(k - 1):
@@ -274,19 +302,74 @@ def _chunk_split(
     return all_ops, np.asarray(keys), done, extra_parent
 
 
-# ---------------------------------------------------------------- check
+# ---------------------------------------------------------------- recordings
 
 
-def check_rewrite(original: Trace, rewritten: Trace) -> None:
-    """Refuse a rewritten trace that lost a data dependency or gained a cycle.
-
-    Every data edge ``src → dst`` of ``original`` must still be implied in
-    ``rewritten`` (a path of any edges, same rank, same ids).
+def rewrite_recording(trace: Trace, details: Sequence[Mapping[str, Any]], *, name: str) -> Trace:
+    """A recording with the hoists of each opportunity ``detail`` applied
+    (:func:`etstore.query.hoists.apply_opportunity`), checked, of kind ``rewritten``; it
+    keeps the recording's params (so it replays) and says what was applied.
 
     Raises
     ------
     RewriteError
-        Names the rank and the first cycle op or lost dependency.
+        No opportunity given, an op of one is not in the trace, or the result fails
+        :func:`check_rewrite`.
+    """
+    if not details:
+        raise RewriteError(f"no overlap opportunity to apply to {trace.name!r}; nothing was changed")
+    try:
+        out = apply_opportunity(trace, [dict(d) for d in details], name=name)
+    except KeyError as exc:
+        raise RewriteError(
+            f"an opportunity names op {exc.args[0]} that {trace.name!r} does not have"
+        ) from None
+    moved = sum(len(m["moved"]) for d in details for m in d["moves"])
+    params = {
+        **trace.params,
+        "applied": "overlap",
+        "parent": trace.name,
+        "changes": moved,
+        "parent_kind": trace.kind,
+        "opportunities": [d.get("opportunity") for d in details if d.get("opportunity") is not None],
+    }
+    out = out.replace(kind="rewritten", params=params)
+    check_rewrite(trace, out)
+    return out
+
+
+REWRITE_OF: Mapping[str, tuple[str, str]] = {
+    "overlap": ("overlap", "op_id"),
+    "reorder": ("reorder", "op_id"),
+    "chunk": ("chunk-split", "other_id"),
+}
+"""Finder kind → (the rewrite that applies it, the row column naming the op it is keyed by)."""
+
+
+# ---------------------------------------------------------------- check
+
+
+_WHY = {
+    "data": "whose data it needs",
+    "overwrite": "which reads bytes it overwrites",
+    "launch": "which launched it",
+    "wait": "which it waited for",
+    "group": "the collective before it in its process group",
+}
+
+
+def check_rewrite(original: Trace, rewritten: Trace) -> None:
+    """Refuse a rewritten trace that lost a dependency or gained a cycle.
+
+    Every edge ``src → dst`` of ``original`` that holds whatever the order (``data``,
+    ``overwrite``, ``launch``, ``wait``, ``group``: not Chakra's issue order ``ctrl`` nor a
+    recording's lane order ``thread``/``stream``) must still be implied in ``rewritten`` (a
+    path of any edges, same rank, same ids).
+
+    Raises
+    ------
+    RewriteError
+        Names the rank and the first cycle op or lost dependency, and why it held.
 
     Notes
     -----
@@ -305,7 +388,12 @@ def check_rewrite(original: Trace, rewritten: Trace) -> None:
         orders = {r: topo_order(g) for r, g in graphs.items()}
     except RewriteError as exc:
         raise RewriteError(f"rewritten trace {rewritten.name!r} is cyclic: {exc}") from exc
-    d = original.deps.filter(pc.equal(original.deps["kind"], "data"))
+    held = [k for k in DEP_KINDS if k != "ctrl" and k not in LANE_KINDS]  # what no rewrite may drop
+    d = original.deps.filter(pc.is_in(original.deps["kind"], value_set=pa.array(held)))
+    kind_of = {
+        (r, s, t): k
+        for r, s, t, k in zip(*(d[c].to_pylist() for c in ("rank", "src", "dst", "kind")), strict=True)
+    }
     missing: dict[int, list[tuple[int, int]]] = {}
     for r, s, t in zip(d["rank"].to_pylist(), d["src"].to_pylist(), d["dst"].to_pylist(), strict=True):
         if (r, s, t) not in have:
@@ -328,69 +416,5 @@ def check_rewrite(original: Trace, rewritten: Trace) -> None:
             if not has_bit(bits[local[t]], col[local[s]]):
                 raise RewriteError(
                     f"rewritten trace {rewritten.name!r}, rank {r}: op {t} no longer waits for op {s} "
-                    "whose data it needs"
+                    f"({_WHY[kind_of[(r, s, t)]]})"
                 )
-
-
-def rewrite_stored(
-    store: Store,
-    trace: str,
-    kind: str,
-    *,
-    name: str | None = None,
-    topo: Topology | str | None = None,
-    config: SimConfig | None = None,
-    run_id: int | None = None,
-    max_pieces: int = 8,
-) -> IngestReport:
-    """Rewrite a stored trace and store the result with ``parent = trace``.
-
-    ``chunk-split`` reads the expansion lineage and orders each consumer's chunks by
-    simulated arrival (:func:`~etstore.query.overlap.find_opportunities` with
-    ``topo``/``config``/``run_id``). Every op of the result is linked to the op it
-    comes from (``BECOMES`` edges; pieces to the op they split).
-
-    Returns
-    -------
-    IngestReport
-        Of the stored result (``report.trace.name``: ``name``, default
-        ``<trace>-<kind>``, with parent ``trace``); ``created`` is false when that name
-        already holds the same rewritten content; the same content under another name
-        gets this name too (``report.same_as``).
-
-    Raises
-    ------
-    UnknownTraceError
-        No such trace.
-    RewriteError
-        As :func:`rewrite`, or ``chunk-split`` of a trace without expansion lineage.
-    """
-    if kind not in REWRITE_KINDS:
-        raise RewriteError(f"unknown rewrite {kind!r}; expected one of {', '.join(REWRITE_KINDS)}")
-    original = store.load(trace)
-    expansions = None
-    order: dict[tuple[int, int], list[int]] = {}
-    if kind == "chunk-split":
-        expansions = store.sql(EXPANSIONS_SQL, {"trace": trace}).to_arrow()
-        if expansions.num_rows == 0:
-            raise RewriteError(
-                f"chunk-split needs an expanded trace; {trace!r} has no ops expanded from a collective"
-            )
-        found = find_opportunities(
-            store,
-            trace,
-            topo=topo,
-            config=config,
-            run_id=run_id,
-            kinds=("chunk",),
-            max_pieces=max_pieces,
-            record=False,
-        )
-        for r, other, detail in zip(
-            found["rank"].to_pylist(), found["other_id"].to_pylist(), found["detail"].to_pylist(), strict=True
-        ):
-            order[(int(r), int(other))] = [int(s) for s, _ in json.loads(detail)["chunks"]]
-    out, lineage = _rewrite(original, kind, expansions, order, max_pieces, name)
-    if not out.params.get("changes"):
-        raise RewriteError(f"{kind} finds nothing to change in {trace!r}; nothing was stored")
-    return store.ingest(out, name=name, parent=trace, lineage=lineage)

@@ -2,7 +2,8 @@
 
 ``etstore overlap`` (:func:`etstore.query.overlap.find_opportunities`) records each
 finding with a JSON ``detail`` (timings in ns and op ids); the report states it in a
-sentence instead, lists the largest estimated gains first and says how many more there are.
+sentence instead, lists the largest gains first (simulated, or marked as estimates) and says
+how many more there are.
 """
 
 from __future__ import annotations
@@ -130,6 +131,13 @@ def describe_opportunity(kind: str, detail: str | None) -> str:
         text = " ".join(detail.split())
         return text if len(text) <= _DETAIL_CHARS else text[: _DETAIL_CHARS - 1] + "…"
     try:
+        if "moves" in d:  # a recording: ops moved earlier in their lane, where it waited
+            moved = sum(_ids(m["moved"]) for m in d["moves"])
+            ranks = len(d["moves"])
+            return (
+                f"{moved:,} ops on {ranks} rank{'s' if ranks != 1 else ''} moved in front of "
+                f"{d['held']}, where their thread or stream waited (alone: {fmt_ns(d['alone_gain_ns'])})"
+            )
         if kind == "overlap":
             n = _ids(d["compute_ids"])
             waits, they = ("waits", "it") if n == 1 else ("wait", "they")
@@ -156,6 +164,15 @@ def describe_opportunity(kind: str, detail: str | None) -> str:
     return text if len(text) <= _DETAIL_CHARS else text[: _DETAIL_CHARS - 1] + "…"
 
 
+def _measured(detail: str | None) -> bool:
+    """Whether a row's gain was simulated (``etstore overlap`` without ``--estimates``)."""
+    try:
+        d = json.loads(detail or "")
+    except ValueError:
+        return False
+    return isinstance(d, dict) and bool(d.get("measured"))
+
+
 def _op(op_id: int | None, name: str | None) -> str:
     if op_id is None:
         return "–"
@@ -163,10 +180,11 @@ def _op(op_id: int | None, name: str | None) -> str:
 
 
 def opportunities_html(warehouse: Warehouse, traces: Iterable[str], *, limit: int = OPPORTUNITY_ROWS) -> str:
-    """Per trace, a line of totals per kind and a table of the ``limit`` largest estimated gains.
+    """Per trace, a line of totals per kind and a table of the ``limit`` largest gains.
 
     Columns: kind, rank, op, other op (the compute op it frees, passes or splits),
-    what (:func:`describe_opportunity`), estimated gain. Beyond ``limit`` rows a note
+    what (:func:`describe_opportunity`), gain (simulated, or marked as an estimate). Beyond
+    ``limit`` rows a note
     says how many more the ``opportunities`` table holds. A trace without any gets a note
     naming ``etstore overlap``.
 
@@ -196,11 +214,7 @@ def opportunities_html(warehouse: Warehouse, traces: Iterable[str], *, limit: in
                 strict=True,
             )
         )
-        shown = (
-            f"the {rows.num_rows} largest estimated gains below"
-            if total_n > rows.num_rows
-            else "all listed below"
-        )
+        shown = f"the {rows.num_rows} largest gains below" if total_n > rows.num_rows else "all listed below"
         parts.append(
             f"<p>Trace <b>{name}</b>: {total_n:,} opportunit{'y' if total_n == 1 else 'ies'} "
             f"({kinds}), {shown}.</p>"
@@ -212,13 +226,17 @@ def opportunities_html(warehouse: Warehouse, traces: Iterable[str], *, limit: in
                 _op(r["op_id"], r["op"]),
                 _op(r["other_id"], r["other"]),
                 describe_opportunity(str(r["kind"]), r["detail"]),
-                fmt_ns(r["gain_ns"]),
+                fmt_ns(r["gain_ns"]) + ("" if _measured(r["detail"]) else " (estimate)"),
             ]
             for r in rows.to_pylist()
         ]
-        parts.append(
-            table(["kind", "rank", "op", "other op", "what", "estimated gain"], body, text=(0, 2, 3, 4))
-        )
+        parts.append(table(["kind", "rank", "op", "other op", "what", "gain"], body, text=(0, 2, 3, 4)))
+        if any(_measured(r["detail"]) for r in rows.to_pylist()):
+            parts.append(
+                '<p class="note">Gains are simulated: each is what the opportunity takes off the '
+                "makespan on top of the ones of its kind found before it, so they add up to what "
+                "applying them realises (<code>etstore rewrite</code>, then <code>compare</code>).</p>"
+            )
         if total_n > rows.num_rows:
             sql_name = html.escape(trace.replace("'", "''"))
             parts.append(

@@ -1,5 +1,9 @@
 """Simulate two stored traces on one topology and record their per-rank differences.
 
+Two recordings (PyTorch ET + Kineto: a trace and its rewrite) are replayed
+(:func:`~etstore.sim.replay.replay`) as they ran, or on the topology given: what a rewrite
+of a recording realises is the difference of its replays.
+
 Typical use: a trace against its rewrite (``etstore rewrite``), both on the same
 network and configuration. Both runs land in the metrics tables through
 :func:`~etstore.sim.metrics.record_run`; the differences land in ``comparisons``
@@ -29,6 +33,7 @@ from etstore.sim._algorithms import AlgorithmSpec
 from etstore.sim.config import SimConfig
 from etstore.sim.engine import RECORDED, simulate
 from etstore.sim.metrics import record_run
+from etstore.sim.replay import replay
 from etstore.store.base import Store
 from etstore.store.warehouse import TABLES, Warehouse
 from etstore.topology import Topology, default_topology, parse_topology
@@ -152,9 +157,18 @@ def compare(
         if congestion not in ("aware", "unaware"):
             raise ConfigError(f"congestion {congestion!r}: expected 'aware' or 'unaware'")
         cfg = cfg.replace(congestion=congestion)
-    topology = topo if isinstance(topo, Topology) else parse_topology(topo or default_topology(trace_a))
-    res_a = simulate(trace_a, topology, config=cfg, algorithms=algorithms)
-    res_b = simulate(trace_b, topology, config=cfg, algorithms=algorithms)
+    recorded = all(t.params.get("execution") == RECORDED for t in (trace_a, trace_b)) and not algorithms
+    if recorded:  # recordings replay as they ran (or on the given network): what a rewrite realises
+        given = None if topo is None else topo if isinstance(topo, Topology) else parse_topology(topo)
+        rep_a, rep_b = replay(trace_a, given, config=cfg), replay(trace_b, given, config=cfg)
+        res_a, res_b = rep_a.result, rep_b.result
+        topology = rep_a.topology
+        topo_name = topology.name if given is not None else "as recorded"
+    else:
+        topology = topo if isinstance(topo, Topology) else parse_topology(topo or default_topology(trace_a))
+        res_a = simulate(trace_a, topology, config=cfg, algorithms=algorithms)
+        res_b = simulate(trace_b, topology, config=cfg, algorithms=algorithms)
+        topo_name = topology.name
     warehouse = store.warehouse
     ra = record_run(warehouse, res_a, trace_name=a, params={"compare": [a, b]})
     try:
@@ -173,7 +187,7 @@ def compare(
                     "tb": b,
                     "ra": ra,
                     "rb": rb,
-                    "topo": topology.name,
+                    "topo": topo_name,
                     "cong": cfg.congestion,
                 },
             )
@@ -189,7 +203,7 @@ def compare(
         measured = _measured_ns(trace, table["rank"].to_pylist())
         if measured is not None:  # a recording: what it measured, beside what was simulated
             table = table.append_column(f"measured_{side}_ns", pa.array(measured, pa.float64()))
-    return Comparison(cid, a, b, ra, rb, topology.name, res_a.total_ns, res_b.total_ns, table)
+    return Comparison(cid, a, b, ra, rb, topo_name, res_a.total_ns, res_b.total_ns, table)
 
 
 def _measured_ns(trace: Trace, ranks: list[int | None]) -> list[float | None] | None:

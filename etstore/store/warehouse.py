@@ -203,9 +203,10 @@ VIEWS: dict[str, str] = {
 
 OPPORTUNITIES_DDL = (
     "CREATE TABLE IF NOT EXISTS opportunities (trace VARCHAR, kind VARCHAR, rank INTEGER, "
-    "op_id UBIGINT, other_id UBIGINT, gain_ns DOUBLE, detail VARCHAR)"
+    "op_id UBIGINT, other_id UBIGINT, gain_ns DOUBLE, detail VARCHAR, opportunity INTEGER)"
 )
-"""DDL of the ``opportunities`` table (what :mod:`etstore.query.overlap` records)."""
+"""DDL of the ``opportunities`` table (what :mod:`etstore.query.overlap` records; ``opportunity``
+numbers a trace's rows from 1, what ``etstore rewrite --opportunity`` takes)."""
 
 COMPARISONS_DDL = """CREATE TABLE IF NOT EXISTS comparisons (
     comparison_id BIGINT NOT NULL, trace_a VARCHAR, trace_b VARCHAR, run_a BIGINT, run_b BIGINT,
@@ -651,6 +652,8 @@ class Warehouse:
                     self.execute(ddl)
             self._create_metrics()
             self.execute(OPPORTUNITIES_DDL)
+            # stores made before opportunities were numbered get the column, NULL in old rows
+            self.execute("ALTER TABLE opportunities ADD COLUMN IF NOT EXISTS opportunity INTEGER")
             self.execute(COMPARISONS_DDL)
             for ddl in MEASURED_DDL:
                 self.execute(ddl)

@@ -51,12 +51,15 @@ import pyarrow as pa
 import pytest
 
 from etstore.errors import EtstoreError, UnknownTraceError
+from etstore.query.apply import rewrite_stored
 from etstore.query.overlap import (
     OPPORTUNITIES_SCHEMA,
     explain,
     find_opportunities,
 )
+from etstore.query.split import SplitCost
 from etstore.sim import SimConfig, record_run, simulate
+from etstore.sim.compare import compare
 from etstore.store import EmbeddedStore
 from etstore.testing import hand_workload
 from etstore.testing import ingest_hand_expanded as stored_expanded
@@ -77,7 +80,7 @@ def test_hand_timeline_is_what_the_docstring_says() -> None:
 
 def test_finder_returns_exactly_the_hand_computed_opportunities(store: EmbeddedStore) -> None:
     store.ingest(hand_workload(), name="hand")
-    found = find_opportunities(store, "hand", topo="ring:2")
+    found = find_opportunities(store, "hand", topo="ring:2", measure=False)
     assert found.schema == OPPORTUNITIES_SCHEMA
     assert rows(found) == [
         ("overlap", 0, 1, 2, 20000.0),
@@ -91,9 +94,37 @@ def test_finder_returns_exactly_the_hand_computed_opportunities(store: EmbeddedS
     assert reorder == {"issued_ns": 120100.0, "ready_ns": 65100.0, "compute_ids": [2, 3, 4]}
 
 
+def test_measured_gains_are_what_the_simulator_says_with_each_applied(store: EmbeddedStore) -> None:
+    """The same change on both ranks is one opportunity. Overlap: the 20 µs compute op runs
+    under the all-reduce, the step ends 20 µs sooner (the estimate holds). Reorder: the
+    estimate (the send could issue 55 µs earlier) is not what the step gains: the makespan
+    drops by 20,031 ns, and that is what the rewrite realises."""
+    store.ingest(hand_workload(), name="hand")
+    found = find_opportunities(store, "hand", topo="ring:2")
+    assert rows(found) == [("overlap", 0, 1, 2, 20000.0), ("reorder", 0, 5, 4, 20031.0)]
+    assert found["opportunity"].to_pylist() == [1, 2]
+    for r in found.to_pylist():
+        d = json.loads(r["detail"])
+        assert d["measured"] and d["makespan_ns"] == 141131.0 and d["alone_gain_ns"] == r["gain_ns"]
+        assert [(a["rank"], a["op_id"]) for a in d["applies"]] == [(0, r["op_id"]), (1, r["op_id"])]
+    assert json.loads(found["detail"][1].as_py())["estimate_ns"] == 55000.0
+    for kind, gain in (("overlap", 20000.0), ("reorder", 20031.0)):
+        new = rewrite_stored(store, "hand", kind).trace.name
+        assert -compare(store, "hand", new, "ring:2").diff_ns == gain
+    # one opportunity by its number: the reorder (the kind comes from the row)
+    one = rewrite_stored(store, "hand", "overlap", opportunities=[2], name="just-2")
+    assert store.load("just-2").params["applied"] == "reorder"
+    assert -compare(store, "hand", one.trace.name, "ring:2").diff_ns == 20031.0
+
+
 def test_chunk_finder_on_the_expanded_trace(store: EmbeddedStore) -> None:
     name = stored_expanded(store)
-    found = find_opportunities(store, name, topo="ring:2")
+    free = SplitCost(overhead_us=0)  # the hand-computed numbers: a piece costs its share, no launch
+    measured = find_opportunities(store, name, topo="ring:2", split=free)
+    assert rows(measured) == [("chunk", 0, 1, 3, 3000.0)]  # both ranks' consumers: one change
+    # with a launch per piece (4 µs, the default), splitting a 6 µs op no longer pays
+    assert find_opportunities(store, name, topo="ring:2").num_rows == 0
+    found = find_opportunities(store, name, topo="ring:2", measure=False, split=free)
     assert rows(found) == [("chunk", 0, 1, 3, 3000.0), ("chunk", 1, 1, 3, 3000.0)]
     d0 = json.loads(found["detail"][0].as_py())
     assert d0["chunks"] == [[0, 22265.0], [1, 32530.0]]  # rank 0: own half first
@@ -119,7 +150,7 @@ def test_recorded_rows_replace_the_traces_earlier_rows(store: EmbeddedStore) -> 
     got = store.sql(
         "SELECT kind, rank, op_id, other_id, gain_ns FROM opportunities WHERE trace = 'hand' ORDER BY rank"
     ).to_pylist()
-    assert [tuple(r.values()) for r in got] == [("overlap", 0, 1, 2, 20000.0), ("overlap", 1, 1, 2, 20000.0)]
+    assert [tuple(r.values()) for r in got] == [("overlap", 0, 1, 2, 20000.0)]
     schema = store.sql("DESCRIBE opportunities").to_pylist()
     assert [(c["column_name"], c["column_type"]) for c in schema] == [
         ("trace", "VARCHAR"),
@@ -129,7 +160,12 @@ def test_recorded_rows_replace_the_traces_earlier_rows(store: EmbeddedStore) -> 
         ("other_id", "UBIGINT"),
         ("gain_ns", "DOUBLE"),
         ("detail", "VARCHAR"),
+        ("opportunity", "INTEGER"),
     ]
+    numbers = store.sql(
+        "SELECT opportunity FROM opportunities WHERE trace = 'hand' ORDER BY rank"
+    ).to_pylist()
+    assert [r["opportunity"] for r in numbers] == [1]
 
 
 def test_timings_from_a_recorded_run(store: EmbeddedStore) -> None:
@@ -138,7 +174,7 @@ def test_timings_from_a_recorded_run(store: EmbeddedStore) -> None:
     # a slower network: 10 GiB/s makes the all-reduce longer than indep, gains stay min(...)
     res = simulate(trace, parse_topology("ring:2,bw=10"), config=SimConfig())
     run = record_run(store.warehouse, res, trace_name="hand")
-    found = find_opportunities(store, "hand", run_id=run, kinds=("overlap", "reorder"))
+    found = find_opportunities(store, "hand", run_id=run, kinds=("overlap", "reorder"), measure=False)
     coll = json.loads(found["detail"][0].as_py())["collective_ns"]
     assert coll > 55100.0 and found["gain_ns"][0].as_py() == 20000.0
     with pytest.raises(UnknownTraceError, match="run 99 has no op timings of trace 'hand'"):
@@ -160,4 +196,4 @@ def test_errors(store: EmbeddedStore) -> None:
         find_opportunities(store, "hand", kinds=("bogus",))
     with pytest.raises(EtstoreError, match="unknown kind 'zz'"):
         find_opportunities(store, "hand", topo="zz:2")
-    assert store.sql("SELECT count(*) FROM opportunities").scalar() == 4  # the earlier rows, untouched
+    assert store.sql("SELECT count(*) FROM opportunities").scalar() == 2  # the earlier rows, untouched

@@ -11,16 +11,20 @@ Expected makespans on ring:2 (timelines in tests/query/test_overlap.py):
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
 from etstore.dag import cycle_members
-from etstore.errors import RewriteError, UnknownTraceError
+from etstore.errors import EtstoreError, RewriteError, UnknownTraceError
 from etstore.model import Trace, deps_table
+from etstore.query.apply import rewrite_stored
 from etstore.query.overlap import find_opportunities
-from etstore.query.rewrite import check_rewrite, rewrite, rewrite_stored
+from etstore.query.rewrite import check_rewrite, rewrite
+from etstore.query.split import SplitCost
 from etstore.sim import simulate
 from etstore.store import EmbeddedStore
 from etstore.testing import hand_expanded, hand_workload
@@ -29,6 +33,38 @@ from etstore.topology import parse_topology
 from etstore.workloads import transformer
 
 RING2 = parse_topology("ring:2")
+FREE = SplitCost(overhead_us=0)  # the hand-computed cases split for free: a piece costs its share
+
+
+def test_split_cost_charges_launches_and_interference_and_keeps_reductions_whole() -> None:
+    t, lineage = hand_expanded()
+    exp = pa.table({"rank": lineage["rank"], "id": lineage["id"], "coll_id": lineage["parent_id"]})
+    exp = exp.filter(pc.equal(exp["coll_id"], 1))
+    # apply (6 µs) in two pieces: free 3 + 3; with a 4 µs launch and compute 1.5x slower beside
+    # the communication, 5 (3 x 1.5, rounded up) + 7 (3 + a launch): 12 µs of work for 6
+    free = rewrite(t, "chunk-split", expansions=exp, split=FREE)
+    paid = rewrite(t, "chunk-split", expansions=exp, split=SplitCost(overhead_us=4, interference=1.5))
+    assert [o["pieces_us"] for o in free.params["split_ops"]] == [[3, 3], [3, 3]]
+    assert [o["pieces_us"] for o in paid.params["split_ops"]] == [[5, 7], [5, 7]]
+    assert paid.params["split_ops"][0] == {
+        "rank": 0,
+        "id": 3,
+        "name": "apply",
+        "before_us": 6,
+        "pieces_us": [5, 7],
+    }
+    assert paid.params["split"] == {"overhead_us": 4, "interference": 1.5}
+    assert simulate(free, RING2).total_ns <= simulate(t, RING2).total_ns < simulate(paid, RING2).total_ns
+    # a softmax needs all of its row: it is not split
+    names = [
+        "softmax" if (r, i) == (0, 3) else n
+        for r, i, n in zip(*(t.ops[c].to_pylist() for c in ("rank", "id", "name")), strict=True)
+    ]
+    soft = t.replace(ops=t.ops.set_column(t.ops.schema.get_field_index("name"), "name", pa.array(names)))
+    out = rewrite(soft, "chunk-split", expansions=exp, split=FREE)
+    assert [(o["rank"], o["name"]) for o in out.params["split_ops"]] == [(1, "apply")]
+    with pytest.raises(EtstoreError, match=r"interference factor 0\.5: expected ≥ 1"):
+        SplitCost(interference=0.5)
 
 
 def edges(trace: Trace, rank: int = 0) -> set[tuple[int, int, str]]:
@@ -96,7 +132,7 @@ def test_check_catches_a_lost_data_dependency_and_a_cycle() -> None:
 def test_chunk_split_pipelines_the_consumer(store: EmbeddedStore) -> None:
     name = stored_expanded(store)
     original = store.load(name)
-    report = rewrite_stored(store, name, "chunk-split", topo="ring:2")
+    report = rewrite_stored(store, name, "chunk-split", topo="ring:2", split=FREE)
     out = store.load(report.trace.name)
     assert report.trace.parent == name and out.params["changes"] == 2
     r0 = out.ops.filter(pc.equal(out.ops["rank"], 0))
@@ -122,7 +158,7 @@ def test_chunk_split_without_arrival_order_uses_slot_order() -> None:
     t, lineage = hand_expanded()
     exp = pa.table({"rank": lineage["rank"], "id": lineage["id"], "coll_id": lineage["parent_id"]})
     exp = exp.filter(pc.equal(exp["coll_id"], 1))
-    out = rewrite(t, "chunk-split", expansions=exp)
+    out = rewrite(t, "chunk-split", expansions=exp, split=FREE)
     # rank 1: slot order puts the peer's half (slot 0, last to arrive) first: no gain, no loss
     assert simulate(out, RING2).total_ns <= simulate(t, RING2).total_ns
     check_rewrite(t, out)
@@ -144,7 +180,7 @@ def test_promised_gains_hold_on_a_real_workload(store: EmbeddedStore) -> None:
     store.ingest(t, name="chained")
     topo = parse_topology("ring:4")
     base = simulate(t, topo).total_ns
-    found = find_opportunities(store, "chained", topo=topo)
+    found = find_opportunities(store, "chained", topo=topo, measure=False)
     # on every rank, layer 1's gradient all-reduce now holds back layer 0's backward compute
     # (layer 0's is followed only by the optimizer step, which needs its data)
     got = found.filter(pc.equal(found["kind"], "overlap"))
@@ -158,6 +194,18 @@ def test_promised_gains_hold_on_a_real_workload(store: EmbeddedStore) -> None:
         out = rewrite(t, kind)
         check_rewrite(t, out)
         assert simulate(out, topo).total_ns <= base
+    # measured: the gains of a kind add up to what applying those opportunities realises
+    measured = find_opportunities(store, "chained", topo=topo)
+    assert measured.num_rows
+    for kind in set(measured["kind"].to_pylist()):
+        mine = measured.filter(pc.equal(measured["kind"], kind)).to_pylist()
+        only: dict[int, set[int]] = {}
+        for r in mine:
+            for a in json.loads(r["detail"])["applies"]:
+                only.setdefault(a["rank"], set()).add(a["op_id"])
+        out = rewrite(t, kind, only=only)
+        assert base - simulate(out, topo).total_ns == pytest.approx(sum(r["gain_ns"] for r in mine))
+        assert sum(r["gain_ns"] for r in mine) < base
 
 
 def test_errors(store: EmbeddedStore) -> None:
@@ -184,9 +232,9 @@ def test_chunk_split_of_a_real_expansion(store: EmbeddedStore) -> None:
     e = expand(w, "ring:2")
     store.ingest(e.trace, name="wx", parent="w", lineage=e.lineage)
     topo = parse_topology("ring:4")
-    found = find_opportunities(store, "wx", topo=topo, kinds=("chunk",))
+    found = find_opportunities(store, "wx", topo=topo, kinds=("chunk",), measure=False, split=FREE)
     assert found.num_rows > 0 and min(found["gain_ns"].to_pylist()) > 0
-    report = rewrite_stored(store, "wx", "chunk-split", topo=topo)
+    report = rewrite_stored(store, "wx", "chunk-split", topo=topo, split=FREE)
     out = store.load(report.trace.name)
     check_rewrite(store.load("wx"), out)
     assert out.params["changes"] == found.num_rows  # every promised consumer was split

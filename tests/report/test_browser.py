@@ -223,15 +223,15 @@ def test_three_runs_with_opportunities_read_cleanly(
     # tests/query/test_overlap.py works these out by hand; largest estimated gain first
     reorder = (
         "5 send_act 4 stats could be issued at 65.10 µs instead of 120.10 µs: 3 compute ops ahead of it "
-        "do not feed it 55.00 µs"
+        "do not feed it 55.00 µs (estimate)"
     )
     overlap = (
         "1 grad_allreduce 2 indep 1 compute op (20.00 µs) waits for the collective (55.10 µs) without "
-        "using its data: it could run under it 20.00 µs"
+        "using its data: it could run under it 20.00 µs (estimate)"
     )
     chunk = (
         "1 3 apply split into 2 pieces as its 2 chunks arrive: starts 10.27 µs earlier and ends at "
-        "35.53 µs instead of 38.53 µs 3.00 µs"
+        "35.53 µs instead of 38.53 µs 3.00 µs (estimate)"
     )
     assert rows == [
         f"reorder 0 {reorder}",

@@ -35,12 +35,12 @@ def test_rows_read_as_sentences_largest_gain_first(hand_runs: tuple[Path, list[i
     # tests/query/test_overlap.py's hand-worked values: reorder 55 µs (issue at 65.1 µs, not 120.1),
     # overlap 20 µs (indep, 20 µs, behind a 55.1 µs all-reduce), chunk 3 µs (two pieces)
     assert [r[:4] + r[5:] for r in rows] == [
-        ["reorder", "0", "5 send_act", "4 stats", "55.00 µs"],
-        ["reorder", "1", "5 send_act", "4 stats", "55.00 µs"],
-        ["overlap", "0", "1 grad_allreduce", "2 indep", "20.00 µs"],
-        ["overlap", "1", "1 grad_allreduce", "2 indep", "20.00 µs"],
-        ["chunk", "0", "1", "3 apply", "3.00 µs"],
-        ["chunk", "1", "1", "3 apply", "3.00 µs"],
+        ["reorder", "0", "5 send_act", "4 stats", "55.00 µs (estimate)"],
+        ["reorder", "1", "5 send_act", "4 stats", "55.00 µs (estimate)"],
+        ["overlap", "0", "1 grad_allreduce", "2 indep", "20.00 µs (estimate)"],
+        ["overlap", "1", "1 grad_allreduce", "2 indep", "20.00 µs (estimate)"],
+        ["chunk", "0", "1", "3 apply", "3.00 µs (estimate)"],
+        ["chunk", "1", "1", "3 apply", "3.00 µs (estimate)"],
     ]
     assert rows[0][4] == (
         "could be issued at 65.10 µs instead of 120.10 µs: 3 compute ops ahead of it do not feed it"
@@ -62,13 +62,29 @@ def test_long_lists_are_capped_with_a_count_of_the_rest(hand_runs: tuple[Path, l
         found = opportunities(store.warehouse, "hand", limit=3)
         none = opportunities_html(store.warehouse, ["nothing-recorded"])
     assert found is not None and found[0].num_rows == 3
-    assert "the 3 largest estimated gains below" in section
+    assert "the 3 largest gains below" in section
     assert [r[0] for r in _rows(section)] == ["reorder", "reorder", "overlap"]
     assert (
         "… and 1 more: <code>SELECT * FROM opportunities WHERE trace = 'hand' ORDER BY gain_ns DESC</code>"
         in section
     )
     assert "No overlap, chunk or reorder opportunities are recorded for trace nothing-recorded" in none
+
+
+def test_a_recordings_hoist_reads_as_a_sentence() -> None:
+    detail = {
+        "held": "cudaStreamSynchronize",
+        "moves": [
+            {"rank": 0, "before": 5, "moved": [6, 7], "gap_ns": 9.0},
+            {"rank": 1, "before": 5, "moved": [6]},
+        ],
+        "alone_gain_ns": 1500.0,
+        "measured": True,
+    }
+    assert describe_opportunity("overlap", json.dumps(detail)) == (
+        "3 ops on 2 ranks moved in front of cudaStreamSynchronize, where their thread or stream waited "
+        "(alone: 1.50 µs)"
+    )
 
 
 def test_details_that_are_not_a_finders_json() -> None:

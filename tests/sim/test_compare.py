@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from etstore.errors import ConfigError, TopologyError, UnknownTraceError
-from etstore.query.rewrite import rewrite_stored
+from etstore.query.apply import rewrite_stored
 from etstore.sim.compare import compare
 from etstore.store import EmbeddedStore
 from etstore.testing import hand_workload

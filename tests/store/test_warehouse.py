@@ -122,3 +122,19 @@ def test_rates_of_metrics_schema_1_become_gb_of_ten_to_the_nine(tmp_path: Path) 
             ).to_pylist()
             assert list(rates[0].values()) == pytest.approx([algbw, 2 * algbw, algbw, algbw, 50.0], rel=1e-12)
             assert w.query("SELECT max(version) FROM etstore_sim_schema").scalar() == SCHEMA_VERSION == 2
+
+
+def test_opportunities_of_an_older_store_get_their_numbers_column(tmp_path: Path) -> None:
+    """A store written before opportunities were numbered keeps its rows; the column is added
+    (NULL in them) on the first writable open, and the finders' rows fill it."""
+    path = tmp_path / "w.duckdb"
+    with duckdb.connect(str(path)) as con:
+        con.execute(
+            "CREATE TABLE opportunities (trace VARCHAR, kind VARCHAR, rank INTEGER, op_id UBIGINT, "
+            "other_id UBIGINT, gain_ns DOUBLE, detail VARCHAR)"
+        )
+        con.execute("INSERT INTO opportunities VALUES ('t', 'overlap', 0, 1, 2, 5.0, '{}')")
+    with Warehouse.open(path) as w:
+        assert w.query("SELECT opportunity, gain_ns FROM opportunities").to_pylist() == [
+            {"opportunity": None, "gain_ns": 5.0}
+        ]

@@ -1,0 +1,184 @@
+"""Apply opportunities to a stored trace: the rewrite, stored with its parent and lineage.
+
+:func:`rewrite_stored` is what ``etstore rewrite`` runs: it reads what the finders recorded
+(``opportunities``, :mod:`etstore.query.overlap`) or runs them, rewrites
+(:mod:`etstore.query.rewrite`, pure) and stores the result.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+import pyarrow as pa
+
+from etstore.errors import RewriteError
+from etstore.model import Trace
+from etstore.query.overlap import EXPANSIONS_SQL, find_opportunities
+from etstore.query.rewrite import REWRITE_KINDS, REWRITE_OF, _rewrite, rewrite_recording
+from etstore.query.split import SplitCost
+from etstore.sim import SimConfig
+from etstore.sim.engine import RECORDED
+from etstore.store.base import IngestReport, Store
+from etstore.topology import Topology
+
+__all__ = ["rewrite_stored"]
+
+
+def _numbered(store: Store, trace: str, numbers: Sequence[int]) -> tuple[str, dict[int, set[int]]]:
+    """The rewrite kind and the ops per rank of the numbered (measured) opportunities of a trace."""
+    rows = store.sql(
+        "SELECT opportunity, kind, detail FROM opportunities "
+        "WHERE trace = $t AND opportunity IN (SELECT unnest($n))",
+        {"t": trace, "n": [int(x) for x in numbers]},
+    ).to_pylist()
+    lost = sorted({int(x) for x in numbers} - {int(r["opportunity"]) for r in rows})
+    if lost:
+        raise RewriteError(
+            f"{trace!r} has no opportunity {lost[0]} recorded: run 'etstore overlap {trace}' first "
+            "(it numbers them)"
+        )
+    kinds = {r["kind"] for r in rows}
+    if len(kinds) > 1:
+        raise RewriteError(
+            f"opportunities {', '.join(map(str, numbers))} of {trace!r} are of several kinds; "
+            "apply one kind at a time"
+        )
+    kind = kinds.pop()
+    rewrite_kind, column = REWRITE_OF[kind]
+    only: dict[int, set[int]] = {}
+    for r in rows:
+        detail = json.loads(r["detail"])
+        if "applies" not in detail:
+            raise RewriteError(
+                f"opportunity {r['opportunity']} of {trace!r} was not measured: "
+                f"run 'etstore overlap {trace}' again"
+            )
+        for a in detail["applies"]:
+            only.setdefault(int(a["rank"]), set()).add(int(a[column]))
+    return rewrite_kind, only
+
+
+def _recorded_details(
+    store: Store, trace: Trace, numbers: Sequence[int] | None, topo: Topology | str | None
+) -> list[dict[str, Any]]:
+    """The details of the numbered opportunities of a recording; without numbers, of every one
+    the last ``overlap`` of it recorded, else of every one found now on ``topo``."""
+    if not numbers:
+        recorded = store.sql(
+            "SELECT opportunity FROM opportunities WHERE trace = $t AND kind = 'overlap' "
+            "AND opportunity IS NOT NULL ORDER BY opportunity",
+            {"t": trace.name},
+        ).to_arrow()
+        if recorded.num_rows and topo is None:
+            return _recorded_details(store, trace, recorded["opportunity"].to_pylist(), topo)
+        found = find_opportunities(store, trace.name, topo=topo, kinds=("overlap",), record=False)
+        return [
+            {**json.loads(d), "opportunity": int(o)}
+            for d, o in zip(found["detail"].to_pylist(), found["opportunity"].to_pylist(), strict=True)
+        ]
+    rows = store.sql(
+        "SELECT opportunity, detail FROM opportunities "
+        "WHERE trace = $t AND opportunity IN (SELECT unnest($n))",
+        {"t": trace.name, "n": [int(x) for x in numbers]},
+    ).to_arrow()
+    have = {
+        int(o): json.loads(d)
+        for o, d in zip(rows["opportunity"].to_pylist(), rows["detail"].to_pylist(), strict=True)
+    }
+    lost = [int(x) for x in numbers if int(x) not in have]
+    if lost:
+        raise RewriteError(
+            f"{trace.name!r} has no opportunity {lost[0]} recorded: run 'etstore overlap {trace.name}' "
+            "first (it numbers them)"
+        )
+    return [{**have[int(x)], "opportunity": int(x)} for x in numbers]
+
+
+def rewrite_stored(
+    store: Store,
+    trace: str,
+    kind: str,
+    *,
+    name: str | None = None,
+    topo: Topology | str | None = None,
+    config: SimConfig | None = None,
+    run_id: int | None = None,
+    max_pieces: int = 8,
+    opportunities: Sequence[int] | None = None,
+    split: SplitCost | None = None,
+) -> IngestReport:
+    """Rewrite a stored trace and store the result with ``parent = trace``.
+
+    A recording (PyTorch ET + Kineto) is rewritten only by ``overlap``: the opportunities
+    numbered ``opportunities`` in the ``opportunities`` table (``etstore overlap`` finds and
+    numbers them), else every one recorded there, else every one found now on ``topo``
+    (:func:`rewrite_recording`).
+
+    ``chunk-split`` reads the expansion lineage and orders each consumer's chunks by
+    simulated arrival (:func:`~etstore.query.overlap.find_opportunities` with
+    ``topo``/``config``/``run_id``). Every op of the result is linked to the op it
+    comes from (``BECOMES`` edges; pieces to the op they split).
+
+    Returns
+    -------
+    IngestReport
+        Of the stored result (``report.trace.name``: ``name``, default
+        ``<trace>-<kind>``, with parent ``trace``); ``created`` is false when that name
+        already holds the same rewritten content; the same content under another name
+        gets this name too (``report.same_as``).
+
+    Raises
+    ------
+    UnknownTraceError
+        No such trace.
+    RewriteError
+        As :func:`rewrite`, or ``chunk-split`` of a trace without expansion lineage.
+    """
+    if kind not in REWRITE_KINDS:
+        raise RewriteError(f"unknown rewrite {kind!r}; expected one of {', '.join(REWRITE_KINDS)}")
+    original = store.load(trace)
+    if original.params.get("execution") == RECORDED and original.kind != "expanded":
+        if kind != "overlap":
+            raise RewriteError(
+                f"{trace!r} is a recording: its ops move only within their thread or stream, which "
+                f"the overlap rewrite does; {kind} does not apply"
+            )
+        details = _recorded_details(store, original, opportunities, topo)
+        out = rewrite_recording(original, details, name=name or f"{trace}-{kind}")
+        lineage = pa.table({"rank": out.ops["rank"], "id": out.ops["id"], "parent_id": out.ops["id"]})
+        return store.ingest(out, name=name, parent=trace, lineage=lineage)
+    only = None
+    if opportunities:
+        kind, only = _numbered(store, trace, opportunities)
+    expansions = None
+    order: dict[tuple[int, int], list[int]] = {}
+    if kind == "chunk-split":
+        expansions = store.sql(EXPANSIONS_SQL, {"trace": trace}).to_arrow()
+        if expansions.num_rows == 0:
+            raise RewriteError(
+                f"chunk-split needs an expanded trace; {trace!r} has no ops expanded from a collective"
+            )
+        found = find_opportunities(
+            store,
+            trace,
+            topo=topo,
+            config=config,
+            run_id=run_id,
+            kinds=("chunk",),
+            max_pieces=max_pieces,
+            record=False,
+            measure=False,  # every consumer's arrival order: the rewrite splits them all
+            split=split,
+        )
+        for r, other, detail in zip(
+            found["rank"].to_pylist(), found["other_id"].to_pylist(), found["detail"].to_pylist(), strict=True
+        ):
+            order[(int(r), int(other))] = [int(s) for s, _ in json.loads(detail)["chunks"]]
+    out, lineage = _rewrite(original, kind, expansions, order, max_pieces, name, only, split)
+    if only is not None:
+        out = out.replace(params={**out.params, "opportunities": [int(x) for x in opportunities or ()]})
+    if not out.params.get("changes"):
+        raise RewriteError(f"{kind} finds nothing to change in {trace!r}; nothing was stored")
+    return store.ingest(out, name=name, parent=trace, lineage=lineage)

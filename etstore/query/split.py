@@ -1,0 +1,68 @@
+"""What splitting a compute op into per-chunk pieces costs, and which ops split at all.
+
+A consumer of an expanded collective can start on the first chunks to land if it splits
+along the dimension the chunks cut (a GEMM along the gathered or reduced dimension, an
+elementwise op anywhere). An op that reduces *across* that dimension (softmax, a norm, a
+top-k, a sort, a cumulative sum) needs every chunk before any of its output is right: it
+does not split. Pieces are not free: each piece after the first is one more launch
+(``overhead_us``, default 4 µs, about a CUDA kernel launch and its dispatch), and a piece
+that runs while chunks still arrive shares the device with the communication kernels
+(``interference``: the factor its time grows by; 1.0, none, unless set — measure it on your
+hardware, e.g. a GEMM timed alone and beside an NCCL kernel).
+
+>>> cost = SplitCost(overhead_us=4, interference=1.25)
+>>> cost.pieces(10, 2)  # 5 µs beside communication (x1.25, rounded up), then 5 µs + a launch
+[7, 9]
+>>> cost.splits("aten::mm"), cost.splits("aten::_softmax"), cost.splits("layer_norm_bwd")
+(True, False, False)
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+from etstore.errors import OptionError
+
+__all__ = ["NO_SPLIT", "SplitCost"]
+
+NO_SPLIT = re.compile(r"softmax|norm|topk|sort|argmax|argmin|cumsum|cumprod|logsumexp", re.IGNORECASE)
+"""Op names that reduce across the split dimension: they need every chunk, so they do not split."""
+
+
+@dataclass(frozen=True)
+class SplitCost:
+    """The cost model of a split consumer (module docstring)."""
+
+    overhead_us: int = 4
+    interference: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.overhead_us < 0:
+            raise OptionError(f"split overhead {self.overhead_us} µs: expected ≥ 0")
+        if not self.interference >= 1.0:
+            raise OptionError(
+                f"interference factor {self.interference}: expected ≥ 1 (compute beside "
+                "communication is not faster)"
+            )
+
+    def splits(self, name: str) -> bool:
+        """Whether an op of this name can start on part of its input (:data:`NO_SPLIT`)."""
+        return NO_SPLIT.search(name) is None
+
+    def pieces(self, total_us: int, k: int) -> list[int]:
+        """Durations (µs) of ``k`` pieces of a ``total_us`` op: near-equal shares, every piece but
+        the last scaled by ``interference`` (it runs while chunks arrive), every piece but the
+        first one launch more."""
+        q, rem = divmod(int(total_us), k)
+        share = [q + 1 if j < rem else q for j in range(k)]
+        out = []
+        for j, d in enumerate(share):
+            t = math.ceil(d * self.interference) if j < k - 1 else d
+            out.append(t + (self.overhead_us if j > 0 else 0))
+        return out
+
+    def to_params(self) -> dict[str, float]:
+        """What a rewrite keeps in its params."""
+        return {"overhead_us": self.overhead_us, "interference": self.interference}
