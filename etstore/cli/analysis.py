@@ -16,6 +16,7 @@ from etstore.cli._tables import add_table, chosen_table, one_row, print_table
 from etstore.errors import OptionError
 from etstore.query.apply import rewrite_stored
 from etstore.query.overlap import explain, find_opportunities
+from etstore.query.split import SplitCost
 from etstore.sim import SimConfig
 from etstore.sim.compare import compare
 from etstore.sim.config import EXPANDED_SLOTS
@@ -32,6 +33,27 @@ def _config(args: argparse.Namespace) -> Any:
         k: v for k, v in (("congestion", args.congestion), ("expanded_slots", args.expanded_slots)) if v
     }
     return SimConfig(**changes) if changes else None
+
+
+def _split(args: argparse.Namespace) -> SplitCost:
+    return SplitCost(overhead_us=args.split_overhead, interference=args.interference)
+
+
+def _split_flags(sp: argparse.ArgumentParser) -> None:
+    sp.add_argument(
+        "--split-overhead",
+        type=int,
+        default=SplitCost.overhead_us,
+        metavar="US",
+        help=f"chunk: launch cost of each piece after the first, µs (default {SplitCost.overhead_us})",
+    )
+    sp.add_argument(
+        "--interference",
+        type=float,
+        default=SplitCost.interference,
+        metavar="F",
+        help="chunk: how much slower a piece runs beside communication (default 1.0: measure it)",
+    )
 
 
 def _sim_flags(sp: argparse.ArgumentParser) -> None:
@@ -70,6 +92,7 @@ def _overlap(args: argparse.Namespace, console: Console) -> int:
             limit=args.limit,
             progress=step,
             measure=not args.estimates,
+            split=_split(args),
         )
     if args.format == "json":
         rows = found.to_pylist()
@@ -149,6 +172,7 @@ def _rewrite(args: argparse.Namespace, console: Console) -> int:
             run_id=args.run,
             max_pieces=args.max_pieces,
             opportunities=args.opportunity,
+            split=_split(args),
         )
         info = report.trace
         params = store.load(info.name).params
@@ -215,6 +239,7 @@ def register(sub: Any) -> None:
         help="only these finders (repeatable)",
     )
     sp.add_argument("--max-pieces", type=int, default=8, help="chunk: at most this many pieces per consumer")
+    _split_flags(sp)
     sp.add_argument(
         "--limit", type=int, default=32, help="simulate at most this many opportunities per kind (default 32)"
     )
@@ -242,6 +267,7 @@ def register(sub: Any) -> None:
     sp.add_argument(
         "--max-pieces", type=int, default=8, help="chunk-split: at most this many pieces per consumer"
     )
+    _split_flags(sp)
     add_format(sp)
     sp.set_defaults(handler=_rewrite)
 

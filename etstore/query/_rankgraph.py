@@ -11,7 +11,7 @@ so what is found is what gets applied.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -347,7 +347,11 @@ def chunk_consumers(trace: Trace, graphs: Sequence[RankGraph], expansions: pa.Ta
     ``expansions`` has columns ``rank``, ``id`` (an op of ``trace``) and ``coll_id``
     (the collective it expands, in the parent trace). A consumer is a ``COMP_NODE``
     outside every expansion with a predecessor in exactly one expansion whose
-    writers cover at least two chunk slots (``chunk_offset`` .. ``+ msg_chunk_cnt``).
+    writers cover at least two of the rank's output slots (``chunk_offset`` ..
+    ``+ msg_chunk_cnt``). With columns ``coll_type``, ``group_pos`` and ``group_size``
+    (:func:`etstore.query.overlap.expansions_of`), a reduce-scatter's output on a rank is
+    only its own share of the chunks (the others pass through it as partial sums, forwarded
+    on, that no consumer may read); every other collective leaves every slot a result.
 
     Notes
     -----
@@ -355,6 +359,8 @@ def chunk_consumers(trace: Trace, graphs: Sequence[RankGraph], expansions: pa.Ta
     """
     off_all = pc.fill_null(trace.ops["chunk_offset"], -1).to_numpy()
     cnt_all = pc.fill_null(trace.ops["msg_chunk_cnt"], 1).to_numpy()
+    total_all = pc.fill_null(trace.ops["total_chunk_cnt"], 0).to_numpy()
+    own = _own_slots(expansions)
     by_rank: dict[int, dict[int, int]] = {}
     for r, i, c in zip(
         expansions["rank"].to_pylist(),
@@ -375,7 +381,10 @@ def chunk_consumers(trace: Trace, graphs: Sequence[RankGraph], expansions: pa.Ta
             row = g.first + k
             if g.types[k] == "COMM_SEND_NODE" or off_all[row] < 0:
                 continue
+            keep = own.get((g.rank, c))
             for slot in range(int(off_all[row]), int(off_all[row]) + max(int(cnt_all[row]), 1)):
+                if keep is not None and not keep(slot, int(total_all[row])):
+                    continue
                 writers_of.setdefault(c, {}).setdefault(slot, []).append(k)
         for v in range(g.n):
             if v in local_of or g.types[v] != "COMP_NODE":
@@ -388,6 +397,26 @@ def chunk_consumers(trace: Trace, graphs: Sequence[RankGraph], expansions: pa.Ta
             writers = writers_of.get(c, {})
             if len(writers) >= 2:
                 out.append(ChunkConsumer(g.rank, c, v, writers, sorted(inside)))
+    return out
+
+
+def _own_slots(expansions: pa.Table) -> dict[tuple[int, int], Callable[[int, int], bool]]:
+    """Per (rank, collective): whether slot ``s`` of ``total`` is the rank's own output, for
+    the collectives whose output is a share (reduce-scatter)."""
+    if "coll_type" not in expansions.column_names:
+        return {}
+    out: dict[tuple[int, int], Callable[[int, int], bool]] = {}
+    for r, c, t, p, n in zip(
+        *(expansions[k].to_pylist() for k in ("rank", "coll_id", "coll_type", "group_pos", "group_size")),
+        strict=True,
+    ):
+        if t == "REDUCE_SCATTER" and p is not None and p >= 0 and n:
+
+            def mine(s: int, total: int, p: int = int(p), n: int = int(n)) -> bool:
+                share = total // n if total else 0
+                return share > 0 and p * share <= s < (p + 1) * share
+
+            out[(int(r), int(c))] = mine
     return out
 
 

@@ -15,7 +15,7 @@ import pyarrow as pa
 
 from etstore.errors import RewriteError
 from etstore.model import Trace
-from etstore.query.overlap import EXPANSIONS_SQL, find_opportunities
+from etstore.query.overlap import expansions_of, find_opportunities
 from etstore.query.rewrite import REWRITE_KINDS, REWRITE_OF, _rewrite, rewrite_recording
 from etstore.query.split import SplitCost
 from etstore.sim import SimConfig
@@ -155,7 +155,7 @@ def rewrite_stored(
     expansions = None
     order: dict[tuple[int, int], list[int]] = {}
     if kind == "chunk-split":
-        expansions = store.sql(EXPANSIONS_SQL, {"trace": trace}).to_arrow()
+        expansions = expansions_of(store, trace)
         if expansions.num_rows == 0:
             raise RewriteError(
                 f"chunk-split needs an expanded trace; {trace!r} has no ops expanded from a collective"

@@ -34,6 +34,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from etstore.collectives._instances import find_collectives
 from etstore.errors import EtstoreError, OptionError, StoreError, UnknownTraceError
 from etstore.model import Trace
 from etstore.progress import ProgressFn
@@ -64,6 +65,7 @@ __all__ = [
     "REORDER_GAIN_SQL",
     "REORDER_SEEDS_CYPHER",
     "TIMINGS_SQL",
+    "expansions_of",
     "explain",
     "find_opportunities",
     "opportunity_timings",
@@ -278,10 +280,35 @@ def _reorder_rows(store: Store, trace: Trace, timings: pa.Table) -> list[dict[st
     return _opportunity_rows("reorder", rows, ("issued_ns", "ready_ns", "compute_ids"))
 
 
+def expansions_of(store: Store, trace: str) -> pa.Table:
+    """The expansion lineage of a stored trace (:data:`EXPANSIONS_SQL`: ``rank``, ``id``,
+    ``coll_id``, ``parent_trace``) with what each collective is to its rank: ``coll_type``,
+    ``group_pos`` (the rank's place in its group) and ``group_size``, from the parent's
+    collective instances, so the chunk finder knows which slots are a rank's own output."""
+    table = store.sql(EXPANSIONS_SQL, {"trace": trace}).to_arrow()
+    if table.num_rows == 0:
+        return table
+    parent = store.load(str(table["parent_trace"][0].as_py()))
+    colls = find_collectives(parent, None)
+    key = {
+        (int(r), int(i)): (str(t), int(p), int(colls.gsize[colls.pg_code[k]]))
+        for k, (r, i, t, p) in enumerate(zip(colls.rank, colls.ids, colls.ctype, colls.apos, strict=True))
+    }
+    got = [
+        key.get((int(r), int(c)), ("", -1, 0))
+        for r, c in zip(table["rank"].to_pylist(), table["coll_id"].to_pylist(), strict=True)
+    ]
+    return (
+        table.append_column("coll_type", pa.array([g[0] for g in got], pa.string()))
+        .append_column("group_pos", pa.array([g[1] for g in got], pa.int32()))
+        .append_column("group_size", pa.array([g[2] for g in got], pa.int32()))
+    )
+
+
 def _chunk_rows(
     store: Store, trace: Trace, timings: pa.Table, *, max_pieces: int, unit_ns: float, split: SplitCost
 ) -> list[dict[str, Any]]:
-    expansions = store.sql(EXPANSIONS_SQL, {"trace": trace.name}).to_arrow()
+    expansions = expansions_of(store, trace.name)
     if expansions.num_rows == 0:
         return []
     parent = expansions["parent_trace"][0].as_py()
@@ -442,7 +469,7 @@ def find_opportunities(
         if "reorder" in kinds:
             rows += _reorder_rows(store, tr, timings)
         if measure and rows:
-            expansions = store.sql(EXPANSIONS_SQL, {"trace": trace}).to_arrow() if "chunk" in kinds else None
+            expansions = expansions_of(store, trace) if "chunk" in kinds else None
             topology = _measure_topology(store, tr, topo, run_id)
             rows = measure_gains(
                 tr,

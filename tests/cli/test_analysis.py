@@ -120,3 +120,18 @@ def test_bad_input_is_one_line_and_changes_nothing(
         "json",
     )
     assert json.loads(out) == [{"n": 0}]
+
+
+def test_split_cost_flags(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    from etstore.testing import ingest_hand_expanded
+
+    path = tmp_path / "x"
+    with EmbeddedStore(path) as s:
+        name = ingest_hand_expanded(s)
+    base = ("overlap", name, "--topo", "ring:2", "--kind", "chunk", "--format", "json")
+    code, out, _ = run(capsys, path, *base)
+    assert code == 0 and json.loads(out) == []  # a 6 µs op in 2 pieces, 4 µs a launch: no gain
+    code, out, _ = run(capsys, path, *base, "--split-overhead", "0")
+    assert code == 0 and [(r["kind"], r["gain_ns"]) for r in json.loads(out)] == [("chunk", 3000.0)]
+    code, _, err = run(capsys, path, *base, "--interference", "0.5")
+    assert code == 1 and "interference factor 0.5: expected ≥ 1" in err

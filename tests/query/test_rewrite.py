@@ -21,8 +21,9 @@ import pytest
 from etstore.dag import cycle_members
 from etstore.errors import EtstoreError, RewriteError, UnknownTraceError
 from etstore.model import Trace, deps_table
+from etstore.query._rankgraph import chunk_consumers, rank_graphs
 from etstore.query.apply import rewrite_stored
-from etstore.query.overlap import find_opportunities
+from etstore.query.overlap import expansions_of, find_opportunities
 from etstore.query.rewrite import check_rewrite, rewrite
 from etstore.query.split import SplitCost
 from etstore.sim import simulate
@@ -237,5 +238,22 @@ def test_chunk_split_of_a_real_expansion(store: EmbeddedStore) -> None:
     report = rewrite_stored(store, "wx", "chunk-split", topo=topo, split=FREE)
     out = store.load(report.trace.name)
     check_rewrite(store.load("wx"), out)
-    assert out.params["changes"] == found.num_rows  # every promised consumer was split
+    split = {(o["rank"], o["id"]) for o in out.params["split_ops"]}
+    promised = set(zip(found["rank"].to_pylist(), found["other_id"].to_pylist(), strict=True))
+    assert promised <= split  # every promised consumer was split
+    # a reduce-scatter leaves a rank only its own share: 2 of the 8 chunks (tp 4, ring:2), the
+    # rest pass through it as partial sums; an all-gather's consumers read every chunk
+    exp = expansions_of(store, "wx")
+    keys = zip(exp["rank"].to_pylist(), exp["coll_id"].to_pylist(), strict=True)
+    vals = zip(exp["coll_type"].to_pylist(), exp["group_pos"].to_pylist(), strict=True)
+    kinds = dict(zip(keys, vals, strict=True))
+    seen = set()
+    for cc in chunk_consumers(store.load("wx"), rank_graphs(store.load("wx")), exp):
+        ctype, pos = kinds[(cc.rank, cc.coll_id)]
+        seen.add(ctype)
+        if ctype == "REDUCE_SCATTER":
+            assert sorted(cc.writers) == [2 * pos, 2 * pos + 1], (cc.rank, cc.coll_id)
+        else:  # an all-gather writes every chunk but the rank's own, already in place
+            assert sorted(cc.writers) == [c for c in range(8) if c // 2 != pos]
+    assert seen == {"ALL_GATHER", "REDUCE_SCATTER"}
     assert simulate(out, topo).total_ns < simulate(store.load("wx"), topo).total_ns
