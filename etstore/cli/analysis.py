@@ -179,13 +179,32 @@ def _rewrite(args: argparse.Namespace, console: Console) -> int:
     row = {
         "trace": info.name,
         "parent": args.trace,
-        "applied": args.apply,
+        "applied": params.get("applied", args.apply),
         "changes": params.get("changes"),
         **stored_status(report),
         "ops": info.ops,
         "deps": info.deps,
     }
     render(pa.Table.from_pylist([row]), args.format, console=console)
+    split = params.get("split_ops") or []
+    if split and args.format == "table":  # what each split op became
+        rows = [
+            {
+                "rank": o["rank"],
+                "id": o["id"],
+                "op": o["name"],
+                "before_us": o["before_us"],
+                "pieces_us": " + ".join(str(p) for p in o["pieces_us"]),
+                "after_us": sum(o["pieces_us"]),
+            }
+            for o in split
+        ]
+        cost = params.get("split") or {}
+        title = (
+            f"split ops (a launch {cost.get('overhead_us')} µs per piece after the first, "
+            f"x{cost.get('interference')} beside communication)"
+        )
+        print_table(pa.Table.from_pylist(rows), "table", limit=20, title=title, console=console)
     return 0
 
 

@@ -135,3 +135,5 @@ def test_split_cost_flags(capsys: pytest.CaptureFixture[str], tmp_path: Path) ->
     assert code == 0 and [(r["kind"], r["gain_ns"]) for r in json.loads(out)] == [("chunk", 3000.0)]
     code, _, err = run(capsys, path, *base, "--interference", "0.5")
     assert code == 1 and "interference factor 0.5: expected ≥ 1" in err
+    code, out, _ = run(capsys, path, "rewrite", name, "--apply", "chunk-split", "--topo", "ring:2")
+    assert code == 0 and "│ apply │         6 │ 3 + 7     │       10 │" in out  # before and after
