@@ -60,6 +60,7 @@ class TraceKind(str, Enum):
     ALGORITHM = "algorithm"
     EXPANDED = "expanded"
     REWRITTEN = "rewritten"
+    RESCALED = "rescaled"
 
     def __str__(self) -> str:  # the value, as in SQL rows and messages (not "TraceKind.WORKLOAD")
         return self.value

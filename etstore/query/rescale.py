@@ -480,7 +480,7 @@ def rescale(
     -----
     O(result ops + deps), columnar: each new rank's rows are taken from its template's.
     """
-    if trace.kind != TraceKind.WORKLOAD.value:
+    if trace.kind not in (TraceKind.WORKLOAD.value, TraceKind.RESCALED.value):
         raise RewriteError(
             f"rescale: {trace.name!r} is of kind {trace.kind}; rescale the workload it comes from, then "
             "expand or rewrite the result"
@@ -545,7 +545,7 @@ def rescale(
         missing=_take_ranks(trace.missing, old.ranks, templates)[0],
         meta=_take_ranks(trace.meta, old.ranks, templates)[0],
         name=name or f"{trace.name}-{new.ranks}r" + (f"-tp{new.tp}" if new.tp != old.tp else ""),
-        kind=TraceKind.WORKLOAD.value,
+        kind=TraceKind.RESCALED.value,
         source=trace.source,
         params=params,
     )

@@ -54,7 +54,7 @@ def test_dp_growth_equals_generation(ranks: int, tp: int, to: int) -> None:
     got = rescale(parent, ranks=to)
     want = transformer(ranks=to, tp=tp, layers=2)
     _same_but_durations(got, want)
-    assert got.name == f"transformer-{to}r" and got.kind == "workload"
+    assert got.name == f"transformer-{to}r" and got.kind == "rescaled"
     assert got.params["rescaled"]["from"] == {"ranks": ranks, "dp": ranks // tp, "tp": tp, "pp": 1}
     assert got.params["rescaled"]["to"] == {"ranks": to, "dp": to // tp, "tp": tp, "pp": 1}
     for r in range(to):
