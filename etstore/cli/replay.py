@@ -18,7 +18,9 @@ from etstore.cli._inputs import trace_from
 from etstore.cli._perturb_args import add_perturbation, perturbation_from
 from etstore.cli._render import json_text, render
 from etstore.cli._topology_args import topology_from
+from etstore.errors import OptionError
 from etstore.sim.metrics import record_run
+from etstore.sim.perturb import perturb_network
 from etstore.sim.replay import replay
 
 if TYPE_CHECKING:
@@ -44,6 +46,13 @@ def _replay(args: argparse.Namespace, console: Console) -> int:
         fit = args.topo == "fitted"
         topo = topology_from(args) if args.topo and not fit else None
         perturbation = perturbation_from(args)
+        if perturbation is not None and perturbation.changes_network:
+            if topo is None:  # the recorded network is times, the fitted one a switch: no links to change
+                raise OptionError(
+                    "replay: --degrade, --fail and --scale bw|lat change links: give --topo SPEC "
+                    "(the recorded and fitted networks have none to change)"
+                )
+            topo = perturb_network(topo, perturbation)
         out = replay(trace, topo, fit=fit, perturbation=perturbation)
         run_id = None
         if record and store is not None:

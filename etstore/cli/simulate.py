@@ -1,8 +1,10 @@
-"""Simulation commands: replay a stored trace over a topology; sweep bus bandwidth."""
+"""Simulation commands: replay a stored trace over a topology; sweep bus bandwidth, or a trace over
+the values of one what-if knob."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 from typing import TYPE_CHECKING, Any
 
@@ -30,8 +32,8 @@ from etstore.sim.config import (
 )
 from etstore.sim.jobs import JobRuns, JobsResult, job_tables, read_placement, record_jobs, simulate_jobs
 from etstore.sim.metrics import record_run, record_sweep
-from etstore.sim.perturb import perturb
-from etstore.sim.sweep import parse_sizes, sweep
+from etstore.sim.perturb import Perturbation, parse_knob, perturb, perturb_network
+from etstore.sim.sweep import parse_sizes, sensitivity, sensitivity_table, sweep
 from etstore.store import Store
 
 if TYPE_CHECKING:
@@ -103,6 +105,16 @@ def _network(args: argparse.Namespace) -> tuple[Any, Any]:
     return topology_from(args), None
 
 
+def _perturbed_network(topo: Any, perturbation: Perturbation | None) -> Any:
+    """The topology with the links the perturbation changes (itself where it changes none)."""
+    return topo if perturbation is None else perturb_network(topo, perturbation)
+
+
+def _changed(perturbation: Perturbation | None) -> str:
+    """`` with …`` naming what a perturbation changed, for a command's first line."""
+    return "" if perturbation is None else f" with {perturbation.describe()}"
+
+
 _SIM_TABLES = {
     "summary": "one row: run_id, makespan total_ns, events, means, collectives, overloaded links",
     "ranks": "per rank: finish, compute, communication, exposed communication and idle time (ns)",
@@ -131,10 +143,11 @@ def _sim(args: argparse.Namespace, console: Console) -> int:
     topo, dims = _network(args)
     config = _config(args)
     groups = read_comm_groups(args.comm_groups) if args.comm_groups else None
+    perturbation = perturbation_from(args)
+    topo = _perturbed_network(topo, perturbation)
     with open_to_record(args) as store:
         trace = trace_from(store, args.trace[0])
-        perturbation = perturbation_from(args)
-        if perturbation is not None:  # a what-if: the trace's compute changed
+        if perturbation is not None and perturbation.changes_compute:  # a what-if of compute
             trace = perturb(trace, perturbation)
         algorithms = _algorithms(store, args.algo)
         run_id = None
@@ -176,7 +189,7 @@ def _sim(args: argparse.Namespace, console: Console) -> int:
         styled(
             head,
             (trace.name, "bold"),
-            f" on {topo.name} ({config.congestion} network): "
+            f" on {topo.name}{_changed(perturbation)} ({config.congestion} network): "
             f"{result.total_ns / 1e3:,.3f} µs simulated; {result.events:,} events in {result.wall_s:.2f} s "
             f"({result.events_per_s / 1e6:.2f} M events/s)",
         ),
@@ -210,12 +223,16 @@ def _sim_jobs(args: argparse.Namespace, console: Console) -> int:
     config = _config(args)
     groups = [read_comm_groups(args.comm_groups)] if args.comm_groups else None
     placement = read_placement(args.placement) if args.placement else None
+    perturbation = perturbation_from(args)
+    topo = _perturbed_network(topo, perturbation)  # the shared fabric's links: every job's
     with open_to_record(args) as store:
         traces = [trace_from(store, spec) for spec in args.trace]
-        perturbation = perturbation_from(args)
-        if perturbation is not None:  # ranks name one trace's ranks: refused where they would be ambiguous
+        if perturbation is not None and perturbation.changes_compute:  # one trace's ranks
             if several:
-                raise OptionError("sim: --slow, --scale and --jitter take one trace, not several jobs")
+                raise OptionError(
+                    "sim: --slow, --scale and --jitter take one trace, not several jobs (links: --degrade, "
+                    "--fail and --scale bw|lat change the shared fabric)"
+                )
             traces = [perturb(traces[0], perturbation)]
         algorithms = _algorithms(store, args.algo)
         runs = None
@@ -249,7 +266,8 @@ def _sim_jobs(args: argparse.Namespace, console: Console) -> int:
     if only is not None:
         print_table(tables[only], args.format, limit=args.limit, console=console)
         return 0
-    _print_jobs(result, tables, runs, f"{topo.name} ({config.congestion} network)", args.limit, console)
+    where = f"{topo.name}{_changed(perturbation)} ({config.congestion} network)"
+    _print_jobs(result, tables, runs, where, args.limit, console)
     return 0
 
 
@@ -301,6 +319,12 @@ def _collectives(result: Any, args: argparse.Namespace) -> Any:
 
 
 def _sweep(args: argparse.Namespace, console: Console) -> int:
+    if args.trace is not None:
+        return _sensitivity(args, console)
+    if args.knob:
+        raise OptionError("sweep --knob: name the trace to sweep (etstore sweep TRACE --knob ...)")
+    if not args.algo:
+        raise OptionError("sweep: give --algo (e.g. --algo ring,direct), or a TRACE and --knob")
     sizes = parse_sizes(args.sizes)
     config = _config(args)
     topos = [topology_from(args, spec) for spec in args.topo]
@@ -339,6 +363,60 @@ def _sweep(args: argparse.Namespace, console: Console) -> int:
     if sweep_id is not None:
         console.print(
             f"sweep {sweep_id} recorded: SELECT * FROM sweep_points WHERE sweep_id = {sweep_id}",
+            highlight=False,
+            soft_wrap=True,
+        )
+    return 0
+
+
+def _sensitivity(args: argparse.Namespace, console: Console) -> int:
+    """``sweep TRACE --knob KNOB=V1,V2,...``: the trace once per value and topology, a run each, whose
+    ``params.user.sensitivity`` holds the knob, the value and the sweep's first run."""
+    if not args.knob:
+        raise OptionError("sweep TRACE: give --knob KNOB=V1,V2,..., e.g. slow:3=1,1.5,2 or scale:bw=0.5,1,2")
+    knob, values = parse_knob(args.knob, seed=args.seed)
+    config = _config(args)
+    topos = [topology_from(args, spec) for spec in args.topo]
+    with open_to_record(args) as store:
+        trace = trace_from(store, args.trace)
+        algorithms = _algorithms(store, args.algo)
+        bar = progress(console)
+        with bar or contextlib.nullcontext():
+            task = bar.add_task(f"sweep {trace.name}", total=len(topos) * len(values)) if bar else None
+            points = sensitivity(
+                trace,
+                topos,
+                knob,
+                values,
+                config=config,
+                algorithms=algorithms,
+                progress=(lambda done, _t: bar.update(task, completed=done)) if bar else None,
+            )
+        ids: list[int | None] = [None] * len(points)
+        if store is not None and not args.no_record:
+            first = store.warehouse.next_id("runs", "run_id")
+            for i, pt in enumerate(points):
+                where = {"knob": knob.name, "value": pt.value, "values": values, "first_run": first}
+                ids[i] = record_run(
+                    store.warehouse,
+                    pt.result,
+                    trace_name=trace.name,
+                    params={
+                        "algo": args.algo or [],
+                        "argv": "sweep",
+                        "perturbation": pt.perturbation.to_dict(),
+                        "sensitivity": where,
+                    },
+                    run_id=first if i == 0 else None,
+                )
+    rows = sensitivity_table(points, knob).add_column(0, "run_id", pa.array(ids, pa.int64()))
+    if args.format != "table":
+        render(rows, args.format, console=console)
+        return 0
+    render(rows, "table", title=f"{trace.name}: makespan per {knob.name} (ns)", console=console)
+    if ids and ids[0] is not None:
+        console.print(
+            f"runs {ids[0]}..{ids[-1]} recorded (params.user.sensitivity): etstore report {ids[0]} {ids[-1]}",
             highlight=False,
             soft_wrap=True,
         )
@@ -444,20 +522,37 @@ def register(sub: Any) -> None:
     add_table(sp, _SIM_TABLES, "summary")
     sp.set_defaults(handler=_sim)
 
-    sp = sub.add_parser("sweep", help="bus bandwidth over sizes x algorithms x topologies")
+    sp = sub.add_parser(
+        "sweep",
+        help="busbw over sizes x algorithms x topologies, or a trace over a knob",
+        description="Bus-bandwidth curves of one collective over sizes x algorithms x topologies; or, "
+        "given a TRACE and --knob, the trace simulated once per value of a what-if knob on each "
+        "topology, a recorded run each (docs/whatif.md).",
+    )
+    sp.add_argument(
+        "trace",
+        nargs="?",
+        help="with --knob: a stored trace (or trace files) simulated once per knob value (docs/whatif.md)",
+    )
+    sp.add_argument(
+        "--knob",
+        metavar="KNOB=V1,V2,...",
+        help="what-if knob of a TRACE sweep: slow:RANKS, scale:cpu|gpu|bw|lat, degrade:LINK (factors) "
+        "or jitter (sigma, with --seed): slow:3=1,1.5,2",
+    )
     sp.add_argument("--coll", default="allreduce", help="collective (default allreduce)")
     sp.add_argument("--sizes", default="1KiB..1GiB:4", help="sizes: list and/or ranges A..B[:factor]")
     sp.add_argument(
         "--algo",
         action="append",
-        required=True,
-        help="algorithms (repeat or comma-separate): native, ring, direct, ..., synth, or stored names",
+        help="algorithms (repeat or comma-separate): native, ring, direct, ..., synth, or stored names; "
+        "with a TRACE, as sim's --algo",
     )
     sp.add_argument("--topo", action="append", required=True, metavar="SPEC", help="topology (repeatable)")
     sp.add_argument("--bw", type=float, default=None, help="link bandwidth GB/s (GB = 2^30) where unset")
     sp.add_argument("--lat", type=float, default=None, help="link latency ns where unset")
     sp.add_argument("--synth-chunks", type=int, default=1, help="chunks per NPU for 'synth' (default 1)")
-    sp.add_argument("--seed", type=int, default=0, help="seed for 'synth'")
+    sp.add_argument("--seed", type=int, default=0, help="seed for 'synth' and for a jitter knob")
     _common(sp)
     add_format(sp)
     sp.set_defaults(handler=_sweep)

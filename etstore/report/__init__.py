@@ -25,6 +25,7 @@ from etstore.report.gantt import critical_path_steps, timeline_figure
 from etstore.report.lanes import LaneSelection, select_lanes, timeline_lanes
 from etstore.report.links import hottest_links, link_heatmap_figure
 from etstore.report.opportunity_table import opportunities
+from etstore.report.sensitivity import sensitivity_figure
 
 __all__ = [
     "LaneSelection",
@@ -39,6 +40,7 @@ __all__ = [
     "opportunities",
     "schedule_critical_path",
     "select_lanes",
+    "sensitivity_figure",
     "sweep_busbw_figure",
     "timeline_figure",
     "timeline_lanes",

@@ -33,6 +33,7 @@ from etstore.report.links import hottest_links_html, link_heatmap_figure
 from etstore.report.measured import measured_busbw_figures
 from etstore.report.opportunity_table import opportunities_html
 from etstore.report.replayed import replayed_steps_html
+from etstore.report.sensitivity import sensitivity_figure, sensitivity_html
 from etstore.store.warehouse import Warehouse
 
 __all__ = ["ReportError", "latest_run", "write_report"]
@@ -268,7 +269,8 @@ def write_report(
 ) -> Path:
     """Write one self-contained HTML report (opens offline, no server) for runs and sweeps.
 
-    Sections: a summary of the runs; with two or more runs, their differences
+    Sections: a summary of the runs; for runs of a sensitivity sweep, the makespan
+    against the knob's values; with two or more runs, their differences
     against the first; per-rank timelines side by side (compute / communication /
     idle, collectives by type, the critical path in black, zoomable); per-rank
     breakdown bars; bus bandwidth vs size of the runs' collectives and of the
@@ -358,6 +360,7 @@ def _runs_page(
         page.add(replayed[0])
         for fig in replayed[1]:
             page.figures_row([fig])
+    _sensitivity_section(page, runs, warehouse)
     if len(runs) >= 2:
         page.add("<h2>Differences</h2>")
         _differences(page, runs, warehouse)
@@ -405,6 +408,20 @@ def _runs_page(
     page.add(opportunities_html(warehouse, [r.trace for r in runs]))
     page.add("</section>")
     return page, heading
+
+
+def _sensitivity_section(page: _Page, runs: Sequence[RunInfo], warehouse: Warehouse) -> None:
+    """The makespan against a what-if knob, for the runs of a sensitivity sweep (``sweep TRACE --knob``)."""
+    fig = sensitivity_figure(warehouse, [r.run_id for r in runs])
+    if fig is None:
+        return
+    page.add("<h2>Sensitivity</h2>")
+    page.add(
+        '<p class="sub">One run per value of a what-if knob (etstore sweep TRACE --knob): how far the '
+        "makespan moves with it, and how much of each rank's communication it leaves exposed.</p>"
+    )
+    page.add(sensitivity_html(warehouse, [r.run_id for r in runs]) or "")
+    page.figures_row([fig])
 
 
 def _bandwidth_section(

@@ -102,6 +102,7 @@ class Network:
         self.label = link_dimensions(topo, self.dims)
         self._axes = self._full_axes()
         self._astra_axes = self._first_axis_rule()
+        self._axis_values = bool(self._astra_axes) and topo.is_regular()  # no link degraded or scaled
         self._switch_ports()
         self._graph: HopGraph | None = None
         n = self.num_nodes
@@ -127,10 +128,10 @@ class Network:
         """The topology's axes when its links are still exactly theirs, else ``()``.
 
         Only full, unfailed built-in shapes whose axes are the routing dimensions carry
-        them; on any other topology a switch is its pairwise links.
+        them (a degraded link keeps them); on any other topology a switch is its pairwise links.
         """
         axes = self.topo.dims
-        if not axes or self.topo.labels is not None:
+        if not axes or not self.topo.is_intact():
             return ()
         if tuple(int(d.size) for d in axes) != self.dims:
             return ()
@@ -143,9 +144,11 @@ class Network:
         building blocks (:data:`ASTRA_AXIS_KINDS`) is one ASTRA-sim's network file can
         describe; a mesh line, a unidirectional ring, a hypercube or a topology with
         failures keeps the time of its full route (there is no reference to agree with).
+        A degraded link keeps the rule, timed over the links the message crosses on its first
+        axis (:meth:`unaware_metrics`).
         """
         axes = self._axes
-        if not axes or not self.topo.is_regular():
+        if not axes:
             return ()
         if any(d.kind not in ASTRA_AXIS_KINDS for d in axes if d.size > 1):
             return ()
@@ -286,7 +289,10 @@ class Network:
         whole message, over ``h`` hops between those two coordinates — a ring's shorter
         way round, 1 on a fully connected axis, 2 through a switch — so the latency is
         ``h × latency_k`` and the bandwidth ``bandwidth_k`` (a switch's full port);
-        the differences on later axes add nothing. Otherwise :meth:`route_metrics`.
+        the differences on later axes add nothing. Where a link's values differ from its
+        axis's (a degraded link), the same rule sums the latency and takes the least bandwidth
+        of the links the route crosses on that axis: equal to the closed form on intact links.
+        Otherwise :meth:`route_metrics`.
 
         Parameters
         ----------
@@ -314,6 +320,8 @@ class Network:
         src = np.asarray(src, dtype=np.int64)
         dst = np.asarray(dst, dtype=np.int64)
         self._check_npus(np.concatenate([src, dst]))
+        if not self._axis_values:
+            return self._first_axis_links(src, dst)
         hops = np.zeros(len(src), dtype=np.int64)
         lat = np.zeros(len(src), dtype=np.float64)
         bw = np.full(len(src), np.inf)
@@ -336,6 +344,27 @@ class Network:
             lat[here] = h * float(d.latency_ns)
             bw[here] = float(d.bandwidth_gb_per_s) * GIB / 1e9
             open_ &= ~here
+        return hops, lat, bw
+
+    def _first_axis_links(
+        self, src: np.ndarray, dst: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """ASTRA-sim's first-axis rule over the route's own links on that axis (some link degraded).
+
+        O(P · D) numpy work for P pairs and route length D.
+        """
+        sizes = np.asarray([int(d.size) for d in self._astra_axes], dtype=np.int64)
+        strides = np.concatenate([[1], np.cumprod(sizes)[:-1]])
+        differ = (src[:, None] // strides) % sizes != (dst[:, None] // strides) % sizes
+        first = np.where(differ.any(axis=1), np.argmax(differ, axis=1), -1)
+        hops = np.zeros(len(src), dtype=np.int64)
+        lat = np.zeros(len(src), dtype=np.float64)
+        bw = np.full(len(src), np.inf)
+        for pos, links in self._walk(src, dst):
+            on = self.label[links] == first[pos]
+            hops[pos] += on
+            lat[pos] += np.where(on, self.latency_ns[links], 0.0)
+            bw[pos] = np.minimum(bw[pos], np.where(on, self.bytes_per_ns[links], np.inf))
         return hops, lat, bw
 
     # ------------------------------------------------------------ models

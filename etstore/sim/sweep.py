@@ -1,9 +1,14 @@
-"""Bus-bandwidth curves: one collective over sizes × algorithms × topologies.
+"""Sweeps: bus-bandwidth curves of one collective, and the sensitivity of a trace to one knob.
 
-Each point simulates a one-collective workload (one ``COMM_COLL_NODE`` per NPU of
+:func:`sweep`: each point simulates a one-collective workload (one ``COMM_COLL_NODE`` per NPU of
 the topology) with :func:`etstore.sim.simulate` and reports nccl-tests ``algbw``
 and ``busbw`` (GB/s with GB = 10^9, as nccl-tests prints them, so a curve compares with
 a measured log's directly; the topology's link bandwidths keep GB = 2^30).
+
+:func:`sensitivity`: a stored trace simulated once per value of a what-if knob
+(:class:`~etstore.sim.perturb.Knob`: a straggler's factor, link bandwidth, a degraded link...),
+each point the run ``sim --slow 3=VALUE`` (or the knob's option) would make, so how much the
+makespan moves per unit of the knob reads off one table (:func:`sensitivity_table`).
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Union
 
 import numpy as np
@@ -20,11 +26,21 @@ from etstore.errors import SimulationError, UnsatisfiableError
 from etstore.model import Trace, ops_table
 from etstore.sim.config import SimConfig, collective_name
 from etstore.sim.engine import simulate
-from etstore.sim.result import busbw_factor, rate_gb_per_s
+from etstore.sim.perturb import Knob, Perturbation, perturb, perturb_network
+from etstore.sim.result import SimResult, busbw_factor, rate_gb_per_s
 from etstore.topology import Topology, parse_topology
 from etstore.units import parse_size
 
-__all__ = ["SWEEP_SCHEMA", "collective_workload", "parse_sizes", "sweep"]
+__all__ = [
+    "SENSITIVITY_SCHEMA",
+    "SWEEP_SCHEMA",
+    "SensitivityPoint",
+    "collective_workload",
+    "parse_sizes",
+    "sensitivity",
+    "sensitivity_table",
+    "sweep",
+]
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +62,23 @@ SWEEP_SCHEMA = pa.schema(
         ("wall_s", pa.float64()),
     ]
 )
+
+SENSITIVITY_SCHEMA = pa.schema(
+    [
+        ("topology", pa.string()),
+        ("knob", pa.string()),
+        ("value", pa.float64()),
+        ("total_ns", pa.float64()),
+        ("delta_ns", pa.float64()),
+        ("delta_pct", pa.float64()),
+        ("last_rank", pa.int32()),
+        ("mean_compute_ns", pa.float64()),
+        ("mean_exposed_comm_ns", pa.float64()),
+        ("max_exposed_comm_ns", pa.float64()),
+    ]
+)
+"""One row per topology and knob value: the makespan, its change from the topology's first value,
+the rank that finishes last, and the per-rank means of :attr:`SimResult.ranks`."""
 
 
 def collective_workload(collective: str, num_npus: int, size_bytes: int, *, name: str | None = None) -> Trace:
@@ -223,3 +256,87 @@ def sweep(
                 if progress is not None:
                     progress(done, total)
     return pa.Table.from_pydict(rows, schema=SWEEP_SCHEMA)
+
+
+@dataclass(frozen=True)
+class SensitivityPoint:
+    """One simulation of a sensitivity sweep: the knob at ``value`` on ``topology`` (as given)."""
+
+    topology: Topology
+    value: float
+    perturbation: Perturbation
+    result: SimResult
+
+
+def sensitivity(
+    trace: Trace,
+    topologies: Sequence[Topology],
+    knob: Knob,
+    values: Sequence[float],
+    *,
+    config: SimConfig | None = None,
+    algorithms: Mapping[str, Any] | None = None,
+    dims: Sequence[int] | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> list[SensitivityPoint]:
+    """Simulate ``trace`` on each topology with ``knob`` at each value, in the order given.
+
+    Each point is what :func:`~etstore.sim.perturb.perturb` and
+    :func:`~etstore.sim.perturb.perturb_network` make of the trace and topology with
+    ``knob.at(value)``, simulated as ``etstore sim`` would: a value that changes nothing (factor 1,
+    jitter 0) is the plain simulation, to the ns.
+
+    Raises
+    ------
+    OptionError
+        A value the knob refuses (a degrade above 1, a failure that disconnects, a rank the
+        trace lacks).
+
+    Notes
+    -----
+    O(topologies · values) simulations.
+    """
+    cfg = config or SimConfig()
+    todo = [(t, float(v), knob.at(float(v))) for t in topologies for v in values]
+    nets = [perturb_network(t, p) for t, _, p in todo]  # first: a value a topology refuses runs nothing
+    if knob.kind == "slow":  # and a rank the trace lacks
+        perturb(trace, knob.at(1.0))
+    out: list[SensitivityPoint] = []
+    for (topo, value, p), net in zip(todo, nets, strict=True):
+        work = perturb(trace, p) if p.changes_compute else trace
+        res = simulate(work, net, config=cfg, algorithms=algorithms, dims=dims)
+        out.append(SensitivityPoint(topo, value, p, res))
+        if progress is not None:
+            progress(len(out), len(todo))
+    return out
+
+
+def sensitivity_table(points: Sequence[SensitivityPoint], knob: Knob) -> pa.Table:
+    """:data:`SENSITIVITY_SCHEMA` rows of ``points``; deltas against each topology's first point.
+
+    >>> t = sensitivity_table([], Knob("slow", "3"))
+    >>> t.num_rows, t.column_names[:4]
+    (0, ['topology', 'knob', 'value', 'total_ns'])
+    """
+    rows: dict[str, list[Any]] = {f.name: [] for f in SENSITIVITY_SCHEMA}
+    first: dict[str, float] = {}
+    for pt in points:
+        ranks = pt.result.ranks
+        base = first.setdefault(pt.topology.name, pt.result.total_ns)
+        finish = ranks["total_ns"].to_numpy()
+        exposed = ranks["exposed_comm_ns"].to_numpy()
+        delta = pt.result.total_ns - base
+        for key, value in (
+            ("topology", pt.topology.name),
+            ("knob", knob.name),
+            ("value", pt.value),
+            ("total_ns", pt.result.total_ns),
+            ("delta_ns", delta),
+            ("delta_pct", round(100.0 * delta / base, 3) if base else None),
+            ("last_rank", int(ranks["rank"][int(np.argmax(finish))].as_py()) if len(finish) else None),
+            ("mean_compute_ns", float(ranks["compute_ns"].to_numpy().mean()) if len(finish) else None),
+            ("mean_exposed_comm_ns", float(exposed.mean()) if len(finish) else None),
+            ("max_exposed_comm_ns", float(exposed.max()) if len(finish) else None),
+        ):
+            rows[key].append(value)
+    return pa.Table.from_pydict(rows, schema=SENSITIVITY_SCHEMA)

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -47,7 +47,7 @@ from etstore.topology.axes import (
 )
 from etstore.topology.cuts import bisection
 from etstore.topology.links import LinkArrays
-from etstore.topology.spec import parse_spec
+from etstore.topology.spec import link_text, parse_spec
 
 __all__ = ["Topology"]
 
@@ -99,6 +99,7 @@ class Topology(LinkArrays):
         npus: Iterable[int] = (),
         links: Iterable[tuple[int, int]] = (),
         directed_links: Iterable[tuple[int, int]] = (),
+        keep_axes: bool = False,
     ) -> Topology:
         """A copy with failed NPUs and links removed and the remaining NPUs renumbered.
 
@@ -110,11 +111,17 @@ class Topology(LinkArrays):
             ``(a, b)`` pairs whose links are removed in both directions.
         directed_links
             ``(a, b)`` pairs whose links ``a → b`` are removed.
+        keep_axes
+            Keep ``dims`` though links are gone (no NPU may be): the machine's axes still
+            number its NPUs and shape its native collectives, while routes go around the gap
+            (a what-if of a link failing under a running job). Closed forms no longer apply
+            (:meth:`is_intact` is false).
 
         Raises
         ------
         TopologyError
-            If an id is not an NPU, a pair has no link, or every NPU would be removed.
+            If an id is not an NPU, a pair has no link, every NPU would be removed, or
+            ``keep_axes`` is asked with NPUs removed.
             (Connectivity is not checked here; see :meth:`require_connected`.)
 
         Notes
@@ -131,6 +138,8 @@ class Topology(LinkArrays):
         alive[dead] = False
         if not alive.any():
             raise TopologyError(f"topology {self.name}: every NPU failed")
+        if keep_axes and dead:
+            raise TopologyError(f"topology {self.name}: its axes cannot be kept without NPU {dead[0]}")
         keep_link &= alive[self.src] & alive[self.dst]
         new_id = np.cumsum(alive) - 1
         old_labels = np.arange(n) if self.labels is None else self.labels
@@ -142,7 +151,7 @@ class Topology(LinkArrays):
             self.latency_ns[keep_link],
             self.bandwidth_gb_per_s[keep_link],
             self.name,
-            self.dims if (not dead and keep_link.all()) else (),
+            self.dims if keep_axes or (not dead and keep_link.all()) else (),
             None if labels is None else np.asarray(labels, dtype=np.int64),
         )
 
@@ -151,17 +160,71 @@ class Topology(LinkArrays):
     ) -> np.ndarray:
         """Mask of the links not named by a failed pair; every pair must name a link."""
         keep_link = np.ones(self.num_links, dtype=bool)
-        pairs = [(int(a), int(b), True) for a, b in links]
-        pairs += [(int(a), int(b), False) for a, b in directed_links]
-        for a, b, both in pairs:
-            hit = (self.src == a) & (self.dst == b)
-            if both:
-                hit |= (self.src == b) & (self.dst == a)
-            if not hit.any():
-                sep = "-" if both else ">"
-                raise TopologyError(f"topology {self.name}: failed link {a}{sep}{b} is not a link")
-            keep_link &= ~hit
+        for pair in [(*p, True) for p in links] + [(*p, False) for p in directed_links]:
+            keep_link &= ~self._pair_links(pair, "failed")
         return keep_link
+
+    def _pair_links(self, pair: tuple[int, int, bool], what: str) -> np.ndarray:
+        """Mask of the links ``a → b`` (and ``b → a`` where ``both``) of ``pair``; it must name one."""
+        a, b, both = int(pair[0]), int(pair[1]), pair[2]
+        hit = (self.src == a) & (self.dst == b)
+        if both:
+            hit |= (self.src == b) & (self.dst == a)
+        if not hit.any():
+            raise TopologyError(f"topology {self.name}: {what} link {link_text(a, b, both)} is not a link")
+        return hit
+
+    def degraded(self, factors: Mapping[tuple[int, int, bool], float]) -> Topology:
+        """A copy whose links of each pair ``(a, b, both)`` carry their bandwidth × factor.
+
+        The shape stays (routes, axes and hop counts are the intact ones'), only the values
+        change, so a degraded link slows what crosses it and nothing else.
+
+        Raises
+        ------
+        TopologyError
+            A pair names no link, or a factor is not > 0.
+        """
+        bw = self.bandwidth_gb_per_s.copy()
+        for pair, f in factors.items():
+            if not f > 0:
+                raise TopologyError(f"topology {self.name}: a link's bandwidth factor must be > 0, got {f}")
+            bw[self._pair_links(pair, "degraded")] *= f
+        return Topology(
+            self.num_npus, self.src, self.dst, self.latency_ns, bw, self.name, self.dims, self.labels
+        )
+
+    def scaled(self, *, bandwidth: float = 1.0, latency: float = 1.0) -> Topology:
+        """A copy with every link's bandwidth × ``bandwidth`` and latency × ``latency``, axes alike.
+
+        An intact built-in shape is rebuilt from its scaled axes, so it stays one (closed forms,
+        ASTRA-sim's timing rules); factors 1 return this topology itself.
+
+        Raises
+        ------
+        TopologyError
+            A factor is not > 0 (``latency`` may be 0).
+        """
+        if not (bandwidth > 0 and latency >= 0):
+            raise TopologyError(f"topology {self.name}: bandwidth factor must be > 0 and latency factor >= 0")
+        if bandwidth == 1 and latency == 1:
+            return self
+        dims = tuple(
+            d._replace(bandwidth_gb_per_s=d.bandwidth_gb_per_s * bandwidth, latency_ns=d.latency_ns * latency)
+            for d in self.dims
+        )
+        if self.is_regular():
+            return Topology.compose(dims, name=self.name)
+        return Topology(
+            self.num_npus,
+            self.src,
+            self.dst,
+            self.latency_ns * latency,
+            self.bandwidth_gb_per_s * bandwidth,
+            self.name,
+            dims,
+            self.labels,
+        )
 
     # --------------------------------------------------------- routes, cuts
     def hop_distances(self) -> np.ndarray:
@@ -179,7 +242,7 @@ class Topology(LinkArrays):
 
         O(1) for intact built-in shapes (connected by construction), else O(D · E · N / 8).
         """
-        return self.num_npus == 1 or self.is_regular() or bool((self.hop_distances() >= 0).all())
+        return self.num_npus == 1 or self.is_intact() or bool((self.hop_distances() >= 0).all())
 
     def require_routes(self) -> None:
         """Raise :class:`TopologyError` upfront when routing a simulation over this topology (its

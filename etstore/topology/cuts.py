@@ -40,7 +40,7 @@ def bisection(t: LinkArrays) -> tuple[float, bool]:
     n = t.num_npus
     if n < 2:
         return 0.0, True
-    if t.dims and t.labels is None:
+    if t.is_regular():  # every link there, at its axis's bandwidth
         best, exact = math.inf, False
         for d in t.dims:
             if d.size < 2:  # a 1-NPU axis cannot be cut

@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from etstore.errors import TopologyError
-from etstore.topology.axes import GIB, Dim, composed_links
+from etstore.topology.axes import GIB, Dim, compose_links, composed_links
 
 __all__ = ["LinkArrays"]
 
@@ -143,13 +143,25 @@ class LinkArrays:
             and np.array_equal(self.bandwidth_gb_per_s[a], self.bandwidth_gb_per_s[b])
         )
 
-    def is_regular(self) -> bool:
-        """Whether this is an intact built-in shape (links exactly as its ``dims`` make them).
+    def is_intact(self) -> bool:
+        """Whether every link of its ``dims`` is there, whatever its latency and bandwidth.
 
-        Closed forms for distances and cuts hold only then.
+        Closed forms of hop counts and routes hold then; a degraded link keeps them, a failed one not.
         """
         return (
             bool(self.dims)
             and self.labels is None
             and self.num_links == self.memo("composed_links", lambda: composed_links(self.dims))
         )
+
+    def is_regular(self) -> bool:
+        """Whether this is an intact built-in shape (links exactly as its ``dims`` make them, values too).
+
+        Closed forms for distances and cuts hold only then. O(E) once, then cached.
+        """
+        return self.is_intact() and self.memo("axis_values", self._has_axis_values)
+
+    def _has_axis_values(self) -> bool:
+        """Whether each link has the latency and bandwidth its axis gives it (none degraded or scaled)."""
+        _, _, _, lat, bw = compose_links(self.dims)
+        return bool(np.array_equal(lat, self.latency_ns) and np.array_equal(bw, self.bandwidth_gb_per_s))

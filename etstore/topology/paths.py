@@ -80,7 +80,7 @@ def diameter_hops(t: LinkArrays) -> int:
     1,048,576-NPU ring needs no N × N table; other topologies take the maximum of
     :func:`hop_distances`.
     """
-    if t.is_regular():
+    if t.is_intact():
         per_axis = {"line": lambda s: s - 1, "ring": lambda s: s // 2, "uniring": lambda s: s - 1}
         return sum(per_axis.get(d.kind, lambda s: 1)(d.size) for d in t.dims if d.size > 1)
     hops = hop_distances(t)
@@ -103,7 +103,7 @@ def hop_distances(t: LinkArrays) -> np.ndarray:
 def _hop_distances(t: LinkArrays) -> np.ndarray:
     """Uncached :func:`hop_distances`."""
     n = t.num_npus
-    if t.is_regular():
+    if t.is_intact():
         _require_table(t, 28, "hop-distance")  # float64 sum and its gather temporaries, int32 result
         return product_distances(t, [1.0] * len(t.dims)).astype(np.int32)
     _require_table(t, 4 + 3 * 0.125 + 0.125 * t.num_links / max(n, 1), "hop-distance")
@@ -145,7 +145,7 @@ def require_connected(t: LinkArrays) -> None:
     -----
     O(1) for intact built-in shapes; otherwise O(D · E · N / 8) through :func:`hop_distances`.
     """
-    if t.is_regular():  # an intact built-in shape is connected by construction
+    if t.is_intact():  # an intact built-in shape is connected by construction
         return
     bad = np.argwhere(hop_distances(t) < 0)
     if len(bad):
@@ -205,7 +205,8 @@ def product_distances(t: LinkArrays, step: Sequence[float]) -> np.ndarray:
 
     Notes
     -----
-    O(N² · axes); valid only for intact built-in shapes (:meth:`LinkArrays.is_regular`).
+    O(N² · axes); valid only for intact built-in shapes (:meth:`LinkArrays.is_intact`), and for
+    times only where every link has its axis's values (:meth:`LinkArrays.is_regular`).
     """
     n = t.num_npus
     _require_table(t, 24, "distance")  # the float64 sum, one gathered axis and its product
@@ -247,7 +248,7 @@ def next_link(t: LinkArrays) -> np.ndarray:
 
 def _next_link(t: LinkArrays) -> np.ndarray:
     """Uncached :func:`next_link`."""
-    if t.is_regular() and t.num_links:
+    if t.is_intact() and t.num_links:
         table = _product_next_link(t)
         if table is not None:
             return table

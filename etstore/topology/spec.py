@@ -21,7 +21,7 @@ from etstore.topology.axes import Dim, Values, check_axes, dim_spec, per_axis, v
 if TYPE_CHECKING:  # only for the annotation; the topology layer does not need pyarrow
     from etstore.model import Trace
 
-__all__ = ["KINDS", "ParsedSpec", "default_topology", "parse_spec"]
+__all__ = ["KINDS", "ParsedSpec", "default_topology", "link_pair", "link_text", "parse_spec"]
 
 log = logging.getLogger(__name__)
 
@@ -113,8 +113,8 @@ def parse_spec(spec: str, default_bw: Values, default_lat: Values) -> ParsedSpec
     except TopologyError as exc:
         raise TopologyError(f"{where}: {exc}") from exc
     name = f"{'+'.join(shape_parts)},{values_spec(dims)}"
-    items = [str(x) for x in opts.fail_npus] + [f"{a}-{b}" for a, b in opts.fail_links]
-    items += [f"{a}>{b}" for a, b in opts.fail_directed]
+    items = [str(x) for x in opts.fail_npus] + [link_text(a, b, True) for a, b in opts.fail_links]
+    items += [link_text(a, b, False) for a, b in opts.fail_directed]
     if items:
         name = f"{name},fail={'/'.join(items)}"
     return ParsedSpec(
@@ -175,15 +175,31 @@ def _read_options(spec: str, options: list[str]) -> _Options:
     return opts
 
 
+def link_pair(text: str) -> tuple[int, int, bool] | None:
+    """``"5-6"`` → ``(5, 6, True)`` (both directions), ``"5>6"`` → ``(5, 6, False)``; else None.
+
+    The one way links are named: ``fail=`` here, ``--fail`` and ``--degrade`` of a simulation.
+
+    >>> link_pair("5-6"), link_pair("5>6"), link_pair("5")
+    ((5, 6, True), (5, 6, False), None)
+    """
+    m = re.fullmatch(r"([0-9]+)([->])([0-9]+)", text.strip())
+    return None if m is None else (int(m.group(1)), int(m.group(3)), m.group(2) == "-")
+
+
+def link_text(a: int, b: int, both: bool) -> str:
+    """The inverse of :func:`link_pair`: ``A-B`` or ``A>B``."""
+    return f"{a}{'-' if both else '>'}{b}"
+
+
 def _read_failures(spec: str, value: str, opts: _Options) -> None:
     """Append the ``/``-separated failures of ``fail=value`` to ``opts``' lists."""
     for item in value.split("/"):
+        pair = link_pair(item)
         if re.fullmatch(r"[0-9]+", item):
             opts.fail_npus.append(int(item))
-        elif m := re.fullmatch(r"([0-9]+)-([0-9]+)", item):
-            opts.fail_links.append((int(m.group(1)), int(m.group(2))))
-        elif m := re.fullmatch(r"([0-9]+)>([0-9]+)", item):
-            opts.fail_directed.append((int(m.group(1)), int(m.group(2))))
+        elif pair is not None:
+            (opts.fail_links if pair[2] else opts.fail_directed).append(pair[:2])
         else:
             raise TopologyError(
                 f"topology spec {spec!r}: cannot read failure {item!r}; expected NPU, A-B or A>B"
