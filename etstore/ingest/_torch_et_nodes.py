@@ -227,6 +227,7 @@ class Comm:
     rank: int | None = None  # the rank the file's collectives name, if any
     group_ranks: dict[str, list[int]] = field(default_factory=dict)  # from the records' rank fields
     issued_by: dict[int, int] = field(default_factory=dict)  # a backend's execution record → its call
+    unrun: list[int] = field(default_factory=list)  # calls without the worker record the others have
 
 
 def _rpc_args(nodes: EtNodes, row: int, groups: Groups) -> tuple[Mapping[str, Any], int | None]:
@@ -365,6 +366,8 @@ def classify(nodes: EtNodes, groups: Groups) -> Comm:
             alone.append(r)
     single_pg = next(iter(groups.ranks)) if len(groups.ranks) == 1 else None
     comm.issued_by.update({r: call for found in (nested, record) for call, r in found.items()})
+    if record:  # the backend records runs apart from their calls: a call without one is a gap
+        comm.unrun = [c for c in waiting if c not in nested]
     for call in outer:
         at = record.get(call, rpc.get(call, nested.get(call, call)))
         described = info[rpc[call]] if call in rpc else info[call]

@@ -37,7 +37,6 @@ import json
 import re
 from collections import Counter
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +64,7 @@ from etstore.ingest._torch_files import Spec, assign_ranks, doc_kind, name_rank,
 from etstore.ingest._torch_flow import Flow, returns_alias, storage_flow
 from etstore.ingest._torch_lanes import issuers, run_threads, thread_lanes
 from etstore.ingest._torch_link import LinkResult, dumps, link_rank, recorded_window
+from etstore.ingest._torch_rank import RankColumns, add_unrecorded_runs, data_releases
 from etstore.ingest.et import split_missing
 from etstore.model import ATTR_COLUMNS, DEP_KINDS, META_SCHEMA, OPS_SCHEMA, Trace, deps_table, member_number
 from etstore.proto import GlobalMetadata
@@ -82,49 +82,6 @@ _STRING_VAL_TAG = write_varint((member_number("string_val") << 3) | 2)
 
 
 # ---------------------------------------------------------------- one rank's tables
-
-
-@dataclass
-class _Rank:
-    """One rank's ops as columns (ET nodes first, then linked device activities)."""
-
-    ids: np.ndarray
-    names: list[str]
-    types: list[str]
-    is_cpu: list[bool | None]
-    dur: np.ndarray
-    start: np.ndarray
-    comm: Comm
-    extras: list[list[tuple[str, bytes]]]
-    src: list[np.ndarray] = field(default_factory=list)  # dependency rows, by kind below
-    dst: list[np.ndarray] = field(default_factory=list)
-    kinds: list[str] = field(default_factory=list)
-
-    def append(
-        self,
-        names: list[str],
-        is_cpu: bool,
-        dur: np.ndarray,
-        start: np.ndarray,
-        extras: list[list[tuple[str, bytes]]],
-    ) -> np.ndarray:
-        """Add compute ops after the existing ones (ids after the largest); returns their rows."""
-        n, m = len(self.names), len(names)
-        self.ids = np.concatenate([self.ids, int(self.ids.max(initial=0)) + 1 + np.arange(m, dtype=np.int64)])
-        self.names += names
-        self.types += ["COMP_NODE"] * m
-        self.is_cpu += [is_cpu] * m
-        self.dur = np.concatenate([self.dur, np.asarray(dur, dtype=np.int64)])
-        self.start = np.concatenate([self.start, np.asarray(start, dtype=np.int64)])
-        self.extras += extras
-        for lst in (self.comm.kind, self.comm.size, self.comm.pg, self.comm.peer, self.comm.tag):
-            lst.extend([None] * m)
-        return np.arange(n, n + m, dtype=np.int64)
-
-    def edge(self, src: np.ndarray, dst: np.ndarray, kind: str) -> None:
-        self.src.append(np.asarray(src, dtype=np.int64))
-        self.dst.append(np.asarray(dst, dtype=np.int64))
-        self.kinds.append(kind)
 
 
 def _node_types(nodes: EtNodes, comm: Comm) -> list[str]:
@@ -165,7 +122,7 @@ _Parsed = tuple[EtNodes, Groups, Comm, tuple[list[dict[str, Any]], list[dict[str
 and device nodes as JSON."""
 
 
-def _rank_columns(nodes: EtNodes, comm: Comm, link: LinkResult | None, *, lanes: bool = True) -> _Rank:
+def _rank_columns(nodes: EtNodes, comm: Comm, link: LinkResult | None, *, lanes: bool = True) -> RankColumns:
     """One rank's op columns and edges; ``lanes``: the execution model of a Kineto-linked ET (an
     ET+ lacks the runtime calls and threads it reads: its ops chain by ET thread, as without Kineto)."""
     n = len(nodes.names)
@@ -175,7 +132,7 @@ def _rank_columns(nodes: EtNodes, comm: Comm, link: LinkResult | None, *, lanes:
         [(NODE_ATTR, raw)] + ([(KINETO_ATTR, k)] if k is not None else [])
         for raw, k in zip(nodes.raw, raw_kineto, strict=True)
     ]
-    rank = _Rank(
+    rank = RankColumns(
         ids=nodes.ids,
         names=list(nodes.names),
         types=types,
@@ -192,8 +149,10 @@ def _rank_columns(nodes: EtNodes, comm: Comm, link: LinkResult | None, *, lanes:
     executes = np.flatnonzero(np.asarray([t != "METADATA_NODE" for t in types]))
     if link is not None and link.kernels.names:
         _add_kernels(rank, nodes, link)
+    runs: list[int] = []
     if link is not None and lanes:
-        _add_host_waits(rank, nodes, link, executes)
+        runs = add_unrecorded_runs(rank, comm.unrun)
+        _add_host_waits(rank, nodes, link, executes, runs)
     else:
         rank.edge(*_chain(executes, nodes.tids[executes]), "ctrl")
     comm_rows = np.asarray([r for r, k in enumerate(rank.comm.kind) if k is not None], dtype=np.int64)
@@ -205,7 +164,7 @@ def _rank_columns(nodes: EtNodes, comm: Comm, link: LinkResult | None, *, lanes:
     return rank
 
 
-def _add_kernels(rank: _Rank, nodes: EtNodes, link: LinkResult) -> None:
+def _add_kernels(rank: RankColumns, nodes: EtNodes, link: LinkResult) -> None:
     """Device activities as ops: launch and stream-order edges; an NCCL/RCCL kernel becomes
     the communication node of the call that launched it."""
     k = link.kernels
@@ -241,7 +200,9 @@ def _add_kernels(rank: _Rank, nodes: EtNodes, link: LinkResult) -> None:
     rank.edge(rows[k.held[0]], rows[k.held[1]], "wait")  # waits across streams
 
 
-def _add_host_waits(rank: _Rank, nodes: EtNodes, link: LinkResult, executes: np.ndarray) -> None:
+def _add_host_waits(
+    rank: RankColumns, nodes: EtNodes, link: LinkResult, executes: np.ndarray, runs: list[int]
+) -> None:
     """Blocking runtime calls as ops after the device work that released them, and each host
     thread as a chain of ops lasting their thread time (:mod:`._torch_lanes`)."""
     w = link.waits
@@ -283,30 +244,13 @@ def _add_host_waits(rank: _Rank, nodes: EtNodes, link: LinkResult, executes: np.
         is_sync=np.arange(len(seq)) >= len(executes),
         activity=link.activity,
         issuer=issuers(rank.comm.issued_by, seq, tids),
-        data_release=_data_releases(rank, seq, tids, seq_end),
+        data_release=data_releases(rank, seq, tids, seq_end, runs),
     )
     for kind in ("thread", "launch", "wait"):
         sel = lanes.kind == kind
         rank.edge(lanes.src[sel], lanes.dst[sel], kind)
     rank.dur[lanes.rows] = lanes.dur
     rank.start[lanes.rows] = lanes.start
-
-
-def _data_releases(rank: _Rank, seq: np.ndarray, tids: np.ndarray, end: np.ndarray) -> np.ndarray:
-    """Per position of ``seq``: the latest recorded end of an op of another thread whose data
-    it reads (its ``data`` edges), else -1."""
-    at = np.full(int(seq.max(initial=-1)) + 1, -1, dtype=np.int64)
-    at[seq] = np.arange(len(seq))
-    out = np.full(len(seq), -1, dtype=np.int64)
-    for src, dst, kind in zip(rank.src, rank.dst, rank.kinds, strict=True):
-        if kind != "data" or not len(src):
-            continue
-        inside = (src < len(at)) & (dst < len(at)) & (src < len(tids)) & (dst < len(tids))
-        s, d = src[inside], dst[inside]
-        ps, pd = at[s], at[d]
-        keep = (ps >= 0) & (pd >= 0) & (tids[s] != tids[d])
-        np.maximum.at(out, pd[keep], end[ps[keep]])
-    return out
 
 
 def _extras_blob(extras: list[tuple[str, bytes]]) -> bytes:
@@ -322,7 +266,7 @@ def _extras_blob(extras: list[tuple[str, bytes]]) -> bytes:
 _TOKENS = {c: f"{c}:{member_number(member)}" for c, (_, member) in ATTR_COLUMNS.items()}
 
 
-def _ops_table(rank_no: int, r: _Rank) -> pa.Table:
+def _ops_table(rank_no: int, r: RankColumns) -> pa.Table:
     c = r.comm
     n = len(r.names)
     comm_type = [k.comm_type if k is not None and k.node_type == COLL_NODE else None for k in c.kind]
@@ -358,7 +302,7 @@ def _ops_table(rank_no: int, r: _Rank) -> pa.Table:
     return pa.Table.from_arrays(arrays, schema=OPS_SCHEMA)
 
 
-def _deps(rank_no: int, r: _Rank) -> pa.Table:
+def _deps(rank_no: int, r: RankColumns) -> pa.Table:
     src = np.concatenate(r.src) if r.src else np.zeros(0, dtype=np.int64)
     dst = np.concatenate(r.dst) if r.dst else np.zeros(0, dtype=np.int64)
     kind = np.concatenate(
@@ -516,6 +460,7 @@ def _assemble(
     steps: dict[str, list[list[Any]]] = {}  # rank → its ProfilerStep#N annotations [name, start µs, dur µs]
     windows: dict[str, list[int]] = {}  # rank → [first start, last end] µs of what it recorded
     worlds: set[int] = set()  # the Kineto files' distributedInfo.world_size
+    unrun: list[str] = []
     for rank_no in sorted(ranks):
         path = ranks[rank_no][0]
         nodes, groups, comm, plus = parsed[path]
@@ -541,6 +486,12 @@ def _assemble(
         for pg_name, pg_ranks in [*groups.ranks.items(), *comm.group_ranks.items()]:
             comm_groups.setdefault(pg_name, pg_ranks)
         r = _rank_columns(nodes, comm, link, lanes=plus is None)
+        unrun += [
+            f"rank {rank_no}: {nodes.names[c]} (ET node {int(nodes.ids[c])}) has no record of its run on "
+            "the backend's worker, as the rank's other calls have (the execution trace ended first?): "
+            "the call stands for the collective, with the call's time, not the exchange's"
+            for c in comm.unrun
+        ]
         ops_parts.append(_ops_table(rank_no, r))
         deps_parts.append(_deps(rank_no, r))
         metas.append(_metadata(nodes.header))
@@ -557,7 +508,7 @@ def _assemble(
     groups_world = max((max(v) + 1 for v in comm_groups.values() if v), default=0)
     world = max([groups_world, *worlds, max(ranks) + 1])
     partial = partial_ranks(list(ranks), world)
-    warnings = ([partial] if partial else []) + collective_mismatches(ops)
+    warnings = ([partial] if partial else []) + collective_mismatches(ops) + unrun
     params: dict[str, Any] = {
         "durations": ("et+" if et_plus else "kineto") if timed else "absent",
         "world_size": world,

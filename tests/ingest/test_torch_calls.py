@@ -223,3 +223,13 @@ def test_a_file_without_rank_beside_ranked_ones_is_refused(tmp_path: Path, share
     shutil.copy(src / "linear_kineto.json.gz", tmp_path / "rank1_kineto.json.gz")
     with pytest.raises(TraceFormatError, match=r"linear_et.json.gz: no rank in the file's metadata or name"):
         read_trace(tmp_path)
+
+
+def test_a_call_whose_worker_record_is_missing_is_said_at_ingest() -> None:
+    """gloo records each call's run on its worker thread; the old recording's ET ends before
+    rank 0's last all-reduce ran there, so its call stands for it, and ingest says so; the
+    complete recordings say nothing."""
+    (line,) = read_pytorch_et(DATA / "pytorch_gloo").params["recognised"]["warnings"]
+    assert line.startswith("rank 0: c10d::allreduce_ (ET node 469) has no record of its run")
+    for name in ("torch_ddp_2r", "torch_ddp_4r", "torch_tp_2r", "torch_fsdp2_2r"):
+        assert "warnings" not in _trace(name).params["recognised"], name

@@ -339,3 +339,14 @@ def test_compare_sets_a_recordings_measured_windows_beside_the_simulated(tmp_pat
         else:
             w = windows[str(r["rank"])]
             assert r["measured_a_ns"] == (w[1] - w[0]) * 1e3
+
+
+def test_a_run_the_worker_did_not_record_replays_as_it_ran() -> None:
+    """The old recording's ET ends before gloo's worker recorded rank 0's last all-reduce: a
+    stand-in on no thread carries it, launched by its call, ending by the time its result was
+    read, so the async call returns as it did (the call itself blocked before: +6%)."""
+    trace = read_pytorch_et(DATA / "pytorch_gloo")
+    runs = [r for r in trace.ops.to_pylist() if r["name"].endswith("(unrecorded run)")]
+    assert [(r["rank"], r["comm_type"]) for r in runs] == [(0, "ALL_REDUCE")]
+    steps = replay(trace).steps.to_pylist()
+    assert len(steps) == 2 and all(abs(s["error_pct"]) <= 1.0 for s in steps), steps
