@@ -11,6 +11,7 @@ so what is found is what gets applied.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass
 
@@ -315,7 +316,8 @@ def reorder_rank(g: RankGraph, only: Collection[int] | None = None) -> Applied:
     msg_rows = [i for i, t in enumerate(g.types) if t in MESSAGE_TYPES]
     for s, xs in passed.items():
         target = min(xs)
-        prev_msg = max((m for m in msg_rows if m < s), default=-1)
+        at = bisect_left(msg_rows, s)  # msg_rows ascend: the last message op before s, in O(log n)
+        prev_msg = msg_rows[at - 1] if at else -1
         target = max(target, prev_msg + 1)
         if target < s:
             moved[s] = target
