@@ -55,6 +55,7 @@ __all__ = [
     "ring_allreduce_xml",
     "slot_policy_trace",
     "trace_from_nodes",
+    "two_chains",
     "two_rank_allreduce",
 ]
 
@@ -554,3 +555,19 @@ def clear_store(store: Store) -> None:
     """Remove every trace from ``store`` (a shared test server between cases)."""
     for t in store.traces():
         store.remove(t.name)
+
+
+def two_chains() -> Trace:
+    """Rank 0: A (100 µs) → B (200 µs), the critical path; rank 1: C (50) → D (50); nothing
+    between the ranks (GPU ops): a straggler or a scaled class moves the makespan by hand."""
+    ops = ops_table(
+        {
+            "rank": [0, 0, 1, 1],
+            "id": [1, 2, 1, 2],
+            "name": ["A", "B", "C", "D"],
+            "type": ["COMP_NODE"] * 4,
+            "duration_micros": [100, 200, 50, 50],
+            "is_cpu_op": [False] * 4,
+        }
+    )
+    return Trace(ops=ops, deps=deps_table([0, 1], [1, 1], [2, 2], "data"), name="chains")

@@ -13,17 +13,10 @@ import pyarrow.compute as pc
 import pytest
 
 from etstore.cli import main
+from etstore.ingest import read_trace
 from etstore.ingest.pytorch_et import read_pytorch_et
 from etstore.model import Trace
-
-DATA = Path(__file__).parent.parent / "data"
-_CACHE: dict[str, Trace] = {}
-
-
-def _trace(name: str) -> Trace:
-    if name not in _CACHE:
-        _CACHE[name] = read_pytorch_et(DATA / name)
-    return _CACHE[name]
+from tests.recordings import DATA, recording
 
 
 def _et(name: str, rank: int) -> list[dict[str, Any]]:
@@ -48,7 +41,7 @@ def _colls(trace: Trace, rank: int) -> list[dict[str, Any]]:
 @pytest.mark.parametrize("name", ["torch_fsdp2_2r", "torch_fsdp2_4r"])
 def test_fsdp2_reduce_scatters_are_reduce_scatters_of_the_calls_buffer(name: str) -> None:
     """gloo runs FSDP2's reduce-scatter as `gloo:all_reduce`; the call is what the program did."""
-    t = _trace(name)
+    t = recording(name)
     ranks = t.ranks
     assert "warnings" not in t.params["recognised"]
     for rank in ranks:
@@ -72,7 +65,7 @@ def test_fsdp2_reduce_scatters_are_reduce_scatters_of_the_calls_buffer(name: str
 def test_each_c10d_call_is_one_collective(name: str) -> None:
     """Tensor parallel's functional all-reduce wraps `c10d::allreduce_`, and its second
     `gloo:all_reduce` sits under `wait_tensor`: still one collective per call, on every rank."""
-    t = _trace(name)
+    t = recording(name)
     assert "warnings" not in t.params["recognised"]
     for rank in t.ranks:
         nodes = _et(name, rank)
@@ -90,7 +83,7 @@ def test_gloo_records_run_on_the_worker_thread_lane() -> None:
     it up (the call's start, or the worker's previous op's end) to its recorded end; its
     caller's thread does not wait in line behind it, so the untraced time after the call stays
     with the caller's thread."""
-    t = _trace("torch_ddp_2r")
+    t = recording("torch_ddp_2r")
     rows = {(r["rank"], r["id"]): r for r in t.ops.to_pylist()}
     deps = {(d["rank"], d["src"], d["dst"]) for d in t.deps.to_pylist()}
     for (rank, op_id), r in rows.items():
@@ -179,7 +172,6 @@ def test_a_capture_of_two_of_eight_ranks_ingests_and_simulation_names_the_rest(t
     import shutil
 
     from etstore.errors import SimulationError
-    from etstore.ingest import read_trace
     from etstore.query import critical_path
     from etstore.sim import simulate
     from etstore.topology import Topology
@@ -201,8 +193,6 @@ def test_one_process_pair_needs_no_rank_in_its_names(tmp_path: Path, shared_fixt
     """A single-GPU ET + Kineto pair named without ranks is rank 0, linked."""
     import shutil
 
-    from etstore.ingest import read_trace
-
     src = shared_fixture("pytorch")
     shutil.copy(src / "linear_et.json.gz", tmp_path / "linear_et.json.gz")
     shutil.copy(src / "linear_kineto.json.gz", tmp_path / "linear_kineto.json.gz")
@@ -216,7 +206,6 @@ def test_a_file_without_rank_beside_ranked_ones_is_refused(tmp_path: Path, share
     import shutil
 
     from etstore.errors import TraceFormatError
-    from etstore.ingest import read_trace
 
     src = shared_fixture("pytorch")
     shutil.copy(src / "linear_et.json.gz", tmp_path / "linear_et.json.gz")
@@ -232,4 +221,4 @@ def test_a_call_whose_worker_record_is_missing_is_said_at_ingest() -> None:
     (line,) = read_pytorch_et(DATA / "pytorch_gloo").params["recognised"]["warnings"]
     assert line.startswith("rank 0: c10d::allreduce_ (ET node 469) has no record of its run")
     for name in ("torch_ddp_2r", "torch_ddp_4r", "torch_tp_2r", "torch_fsdp2_2r"):
-        assert "warnings" not in _trace(name).params["recognised"], name
+        assert "warnings" not in recording(name).params["recognised"], name

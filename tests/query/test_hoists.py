@@ -13,7 +13,6 @@ import pytest
 from etstore import open_store
 from etstore.cli import main
 from etstore.errors import RewriteError
-from etstore.ingest.pytorch_et import read_pytorch_et
 from etstore.model import LANE_KINDS, Trace, deps_table, ops_table
 from etstore.query.apply import rewrite_stored
 from etstore.query.hoists import find_hoists
@@ -23,15 +22,7 @@ from etstore.query.rewrite import check_rewrite
 from etstore.sim.compare import compare
 from etstore.sim.replay import replay
 from etstore.store.embedded import EmbeddedStore
-
-DATA = Path(__file__).parent.parent / "data"
-_CACHE: dict[str, Trace] = {}
-
-
-def _trace(name: str) -> Trace:
-    if name not in _CACHE:
-        _CACHE[name] = read_pytorch_et(DATA / name)
-    return _CACHE[name]
+from tests.recordings import DATA, recording
 
 
 def _hand() -> Trace:
@@ -94,7 +85,7 @@ def test_a_hoist_past_what_it_needs_is_refused_naming_the_op() -> None:
 def test_moving_an_op_ahead_of_a_real_dependency_in_its_lane_is_refused(kind: str) -> None:
     """On a GPU recording: take an edge of ``kind`` whose two ends share a lane and hoist the
     later one in front of the earlier one: the rewrite check names the dependency."""
-    t = _trace("torch_ddp_cuda_gloo_2r")
+    t = recording("torch_ddp_cuda_gloo_2r")
     lanes = lanes_of(t)
     pick = [
         (int(s), int(d))
@@ -115,7 +106,7 @@ def test_moving_an_op_ahead_of_a_real_dependency_in_its_lane_is_refused(kind: st
 
 @pytest.mark.parametrize("name", ["torch_ddp_cuda_gloo_2r", "torch_fsdp2_2r"])
 def test_gains_add_up_to_what_applying_them_realises(name: str) -> None:
-    t = _trace(name)
+    t = recording(name)
     base, found = find_hoists(t)
     assert found, "the recording has idle lanes with independent work behind them"
     makespan = float(base.result.total_ns)
@@ -165,7 +156,7 @@ def test_cli_overlap_rewrite_compare_realise_the_reported_gains(
 
 
 def test_stored_rewrite_keeps_the_recording_replayable(store: EmbeddedStore) -> None:
-    store.ingest(_trace("torch_fsdp2_2r"), name="fsdp")
+    store.ingest(recording("torch_fsdp2_2r"), name="fsdp")
     found = find_opportunities(store, "fsdp", kinds=("overlap",))
     report = rewrite_stored(store, "fsdp", "overlap", opportunities=[1])
     out = store.load(report.trace.name)

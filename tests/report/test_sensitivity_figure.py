@@ -9,25 +9,10 @@ import numpy as np
 import pytest
 
 from etstore.cli import main
-from etstore.model import Trace, deps_table, ops_table
 from etstore.report import sensitivity_figure, write_report
 from etstore.report.sensitivity import sensitivity_points
 from etstore.store import EmbeddedStore, open_store
-
-
-def _two_chains() -> Trace:
-    """Rank 0: A (100 µs) → B (200 µs), the critical path; rank 1: C (50) → D (50)."""
-    ops = ops_table(
-        {
-            "rank": [0, 0, 1, 1],
-            "id": [1, 2, 1, 2],
-            "name": ["A", "B", "C", "D"],
-            "type": ["COMP_NODE"] * 4,
-            "duration_micros": [100, 200, 50, 50],
-            "is_cpu_op": [False] * 4,
-        }
-    )
-    return Trace(ops=ops, deps=deps_table([0, 1], [1, 1], [2, 2], "data"), name="chains")
+from etstore.testing import two_chains
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +20,7 @@ def swept(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Run 1 a plain simulation; runs 2..4 the sweep slow:0 = 1, 1.5, 2 on switch:2."""
     s = tmp_path_factory.mktemp("sensitivity") / "s"
     with open_store(s, write=True) as store:
-        store.ingest(_two_chains())
+        store.ingest(two_chains())
     assert main(["--store", str(s), "sim", "chains", "--topo", "switch:2"]) == 0
     args = ["sweep", "chains", "--knob", "slow:0=1,1.5,2", "--topo", "switch:2", "--format", "csv"]
     assert main(["--store", str(s), *args]) == 0

@@ -10,11 +10,12 @@ import pytest
 
 from etstore.errors import OptionError
 from etstore.ingest.pytorch_et import read_pytorch_et
-from etstore.model import Trace, deps_table, ops_table
+from etstore.model import Trace
 from etstore.sim import perturb as perturb_module
 from etstore.sim import simulate
 from etstore.sim.perturb import Perturbation, parse_slow, perturb
 from etstore.sim.replay import replay
+from etstore.testing import two_chains
 from etstore.topology import Topology
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -27,21 +28,6 @@ def _dlrm() -> Trace:
     return _DLRM[0]
 
 
-def _two_chains() -> Trace:
-    """Rank 0: A (100 µs) → B (200 µs); rank 1: C (50) → D (50); nothing between the ranks."""
-    ops = ops_table(
-        {
-            "rank": [0, 0, 1, 1],
-            "id": [1, 2, 1, 2],
-            "name": ["A", "B", "C", "D"],
-            "type": ["COMP_NODE"] * 4,
-            "duration_micros": [100, 200, 50, 50],
-            "is_cpu_op": [False] * 4,
-        }
-    )
-    return Trace(ops=ops, deps=deps_table([0, 1], [1, 1], [2, 2], "data"), name="chains")
-
-
 def test_docstring_examples() -> None:
     failed, tried = doctest.testmod(perturb_module)
     assert tried > 0 and failed == 0
@@ -49,7 +35,7 @@ def test_docstring_examples() -> None:
 
 def test_a_straggler_on_the_critical_path_moves_the_makespan_by_its_added_time() -> None:
     topo = Topology.from_spec("switch:2")
-    t = _two_chains()
+    t = two_chains()
     assert simulate(t, topo).total_ns == 300_000
     assert simulate(perturb(t, Perturbation(slow={0: 1.5})), topo).total_ns == 450_000
     assert simulate(perturb(t, Perturbation(slow={1: 2.0})), topo).total_ns == 300_000  # off the path
@@ -110,4 +96,4 @@ def test_bad_factors_and_ranks_are_refused() -> None:
     with pytest.raises(OptionError, match="unknown op class 'tpu'"):
         Perturbation(scale={"tpu": 2.0})
     with pytest.raises(OptionError, match="names rank 9"):
-        perturb(_two_chains(), Perturbation(slow={9: 2.0}))
+        perturb(two_chains(), Perturbation(slow={9: 2.0}))

@@ -13,30 +13,15 @@ import pytest
 
 from etstore.cli import main
 from etstore.errors import OptionError
-from etstore.model import Trace, deps_table, ops_table
 from etstore.sim import SimConfig, SimResult, simulate
 from etstore.sim.perturb import Knob, Perturbation, parse_knob, perturb, perturb_network
 from etstore.sim.sweep import sensitivity, sensitivity_table
 from etstore.store import open_store
+from etstore.testing import two_chains
 from etstore.topology import Topology
 from etstore.workloads import transformer
 
 RING8 = "ring:8,bw=50,lat=500"
-
-
-def _two_chains() -> Trace:
-    """Rank 0: A (100 µs) → B (200 µs); rank 1: C (50) → D (50); nothing between the ranks."""
-    ops = ops_table(
-        {
-            "rank": [0, 0, 1, 1],
-            "id": [1, 2, 1, 2],
-            "name": ["A", "B", "C", "D"],
-            "type": ["COMP_NODE"] * 4,
-            "duration_micros": [100, 200, 50, 50],
-            "is_cpu_op": [False] * 4,
-        }
-    )
-    return Trace(ops=ops, deps=deps_table([0, 1], [1, 1], [2, 2], "data"), name="chains")
 
 
 def _same(a: SimResult, b: SimResult) -> None:
@@ -76,13 +61,13 @@ def test_a_straggler_on_the_critical_path_moves_the_makespan_by_its_added_time()
     # rank 0's chain (300 µs) is the critical path: x F adds 300 (F - 1) µs; rank 1's is off it
     topo = Topology.from_spec("switch:2")
     knob, values = parse_knob("slow:0=1,1.5,2")
-    t = sensitivity_table(sensitivity(_two_chains(), [topo], knob, values), knob)
+    t = sensitivity_table(sensitivity(two_chains(), [topo], knob, values), knob)
     assert t["total_ns"].to_pylist() == [300_000, 450_000, 600_000]
     assert t["delta_ns"].to_pylist() == [0, 150_000, 300_000]
     assert t["delta_pct"].to_pylist() == [0, 50, 100]
     assert t["last_rank"].to_pylist() == [0, 0, 0]
     knob, values = parse_knob("slow:1=1,2,5")
-    t = sensitivity_table(sensitivity(_two_chains(), [topo], knob, values), knob)
+    t = sensitivity_table(sensitivity(two_chains(), [topo], knob, values), knob)
     assert t["total_ns"].to_pylist() == [300_000, 300_000, 500_000]  # off the path until it is the path
     assert t["last_rank"].to_pylist()[2] == 1
 
