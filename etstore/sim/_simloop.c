@@ -220,6 +220,22 @@ static int schedule_free(Loop *s, int64_t link, double t)
 }
 
 /* Message snd is at NPU cur[snd], short of its destination d: onto its next link, or into its FIFO. */
+/* Two arrays of the same length grown together: double ``*cap`` (``first`` when empty). */
+static int grow_pair(Loop *s, int64_t **a, int64_t **b, int64_t *cap, int64_t first)
+{
+    int64_t n = *cap ? 2 * *cap : first;
+    int64_t *x = realloc(*a, (size_t)n * sizeof(int64_t));
+    if (x) *a = x;
+    int64_t *y = x ? realloc(*b, (size_t)n * sizeof(int64_t)) : NULL;
+    if (!y) {
+        s->err = ERR_MEMORY;
+        return -1;
+    }
+    *b = y;
+    *cap = n;
+    return 0;
+}
+
 static inline int forward(Loop *s, int64_t snd, int64_t d, double t)
 {
     int64_t u = s->cur[snd];
@@ -235,18 +251,7 @@ static inline int forward(Loop *s, int64_t snd, int64_t d, double t)
     if (c >= 0) {
         s->pfree = s->pnext[c];
     } else {
-        if (s->ptop == s->pcap) {
-            int64_t cap = s->pcap ? 2 * s->pcap : 256;
-            int64_t *m = realloc(s->pmsg, (size_t)cap * sizeof(int64_t));
-            if (m) s->pmsg = m;
-            int64_t *nx = m ? realloc(s->pnext, (size_t)cap * sizeof(int64_t)) : NULL;
-            if (!nx) {
-                s->err = ERR_MEMORY;
-                return -1;
-            }
-            s->pnext = nx;
-            s->pcap = cap;
-        }
+        if (s->ptop == s->pcap && grow_pair(s, &s->pmsg, &s->pnext, &s->pcap, 256) < 0) return -1;
         c = s->ptop++;
     }
     s->pmsg[c] = snd;
@@ -347,18 +352,7 @@ static int dispatch(Loop *s, double t)
 
 static int items_append(Loop *s, int64_t x)
 {
-    if (s->nitems == s->items_cap) {
-        int64_t cap = s->items_cap ? s->items_cap * 2 : 1024;
-        int64_t *q = realloc(s->iseq, (size_t)cap * sizeof(int64_t));
-        if (q) s->iseq = q;
-        int64_t *a = q ? realloc(s->items, (size_t)cap * sizeof(int64_t)) : NULL;
-        if (!a) {
-            s->err = ERR_MEMORY;
-            return -1;
-        }
-        s->items = a;
-        s->items_cap = cap;
-    }
+    if (s->nitems == s->items_cap && grow_pair(s, &s->iseq, &s->items, &s->items_cap, 1024) < 0) return -1;
     s->items[s->nitems++] = x;
     return 0;
 }
