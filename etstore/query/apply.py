@@ -26,34 +26,39 @@ from etstore.topology import Topology
 __all__ = ["rewrite_stored"]
 
 
-def _numbered(store: Store, trace: str, numbers: Sequence[int]) -> tuple[str, dict[int, set[int]]]:
-    """The rewrite kind and the ops per rank of the numbered (measured) opportunities of a trace."""
+def _numbered_rows(store: Store, trace: str, numbers: Sequence[int]) -> list[tuple[int, str, dict[str, Any]]]:
+    """``(opportunity, kind, detail)`` of the numbered opportunities of a trace, in the order
+    asked; a number the last ``etstore overlap`` did not record is refused."""
     rows = store.sql(
         "SELECT opportunity, kind, detail FROM opportunities "
         "WHERE trace = $t AND opportunity IN (SELECT unnest($n))",
         {"t": trace, "n": [int(x) for x in numbers]},
     ).to_pylist()
-    lost = sorted({int(x) for x in numbers} - {int(r["opportunity"]) for r in rows})
+    have = {int(r["opportunity"]): (str(r["kind"]), json.loads(r["detail"])) for r in rows}
+    lost = [int(x) for x in numbers if int(x) not in have]
     if lost:
         raise RewriteError(
             f"{trace!r} has no opportunity {lost[0]} recorded: run 'etstore overlap {trace}' first "
             "(it numbers them)"
         )
-    kinds = {r["kind"] for r in rows}
+    return [(int(x), *have[int(x)]) for x in numbers]
+
+
+def _numbered(store: Store, trace: str, numbers: Sequence[int]) -> tuple[str, dict[int, set[int]]]:
+    """The rewrite kind and the ops per rank of the numbered (measured) opportunities of a trace."""
+    rows = _numbered_rows(store, trace, numbers)
+    kinds = {kind for _, kind, _ in rows}
     if len(kinds) > 1:
         raise RewriteError(
             f"opportunities {', '.join(map(str, numbers))} of {trace!r} are of several kinds; "
             "apply one kind at a time"
         )
-    kind = kinds.pop()
-    rewrite_kind, column = REWRITE_OF[kind]
+    rewrite_kind, column = REWRITE_OF[kinds.pop()]
     only: dict[int, set[int]] = {}
-    for r in rows:
-        detail = json.loads(r["detail"])
+    for number, _, detail in rows:
         if "applies" not in detail:
             raise RewriteError(
-                f"opportunity {r['opportunity']} of {trace!r} was not measured: "
-                f"run 'etstore overlap {trace}' again"
+                f"opportunity {number} of {trace!r} was not measured: run 'etstore overlap {trace}' again"
             )
         for a in detail["applies"]:
             only.setdefault(int(a["rank"]), set()).add(int(a[column]))
@@ -71,29 +76,16 @@ def _recorded_details(
             "AND opportunity IS NOT NULL ORDER BY opportunity",
             {"t": trace.name},
         ).to_arrow()
-        if recorded.num_rows and topo is None:
-            return _recorded_details(store, trace, recorded["opportunity"].to_pylist(), topo)
-        found = find_opportunities(store, trace.name, topo=topo, kinds=("overlap",), record=False)
-        return [
-            {**json.loads(d), "opportunity": int(o)}
-            for d, o in zip(found["detail"].to_pylist(), found["opportunity"].to_pylist(), strict=True)
-        ]
-    rows = store.sql(
-        "SELECT opportunity, detail FROM opportunities "
-        "WHERE trace = $t AND opportunity IN (SELECT unnest($n))",
-        {"t": trace.name, "n": [int(x) for x in numbers]},
-    ).to_arrow()
-    have = {
-        int(o): json.loads(d)
-        for o, d in zip(rows["opportunity"].to_pylist(), rows["detail"].to_pylist(), strict=True)
-    }
-    lost = [int(x) for x in numbers if int(x) not in have]
-    if lost:
-        raise RewriteError(
-            f"{trace.name!r} has no opportunity {lost[0]} recorded: run 'etstore overlap {trace.name}' "
-            "first (it numbers them)"
-        )
-    return [{**have[int(x)], "opportunity": int(x)} for x in numbers]
+        if not recorded.num_rows or topo is not None:
+            found = find_opportunities(store, trace.name, topo=topo, kinds=("overlap",), record=False)
+            return [
+                {**json.loads(d), "opportunity": int(o)}
+                for d, o in zip(found["detail"].to_pylist(), found["opportunity"].to_pylist(), strict=True)
+            ]
+        numbers = recorded["opportunity"].to_pylist()
+    return [
+        {**detail, "opportunity": number} for number, _, detail in _numbered_rows(store, trace.name, numbers)
+    ]
 
 
 def rewrite_stored(
