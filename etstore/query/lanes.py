@@ -58,6 +58,8 @@ class Lanes:
     dst: np.ndarray
     kind: np.ndarray  # object array of kind strings
     on_lane: np.ndarray  # per edge: a thread/stream edge
+    out_order: np.ndarray  # edge indices by source row
+    out_starts: np.ndarray  # per row: where its out-edges start in out_order (n + 1 entries)
 
     def order(self, lane_head: int) -> list[int]:
         """The rows of the lane starting at ``lane_head``, in order."""
@@ -103,7 +105,9 @@ def lanes_of(trace: Trace) -> Lanes:
         while r >= 0:
             lane[r] = head
             r = int(nxt[r])
-    return Lanes(lane, prev, nxt, src, dst, kind, on_lane)
+    out_order = np.argsort(src, kind="stable")
+    out_starts = np.searchsorted(src[out_order], np.arange(n + 1))
+    return Lanes(lane, prev, nxt, src, dst, kind, on_lane, out_order, out_starts)
 
 
 @dataclass(frozen=True)
@@ -121,25 +125,28 @@ class Hoist:
         return min(self.gap_ns, self.moved_ns)
 
 
-def _adjacency(n: int, src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    order = np.argsort(src, kind="stable")
-    starts = np.searchsorted(src[order], np.arange(n + 1))
-    return starts, dst[order]
+def _off_lane(lanes: Lanes, lane: int) -> np.ndarray:
+    """Per edge: usable by a walk that must leave ``lane`` other than along it (any edge but
+    ``lane``'s own order; another lane's order is a dependency)."""
+    return ~lanes.on_lane | (lanes.lane[lanes.src] != lane)
 
 
-def _reached(start: int, starts: np.ndarray, targets: np.ndarray, limit: np.ndarray) -> np.ndarray:
-    """Rows reachable from ``start`` (itself included) along the given edges, not past ops
-    whose ``limit`` is false (another rank's ops are never reached: edges stay on a rank)."""
-    seen = np.zeros(len(starts) - 1, dtype=bool)
+def _reach(seen: np.ndarray, start: int, lanes: Lanes, usable: np.ndarray) -> None:
+    """Mark in ``seen`` the rows reachable from ``start`` (itself included) along ``usable``
+    edges. A row already marked is not walked again: what it reaches is marked too, as long as
+    every mark came from the same ``usable`` edges (edges stay on a rank)."""
+    if seen[start]:
+        return
     seen[start] = True
     frontier = np.asarray([start], dtype=np.int64)
     while len(frontier):
-        nxt = np.concatenate([targets[starts[f] : starts[f + 1]] for f in frontier.tolist()])
-        nxt = nxt[~seen[nxt] & limit[nxt]] if len(nxt) else nxt
-        nxt = np.unique(nxt)
+        edges = np.concatenate(
+            [lanes.out_order[lanes.out_starts[f] : lanes.out_starts[f + 1]] for f in frontier.tolist()]
+        )
+        nxt = lanes.dst[edges[usable[edges]]] if len(edges) else edges
+        nxt = np.unique(nxt[~seen[nxt]])
         seen[nxt] = True
         frontier = nxt
-    return seen
 
 
 def hoist_candidates(
@@ -182,18 +189,18 @@ def hoist_candidates(
     order = np.argsort(-gap, kind="stable")[: 4 * limit]
     n = trace.num_ops
     dur = end_ns - start_ns
-    everywhere = np.ones(n, dtype=bool)
-    off = ~lanes.on_lane
-    p_starts, p_src = _adjacency(n, lanes.dst[off], lanes.src[off])  # off-lane predecessors
+    off = np.flatnonzero(~lanes.on_lane)  # each op's predecessors off the lanes, by op
+    off = off[np.argsort(lanes.dst[off], kind="stable")]
+    p_starts, p_src = np.searchsorted(lanes.dst[off], np.arange(n + 1)), lanes.src[off]
     taken = np.zeros(n, dtype=bool)
     out: list[Hoist] = []
     for w, g in zip(held[order].tolist(), gap[order].tolist(), strict=True):
         if taken[w]:  # already moved, or held, by a larger hoist
             continue
         # the walk leaves the held op's lane only through edges of other kinds or other lanes
-        use = ~lanes.on_lane | (lanes.lane[lanes.src] != lanes.lane[w])
-        s2, t2 = _adjacency(n, lanes.src[use], lanes.dst[use])
-        needs = _reached(w, s2, t2, everywhere)
+        use = _off_lane(lanes, int(lanes.lane[w]))
+        needs = np.zeros(n, dtype=bool)
+        _reach(needs, w, lanes, use)
         moved: list[int] = []
         at = float(end_ns[lanes.prev[w]])  # where the lane falls idle
         end = end_ns.copy()  # with the movers' new ends
@@ -206,7 +213,7 @@ def hoist_candidates(
                 at = ready + float(dur[r])
                 end[r] = at
             elif not needs[r]:  # it stays behind ``w``: so does what needs it
-                needs |= _reached(r, s2, t2, everywhere)
+                _reach(needs, r, lanes, use)
             r = int(lanes.next[r])
         if not moved:
             continue
@@ -249,12 +256,10 @@ def check_hoist(trace: Trace, lanes: Lanes, hoist: Hoist) -> None:
         last = max((place.get(m, -1) for m in moved), default=-1)
         stays += [r for r in span[place[hoist.before] + 1 : last + 1] if r not in moved]
     n = trace.num_ops
-    use = ~lanes.on_lane | (lanes.lane[lanes.src] != lane)
-    starts, targets = _adjacency(n, lanes.src[use], lanes.dst[use])
+    use = _off_lane(lanes, lane)
     needs = np.zeros(n, dtype=bool)
     for x in stays:
-        if not needs[x]:
-            needs |= _reached(x, starts, targets, np.ones(n, dtype=bool))
+        _reach(needs, x, lanes, use)
     ids, ranks = trace.ops["id"].to_numpy(), trace.ops["rank"].to_numpy()
     for m in hoist.moved:
         if lanes.lane[m] != lane:
