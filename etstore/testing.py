@@ -25,6 +25,7 @@ import os
 import unittest
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import cache
 from itertools import pairwise
 from pathlib import Path
 from types import ModuleType
@@ -33,6 +34,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from etstore.ingest.pytorch_et import read_pytorch_et
 from etstore.model import DEPS_SCHEMA, Trace, deps_table, ops_table
 from etstore.store import Store
 
@@ -51,6 +53,7 @@ __all__ = [
     "msccl_tb",
     "p2p_trace",
     "rank_parts",
+    "recorded_trace",
     "require_extension",
     "ring_allreduce_xml",
     "slot_policy_trace",
@@ -555,6 +558,13 @@ def clear_store(store: Store) -> None:
     """Remove every trace from ``store`` (a shared test server between cases)."""
     for t in store.traces():
         store.remove(t.name)
+
+
+@cache
+def recorded_trace(path: Path) -> Trace:
+    """A recording (PyTorch ET + Kineto directory) read once per process: linking a pair per
+    rank takes a good part of a second, and many tests read the same few. Do not change it."""
+    return read_pytorch_et(path)
 
 
 def two_chains() -> Trace:

@@ -16,12 +16,14 @@ from etstore.ingest.et import read_et
 from etstore.ingest.export import export_trace
 from etstore.model import DEP_KINDS, LANE_KINDS, chakra_deps, deps_table, op_rows
 from etstore.store.embedded import EmbeddedStore
-from tests.recordings import DATA, recording
+from etstore.testing import recorded_trace
+
+DATA = Path(__file__).parent.parent / "data"
 
 
 @pytest.mark.parametrize("name", ["torch_ddp_cuda_gloo_2r", "torch_ddp_2r", "torch_fsdp2_cuda_1r"])
 def test_each_kind_joins_what_it_says(name: str) -> None:
-    t = recording(name)
+    t = recorded_trace(DATA / name)
     d = t.deps
     kinds = d["kind"].to_pylist()
     assert set(kinds) <= set(DEP_KINDS) - {"ctrl"}
@@ -66,7 +68,7 @@ def test_lane_kinds_are_the_ones_a_rewrite_may_move_past() -> None:
 
 
 def test_export_writes_chakra_kinds_and_keeps_each_kinds_order(tmp_path: Path) -> None:
-    t = recording("torch_ddp_cuda_gloo_2r")
+    t = recorded_trace(DATA / "torch_ddp_cuda_gloo_2r")
     export_trace(t, tmp_path / "x", format="et", verbatim=True)
     back = read_et(tmp_path / "x")
     assert set(back.deps["kind"].to_pylist()) == {"data", "ctrl"}
@@ -95,7 +97,7 @@ def test_chakra_deps_by_hand() -> None:
 
 
 def test_cypher_finds_kinds_in_the_store(store: EmbeddedStore) -> None:
-    t = recording("torch_ddp_cuda_gloo_2r")
+    t = recorded_trace(DATA / "torch_ddp_cuda_gloo_2r")
     name = store.ingest(t, name="ddp").trace.name
     rows = store.cypher(
         "MATCH (a:Op)-[d:DEP]->(b:Op) WHERE b.trace = $t RETURN d.kind AS kind, count(*) AS n",
@@ -127,7 +129,7 @@ def test_each_weight_update_comes_after_the_reads_of_that_weight() -> None:
     ahead of a forward op that read the weight: an ``overwrite`` edge says so."""
     import gzip
 
-    t = recording("torch_ddp_2r")
+    t = recorded_trace(DATA / "torch_ddp_2r")
     with gzip.open(DATA / "torch_ddp_2r" / "rank0_et.json.gz", "rt") as f:
         nodes = {n["id"]: n for n in json.load(f)["nodes"]}
     d = t.deps.filter(pa.compute.equal(t.deps["rank"], 0)).to_pylist()

@@ -16,7 +16,9 @@ from etstore.cli import main
 from etstore.ingest import read_trace
 from etstore.ingest.pytorch_et import read_pytorch_et
 from etstore.model import Trace
-from tests.recordings import DATA, recording
+from etstore.testing import recorded_trace
+
+DATA = Path(__file__).parent.parent / "data"
 
 
 def _et(name: str, rank: int) -> list[dict[str, Any]]:
@@ -41,7 +43,7 @@ def _colls(trace: Trace, rank: int) -> list[dict[str, Any]]:
 @pytest.mark.parametrize("name", ["torch_fsdp2_2r", "torch_fsdp2_4r"])
 def test_fsdp2_reduce_scatters_are_reduce_scatters_of_the_calls_buffer(name: str) -> None:
     """gloo runs FSDP2's reduce-scatter as `gloo:all_reduce`; the call is what the program did."""
-    t = recording(name)
+    t = recorded_trace(DATA / name)
     ranks = t.ranks
     assert "warnings" not in t.params["recognised"]
     for rank in ranks:
@@ -65,7 +67,7 @@ def test_fsdp2_reduce_scatters_are_reduce_scatters_of_the_calls_buffer(name: str
 def test_each_c10d_call_is_one_collective(name: str) -> None:
     """Tensor parallel's functional all-reduce wraps `c10d::allreduce_`, and its second
     `gloo:all_reduce` sits under `wait_tensor`: still one collective per call, on every rank."""
-    t = recording(name)
+    t = recorded_trace(DATA / name)
     assert "warnings" not in t.params["recognised"]
     for rank in t.ranks:
         nodes = _et(name, rank)
@@ -83,7 +85,7 @@ def test_gloo_records_run_on_the_worker_thread_lane() -> None:
     it up (the call's start, or the worker's previous op's end) to its recorded end; its
     caller's thread does not wait in line behind it, so the untraced time after the call stays
     with the caller's thread."""
-    t = recording("torch_ddp_2r")
+    t = recorded_trace(DATA / "torch_ddp_2r")
     rows = {(r["rank"], r["id"]): r for r in t.ops.to_pylist()}
     deps = {(d["rank"], d["src"], d["dst"]) for d in t.deps.to_pylist()}
     for (rank, op_id), r in rows.items():
@@ -221,4 +223,4 @@ def test_a_call_whose_worker_record_is_missing_is_said_at_ingest() -> None:
     (line,) = read_pytorch_et(DATA / "pytorch_gloo").params["recognised"]["warnings"]
     assert line.startswith("rank 0: c10d::allreduce_ (ET node 469) has no record of its run")
     for name in ("torch_ddp_2r", "torch_ddp_4r", "torch_tp_2r", "torch_fsdp2_2r"):
-        assert "warnings" not in recording(name).params["recognised"], name
+        assert "warnings" not in recorded_trace(DATA / name).params["recognised"], name

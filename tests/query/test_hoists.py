@@ -22,7 +22,9 @@ from etstore.query.rewrite import check_rewrite
 from etstore.sim.compare import compare
 from etstore.sim.replay import replay
 from etstore.store.embedded import EmbeddedStore
-from tests.recordings import DATA, recording
+from etstore.testing import recorded_trace
+
+DATA = Path(__file__).parent.parent / "data"
 
 
 def _hand() -> Trace:
@@ -85,7 +87,7 @@ def test_a_hoist_past_what_it_needs_is_refused_naming_the_op() -> None:
 def test_moving_an_op_ahead_of_a_real_dependency_in_its_lane_is_refused(kind: str) -> None:
     """On a GPU recording: take an edge of ``kind`` whose two ends share a lane and hoist the
     later one in front of the earlier one: the rewrite check names the dependency."""
-    t = recording("torch_ddp_cuda_gloo_2r")
+    t = recorded_trace(DATA / "torch_ddp_cuda_gloo_2r")
     lanes = lanes_of(t)
     pick = [
         (int(s), int(d))
@@ -106,7 +108,7 @@ def test_moving_an_op_ahead_of_a_real_dependency_in_its_lane_is_refused(kind: st
 
 @pytest.mark.parametrize("name", ["torch_ddp_cuda_gloo_2r", "torch_fsdp2_2r"])
 def test_gains_add_up_to_what_applying_them_realises(name: str) -> None:
-    t = recording(name)
+    t = recorded_trace(DATA / name)
     base, found = find_hoists(t)
     assert found, "the recording has idle lanes with independent work behind them"
     makespan = float(base.result.total_ns)
@@ -156,7 +158,7 @@ def test_cli_overlap_rewrite_compare_realise_the_reported_gains(
 
 
 def test_stored_rewrite_keeps_the_recording_replayable(store: EmbeddedStore) -> None:
-    store.ingest(recording("torch_fsdp2_2r"), name="fsdp")
+    store.ingest(recorded_trace(DATA / "torch_fsdp2_2r"), name="fsdp")
     found = find_opportunities(store, "fsdp", kinds=("overlap",))
     report = rewrite_stored(store, "fsdp", "overlap", opportunities=[1])
     out = store.load(report.trace.name)
