@@ -24,7 +24,7 @@ from etstore.sim.config import EXPANDED_SLOTS
 if TYPE_CHECKING:
     from rich.console import Console
 
-__all__ = ["register"]
+__all__ = ["hoist_table", "register"]
 
 
 def _config(args: argparse.Namespace) -> Any:
@@ -122,13 +122,17 @@ def _overlap(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
-def _measured_table(trace: str, found: pa.Table, details: list[dict[str, Any]], console: Console) -> None:
-    """A recording's opportunities: what moves in front of what, on how many ranks, and the
-    gain its replay measured beside the estimate."""
+def hoist_table(found: pa.Table) -> pa.Table:
+    """A recording's opportunities as a table: what moves in front of what, on how many ranks,
+    the estimate, the gain its replay measured (on top of the ones above) and alone."""
     rows = []
-    for o, gain, d in zip(
-        found["opportunity"].to_pylist(), found["gain_ns"].to_pylist(), details, strict=True
+    for o, gain, raw in zip(
+        found["opportunity"].to_pylist(),
+        found["gain_ns"].to_pylist(),
+        found["detail"].to_pylist(),
+        strict=True,
     ):
+        d = json.loads(raw)
         moves = d["moves"]
         rows.append(
             {
@@ -142,7 +146,12 @@ def _measured_table(trace: str, found: pa.Table, details: list[dict[str, Any]], 
                 "alone_gain_us": round(d["alone_gain_ns"] / 1e3, 1),
             }
         )
-    print_table(pa.Table.from_pylist(rows), "table", title=f"opportunities in {trace}", console=console)
+    return pa.Table.from_pylist(rows)
+
+
+def _measured_table(trace: str, found: pa.Table, details: list[dict[str, Any]], console: Console) -> None:
+    """:func:`hoist_table`, and how to read and apply it."""
+    print_table(hoist_table(found), "table", title=f"opportunities in {trace}", console=console)
     network = details[0].get("network", "")
     total = sum(found["gain_ns"].to_pylist())
     console.print(

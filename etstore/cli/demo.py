@@ -23,6 +23,7 @@ import pyarrow.compute as pc
 
 from etstore.cli._console import styled
 from etstore.cli._render import recognised_line, render
+from etstore.cli.analysis import hoist_table
 from etstore.collectives.check import check_algorithm
 from etstore.collectives.generators import GENERATORS, generate
 from etstore.collectives.specs import parse_generator
@@ -342,20 +343,7 @@ def _overlap_steps(store: Store, name: str, console: Console) -> Comparison | No
     if not found.num_rows:
         console.print("no lane of the recording waits with independent work behind it", style="yellow")
         return None
-    rows = [
-        {
-            "opportunity": o,
-            "in front of": d["held"][:48],
-            "ranks": len(d["moves"]),
-            "ops moved": sum(len(m["moved"]) for m in d["moves"]),
-            "gain": _us(g),
-            "alone": _us(d["alone_gain_ns"]),
-        }
-        for o, g, d in zip(
-            found["opportunity"].to_pylist(), found["gain_ns"].to_pylist(), details, strict=True
-        )
-    ]
-    render(pa.Table.from_pylist(rows), console=console)
+    render(hoist_table(found), console=console)
     estimated = sum(found["gain_ns"].to_pylist())
     console.print(
         f"{found.num_rows} opportunities; each gain is what it takes off the replayed step on top of "

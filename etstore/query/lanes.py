@@ -21,12 +21,11 @@ the simulator says (:mod:`etstore.query.overlap` replays the trace with it alone
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from etstore.errors import RewriteError
 from etstore.model import LANE_KINDS, Trace, deps_table, op_rows
@@ -38,7 +37,6 @@ __all__ = [
     "check_hoist",
     "hoist_candidates",
     "lanes_of",
-    "moved_ids",
     "op_times",
 ]
 
@@ -338,11 +336,6 @@ def _renumbered(deps: pa.Table) -> pa.Table:
     return deps_table(
         deps["rank"].to_numpy(), deps["src"].to_numpy(), deps["dst"].to_numpy(), deps["kind"].to_pylist()
     )
-
-
-def moved_ids(trace: Trace, rows: Sequence[int]) -> list[int]:
-    """Op ids of rows (for details and messages)."""
-    return pc.take(trace.ops["id"], pa.array(list(rows), pa.int64())).to_pylist()
 
 
 def op_times(trace: Trace, timings: pa.Table) -> tuple[np.ndarray, np.ndarray]:
