@@ -28,6 +28,7 @@ from etstore.errors import SimulationError
 from etstore.model import Trace
 from etstore.progress import ProgressFn
 from etstore.query.lanes import Hoist, Lanes, apply_hoists, hoist_candidates, lanes_of, op_times
+from etstore.sim.config import SimConfig
 from etstore.sim.replay import Replay, replay
 from etstore.topology import Topology
 
@@ -81,6 +82,7 @@ def find_hoists(
     trace: Trace,
     *,
     topo: Topology | None = None,
+    config: SimConfig | None = None,
     limit: int = 32,
     progress: ProgressFn | None = None,
 ) -> tuple[Replay, list[HoistOpportunity]]:
@@ -101,7 +103,7 @@ def find_hoists(
     Only opportunities with a positive measured gain are returned, in the order taken
     (module docstring).
     """
-    base = replay(trace, topo)
+    base = replay(trace, topo, config=config)
     start, end = op_times(trace, base.result.ops)
     lanes = lanes_of(trace)
     found = hoist_candidates(trace, lanes, start, end, limit=4 * limit)
@@ -115,12 +117,14 @@ def find_hoists(
     now = float(base.result.total_ns)
     for i, ((name, _, _), hs) in enumerate(ranked):
         try:
-            together = float(replay(apply_hoists(trace, lanes, [*taken, *hs]), topo).result.total_ns)
+            together = float(
+                replay(apply_hoists(trace, lanes, [*taken, *hs]), topo, config=config).result.total_ns
+            )
         except SimulationError as exc:  # the hoists are acyclic by construction; never apply a doubt
             log.warning("opportunity in front of %s left out: %s", name, str(exc).splitlines()[0])
             together = now
         if together < now:
-            alone = float(replay(apply_hoists(trace, lanes, hs), topo).result.total_ns)
+            alone = float(replay(apply_hoists(trace, lanes, hs), topo, config=config).result.total_ns)
             estimate = float(sum(h.estimate_ns for h in hs))
             gain, alone_gain = now - together, float(base.result.total_ns) - alone
             out.append(HoistOpportunity(tuple(hs), name, gain, alone_gain, estimate))

@@ -457,7 +457,12 @@ def find_opportunities(
     rows: list[dict[str, Any]] = []
     if tr.params.get("execution") == RECORDED and tr.kind != "expanded":  # its lanes, as recorded
         if "overlap" in kinds:
-            rows = _recorded_rows(tr, topo, limit, progress)
+            if run_id is not None:
+                raise OptionError(
+                    f"{trace!r} is a recording: its opportunities are measured by replaying it, not read "
+                    "from a run (leave out --run)"
+                )
+            rows = _recorded_rows(tr, topo, config, limit, progress)
     else:
         timings = opportunity_timings(store, tr, topo=topo, config=config, run_id=run_id)
         cost = split or SplitCost()
@@ -522,11 +527,15 @@ def _measure_topology(
 
 
 def _recorded_rows(
-    trace: Trace, topo: Topology | str | None, limit: int, progress: ProgressFn | None
+    trace: Trace,
+    topo: Topology | str | None,
+    config: SimConfig | None,
+    limit: int,
+    progress: ProgressFn | None,
 ) -> list[dict[str, Any]]:
     """A recording's overlap opportunities, one row per change, gains measured by replay."""
     topology = None if topo is None else topo if isinstance(topo, Topology) else parse_topology(topo)
-    base, found = find_hoists(trace, topo=topology, limit=limit, progress=progress)
+    base, found = find_hoists(trace, topo=topology, config=config, limit=limit, progress=progress)
     rows = []
     for o in found:
         detail = o.detail(trace)

@@ -12,7 +12,7 @@ import pytest
 
 from etstore import open_store
 from etstore.cli import main
-from etstore.errors import RewriteError
+from etstore.errors import OptionError, RewriteError
 from etstore.model import LANE_KINDS, Trace, deps_table, ops_table
 from etstore.query.apply import rewrite_stored
 from etstore.query.hoists import find_hoists
@@ -168,3 +168,11 @@ def test_stored_rewrite_keeps_the_recording_replayable(store: EmbeddedStore) -> 
     assert out.params["changes"] == sum(len(m["moved"]) for m in moved)
     assert replay(out).steps.num_rows == replay(store.load("fsdp")).steps.num_rows
     assert isinstance(found, pa.Table)
+
+
+def test_a_recording_is_measured_by_replay_not_read_from_a_run(store: EmbeddedStore) -> None:
+    store.ingest(recorded_trace(DATA / "torch_ddp_2r"), name="ddp")
+    with pytest.raises(
+        OptionError, match="'ddp' is a recording: its opportunities are measured by replaying it"
+    ):
+        find_opportunities(store, "ddp", run_id=1)
