@@ -40,6 +40,7 @@ def measure_gains(
     *,
     topology: Topology,
     config: SimConfig | None,
+    base_ns: float | None = None,
     expansions: pa.Table | None = None,
     max_pieces: int = 8,
     limit: int = 32,
@@ -51,9 +52,10 @@ def measure_gains(
 
     A kept row is its candidate's first (lowest rank); its ``detail`` gains ``applies`` (every
     rank's row: ``rank``, ``op_id``, ``other_id``), ``estimate_ns`` (their estimates summed),
-    ``alone_gain_ns``, ``makespan_ns`` and ``measured``. ``chunk`` rows need ``expansions``.
+    ``alone_gain_ns``, ``makespan_ns`` and ``measured``. ``chunk`` rows need ``expansions``;
+    ``base_ns``, the makespan of ``trace`` on ``topology`` when the caller has simulated it.
     """
-    base = float(simulate(trace, topology, config=config).total_ns)
+    base = float(base_ns if base_ns is not None else simulate(trace, topology, config=config).total_ns)
     chosen = {
         k: _candidates(trace, [r for r in rows if r["kind"] == k], c)[:limit]
         for k, (_, c) in REWRITE_OF.items()

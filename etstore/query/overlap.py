@@ -306,9 +306,15 @@ def expansions_of(store: Store, trace: str) -> pa.Table:
 
 
 def _chunk_rows(
-    store: Store, trace: Trace, timings: pa.Table, *, max_pieces: int, unit_ns: float, split: SplitCost
+    store: Store,
+    trace: Trace,
+    timings: pa.Table,
+    expansions: pa.Table,
+    *,
+    max_pieces: int,
+    unit_ns: float,
+    split: SplitCost,
 ) -> list[dict[str, Any]]:
-    expansions = expansions_of(store, trace.name)
     if expansions.num_rows == 0:
         return []
     parent = expansions["parent_trace"][0].as_py()
@@ -464,22 +470,30 @@ def find_opportunities(
                 )
             rows = _recorded_rows(tr, topo, config, limit, progress)
     else:
-        timings = opportunity_timings(store, tr, topo=topo, config=config, run_id=run_id)
+        topology = _measure_topology(store, tr, topo, run_id)
+        base_ns = None
+        if run_id is None:  # one simulation gives the finders their timings and the gains their base
+            res = simulate(tr, topology, config=config)
+            timings, base_ns = res.ops.select(["rank", "id", "ready_ns", "start_ns", "end_ns"]), res.total_ns
+        else:
+            timings = opportunity_timings(store, tr, run_id=run_id)
         cost = split or SplitCost()
         unit_ns = float((config or SimConfig()).duration_unit_ns)
+        expansions = expansions_of(store, trace) if "chunk" in kinds else None
         if "overlap" in kinds:
             rows += _overlap_rows(store, tr, timings)
-        if "chunk" in kinds:
-            rows += _chunk_rows(store, tr, timings, max_pieces=max_pieces, unit_ns=unit_ns, split=cost)
+        if expansions is not None:
+            rows += _chunk_rows(
+                store, tr, timings, expansions, max_pieces=max_pieces, unit_ns=unit_ns, split=cost
+            )
         if "reorder" in kinds:
             rows += _reorder_rows(store, tr, timings)
         if measure and rows:
-            expansions = expansions_of(store, trace) if "chunk" in kinds else None
-            topology = _measure_topology(store, tr, topo, run_id)
             rows = measure_gains(
                 tr,
                 rows,
                 topology=topology,
+                base_ns=base_ns,
                 config=config,
                 expansions=expansions,
                 max_pieces=max_pieces,
