@@ -453,7 +453,7 @@ def rescale(
     Parameters
     ----------
     trace
-        A ``workload``: generated (``params["tp"]``), recorded (a DDP step), or any other
+        A ``workload`` (or ``rescaled``): generated (``params["tp"]``), recorded (a DDP step), or any other
         with ``source_tp``.
     ranks, dp, tp, pp
         The new layout; ``tp`` defaults to the trace's, ``dp`` to ``ranks / tp``; ``pp``
