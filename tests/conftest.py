@@ -131,3 +131,12 @@ def neo4j_url() -> str:
     if missing:
         pytest.skip(f"Neo4j cases need {' and '.join(missing)} (JDK 17, Maven 3.8+) to run a local server")
     pytest.skip(f"no Neo4j server: run `make test`, or export {NEO4J_ENV}=$(scripts/neo4j.sh start)")
+
+
+@pytest.fixture
+def terminal(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What the renderer sees on a terminal: rich's FORCE_COLOR, and no CI."""
+    monkeypatch.setenv("FORCE_COLOR", "1")
+    monkeypatch.delenv("CI", raising=False)
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    monkeypatch.delenv("TTY_COMPATIBLE", raising=False)

@@ -107,15 +107,6 @@ def test_expand_progress() -> None:
     assert totals["algorithms"] == totals["place"] == totals["rewire"] == x.collectives.num_rows > 0
 
 
-@pytest.fixture
-def terminal(monkeypatch: pytest.MonkeyPatch) -> None:
-    """What the renderer sees on a terminal: rich's FORCE_COLOR, and no CI."""
-    monkeypatch.setenv("FORCE_COLOR", "1")
-    monkeypatch.delenv("CI", raising=False)
-    monkeypatch.delenv("NO_COLOR", raising=False)
-    monkeypatch.delenv("TTY_COMPATIBLE", raising=False)
-
-
 def test_cli_bars_on_a_terminal(
     terminal: None, capsys: pytest.CaptureFixture[str], tmp_path: Path, custom_allreduce: Path
 ) -> None:

@@ -137,15 +137,6 @@ def test_run_errors_are_one_line(
     assert re.search(message, err), err
 
 
-@pytest.fixture
-def terminal(monkeypatch: pytest.MonkeyPatch) -> None:
-    """What the renderer sees on a terminal: rich's FORCE_COLOR, and no CI."""
-    monkeypatch.setenv("FORCE_COLOR", "1")
-    monkeypatch.delenv("CI", raising=False)
-    monkeypatch.delenv("NO_COLOR", raising=False)
-    monkeypatch.delenv("TTY_COMPATIBLE", raising=False)
-
-
 def test_bar_on_a_terminal_none_when_piped(
     terminal: None, capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
