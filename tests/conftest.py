@@ -7,6 +7,8 @@ fixtures and markers from here, or as builders from :mod:`etstore.testing`.
   a skip saying it is absent.
 - ``@pytest.mark.shared_files(glob, ...)``: parametrizes the test's ``shared_file``
   argument over the matching files (one skipped case when none exist).
+- ``terminal`` (fixture): the environment of a terminal (rich's ``FORCE_COLOR``, no CI), for
+  what draws progress bars.
 - ``@pytest.mark.needs_extension(module)``: the test needs a C extension; it skips when
   the extension is not built, and fails when the environment variable CI is ``true``
   (:func:`etstore.testing.require_extension`, which tests may also call directly).
