@@ -22,7 +22,7 @@ Candidates come from Cypher on the graph (the edge shapes above; lineage
 (:mod:`etstore.query._rankgraph`, the same code the rewrites use, so what is found is
 what gets applied); timings and gains come from SQL over the simulated op timings.
 :func:`explain` lists every query. Results land in DuckDB table ``opportunities``
-(:data:`~etstore.store.warehouse.OPPORTUNITIES_DDL`), replacing the trace's earlier rows.
+(:data:`~etstore.store.schema.OPPORTUNITIES_DDL`), replacing the trace's earlier rows.
 """
 
 from __future__ import annotations
@@ -52,7 +52,8 @@ from etstore.query.split import SplitCost
 from etstore.sim import SimConfig, simulate
 from etstore.sim.engine import RECORDED
 from etstore.store.base import Store
-from etstore.store.warehouse import OPPORTUNITIES_DDL, Warehouse
+from etstore.store.schema import OPPORTUNITIES_DDL
+from etstore.store.warehouse import Warehouse
 from etstore.topology import Topology, default_topology, parse_topology
 
 __all__ = [

@@ -2,7 +2,7 @@
 
 :func:`measured_curve` reads what a calibration fits out of ``measured_runs`` and
 ``measurements``; :func:`record_calibration` writes a fit to ``calibrations`` and
-``calibration_points`` (DDL in :data:`etstore.store.warehouse.CALIBRATION_DDL`, view
+``calibration_points`` (DDL in :data:`etstore.store.schema.CALIBRATION_DDL`, view
 ``v_measured_vs_sim``); :func:`load_calibration` reads one back to simulate with. The fit
 itself is :mod:`etstore.sim.calibrate`, which re-exports every public name here.
 """

@@ -7,7 +7,7 @@ of a recording realises is the difference of its replays.
 Typical use: a trace against its rewrite (``etstore rewrite``), both on the same
 network and configuration. Both runs land in the metrics tables through
 :func:`~etstore.sim.metrics.record_run`; the differences land in ``comparisons``
-(:data:`~etstore.store.warehouse.COMPARISONS_DDL`):
+(:data:`~etstore.store.schema.COMPARISONS_DDL`):
 
 ``comparisons`` (one row per rank, plus a total row with ``rank`` NULL)
     ``comparison_id``, ``trace_a``, ``trace_b``, ``run_a``, ``run_b`` (ids in
@@ -35,7 +35,8 @@ from etstore.sim.engine import RECORDED, simulate
 from etstore.sim.metrics import record_run
 from etstore.sim.replay import replay
 from etstore.store.base import Store
-from etstore.store.warehouse import TABLES, Warehouse
+from etstore.store.schema import TABLES
+from etstore.store.warehouse import Warehouse
 from etstore.topology import Topology, default_topology, parse_topology
 
 __all__ = ["Comparison", "compare", "default_topology"]

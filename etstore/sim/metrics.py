@@ -77,7 +77,8 @@ import pyarrow.compute as pc
 
 from etstore.errors import QueryError, StoreError
 from etstore.sim.result import SimResult
-from etstore.store.warehouse import SCHEMA_VERSION, TABLES, VIEWS, Warehouse
+from etstore.store.schema import SCHEMA_VERSION, TABLES, VIEWS
+from etstore.store.warehouse import Warehouse
 
 __all__ = ["SCHEMA_VERSION", "TABLES", "VIEWS", "create_schema", "record_run", "record_sweep"]
 

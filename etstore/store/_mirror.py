@@ -24,7 +24,8 @@ from etstore.model import Trace
 from etstore.store import _trace_rows as rows
 from etstore.store.base import TraceInfo
 from etstore.store.graph import dep_edges, message_edges, uid_base
-from etstore.store.warehouse import MIRROR_STATE_DDL, Warehouse
+from etstore.store.schema import MIRROR_STATE_DDL
+from etstore.store.warehouse import Warehouse
 
 __all__ = ["Mirror", "NameRow"]
 

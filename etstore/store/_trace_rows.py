@@ -1,6 +1,6 @@
 """Writing and deleting trace rows in a warehouse: contents once, names as rows of ``traces``.
 
-The layout is declared in :mod:`etstore.store.warehouse` (:data:`~etstore.store.warehouse.TRACE_DDL`):
+The layout is declared in :mod:`etstore.store.schema` (:data:`~etstore.store.schema.TRACE_DDL`):
 a content's rows live in ``trace_ops``, ``trace_deps``, ... under its ``trace_id``; a name
 is a ``traces`` row pointing at one; the ``ops``, ``deps``, ... views join the two. Every
 function here runs inside the caller's transaction.
@@ -16,7 +16,8 @@ import numpy as np
 import pyarrow as pa
 
 from etstore.model import Trace
-from etstore.store.warehouse import CONTENT_TABLES, Warehouse
+from etstore.store.schema import CONTENT_TABLES
+from etstore.store.warehouse import Warehouse
 
 __all__ = [
     "delete_content",

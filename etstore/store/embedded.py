@@ -71,7 +71,8 @@ from etstore.store.graph import (
 )
 from etstore.store.listing import catalog_traces
 from etstore.store.result import Result
-from etstore.store.warehouse import DEPS_COLUMNS, OPS_COLUMNS, Warehouse
+from etstore.store.schema import DEPS_COLUMNS, OPS_COLUMNS
+from etstore.store.warehouse import Warehouse
 
 __all__ = ["EmbeddedStore"]
 

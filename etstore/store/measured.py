@@ -4,7 +4,7 @@ One log is one run: a ``measured_runs`` row (what ran, where, the header's param
 and one ``measurements`` row per table row and placement, written in one transaction.
 Storing the same bytes again returns the run already stored (the content hash decides),
 so re-ingesting a directory of logs is harmless. The tables are declared in
-:data:`~etstore.store.warehouse.MEASURED_DDL` and documented in ``docs/measured.md``.
+:data:`~etstore.store.schema.MEASURED_DDL` and documented in ``docs/measured.md``.
 """
 
 from __future__ import annotations

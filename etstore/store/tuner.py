@@ -8,7 +8,7 @@ the stored algorithm trace its action ran (:func:`link_steps`), and its node's `
 equals ``Op.trace`` of that trace's ops, so ``MATCH (s:TunerStep), (o:Op) WHERE
 o.trace = s.trace`` joins a step to the DAG it ran, on both backends.
 
-The tables are declared in :data:`~etstore.store.warehouse.TUNER_DDL` and documented in
+The tables are declared in :data:`~etstore.store.schema.TUNER_DDL` and documented in
 ``docs/measured.md``; the node table in :data:`TUNER_STEP_NODE_DDL`.
 """
 

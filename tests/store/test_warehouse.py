@@ -10,7 +10,8 @@ import pyarrow as pa
 import pytest
 
 from etstore.errors import QueryError, StoreError
-from etstore.store.warehouse import SCHEMA_VERSION, TABLES, Warehouse
+from etstore.store.schema import SCHEMA_VERSION, TABLES
+from etstore.store.warehouse import Warehouse
 
 
 @pytest.fixture

@@ -13,7 +13,8 @@ from etstore.ingest import read_et
 from etstore.model import DepKind, Trace, TraceKind, deps_table, ops_table
 from etstore.store import Store, open_store
 from etstore.store.batch import ingest_paths
-from etstore.store.warehouse import COMPARISONS_DDL, TABLES, TRACE_TABLES, VIEWS, Warehouse
+from etstore.store.schema import COMPARISONS_DDL, TABLES, TRACE_TABLES, VIEWS
+from etstore.store.warehouse import Warehouse
 
 
 def _tiny(name: str = "tiny", kind: str = "workload") -> Trace:
