@@ -188,7 +188,8 @@ def _query_steps(store: Store, name: str, console: Console) -> None:
     """Steps 2 and 3: who waits on an all-to-all (Cypher); collectives per rank and type (SQL)."""
     console.rule("2. Cypher: who waits on an all-to-all, and through which dependency?")
     q = (
-        "MATCH (c:Op)-[d:DEP]->(w:Op) WHERE c.trace = $t AND c.comm_type = 'ALL_TO_ALL' "
+        "MATCH (t:Trace {name: $t}), (c:Op)-[d:DEP]->(w:Op) "
+        "WHERE c.trace_id = t.trace_id AND c.comm_type = 'ALL_TO_ALL' "
         "RETURN w.type AS waiter, w.comm_type AS waiter_collective, d.kind AS dep, "
         "count(*) AS edges, count(DISTINCT c.rank) AS ranks ORDER BY waiter, waiter_collective, dep"
     )
@@ -235,7 +236,7 @@ def _expand_step(store: Store, name: str, ring: str | None, console: Console) ->
         )
     )
     q = (
-        "MATCH (c:Op)-[:BECOMES]->(x:Op) WHERE c.trace = $t AND c.rank = 0 "
+        "MATCH (t:Trace {name: $t}), (c:Op)-[:BECOMES]->(x:Op) WHERE c.trace_id = t.trace_id AND c.rank = 0 "
         "RETURN c.id AS collective, c.comm_type AS type, c.comm_size AS bytes, count(x) AS ops, "
         "sum(CASE WHEN x.type = 'COMM_SEND_NODE' THEN x.comm_size ELSE 0 END) AS bytes_sent "
         "ORDER BY collective LIMIT 8"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING, Any
 
-from etstore.cli._common import add_format, open_from_args, params
+from etstore.cli._common import add_format, open_from_args, params, progress_to
 from etstore.cli._render import render
 
 if TYPE_CHECKING:
@@ -16,6 +16,8 @@ __all__ = ["register"]
 
 def _cypher(args: argparse.Namespace, console: Console) -> int:
     with open_from_args(args, read_only=not args.write) as store:
+        with progress_to(console, "cypher") as step:
+            store.index(progress=step)  # the graph index follows the store: built here if behind
         result = store.cypher(args.query, params(args))
         render(result.to_arrow(), args.format, console=console)
     return 0

@@ -56,7 +56,7 @@ def resolve_location(location: str | os.PathLike[str] | None) -> tuple[str, Lite
 
 def store_exists(location: str | os.PathLike[str] | None) -> bool:
     """Whether ``location`` holds a store already: a server always does; a directory once an
-    etstore has created its catalog there.
+    etstore has created its warehouse (or, before format 3, its catalog) there.
 
     Why: opening a directory that holds no store creates one, so a command that only reads
     (``etstore sim --no-record`` on trace files) asks first and leaves nothing behind.
@@ -72,4 +72,4 @@ def store_exists(location: str | os.PathLike[str] | None) -> bool:
     path = Path(loc)
     if path.exists() and not path.is_dir():
         raise StoreError(f"{path}: exists and is not a store directory")
-    return (path / "catalog.sqlite").is_file()
+    return any((path / f).is_file() for f in ("warehouse.duckdb", "catalog.sqlite"))

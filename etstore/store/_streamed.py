@@ -1,27 +1,20 @@
 """A trace too large to hold at once, staged part by part for the embedded store.
 
 The parts are consecutive rank ranges (:meth:`Store.ingest_parts
-<etstore.store.base.Store.ingest_parts>`). Each part's rows go into the warehouse (inside
-the caller's DuckDB transaction) and its graph rows into Parquet files in a spool
-directory, then the part is dropped: what stays in memory across parts is the digest's
-state and the compact endpoints of the sends and receives (about 24 bytes each), which are
-paired once every part is in. The graph engine then loads each table once from the spool,
-as its bulk loader wants it: appending to a Ladybug table part by part costs time and
-memory that grow with the table (measured: each further ``COPY`` of 8M edges into a table
-of 33.5M nodes peaked 3 GB above the first). That load is the one step whose memory grows
-with the whole trace: Ladybug's, which spills to disk only part of it.
+<etstore.store.base.Store.ingest_parts>`). Each part's rows go into the warehouse, one
+DuckDB transaction each, then the part is dropped: what stays in memory across parts is the
+digest's state and the compact endpoints of the sends and receives (about 24 bytes each),
+which are paired once every part is in. The content stays ``loading`` (no name points at
+it, so no view shows it) until its name commits.
 """
 
 from __future__ import annotations
 
 import logging
-import shutil
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from itertools import chain
-from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -33,31 +26,21 @@ from etstore.model import Trace
 from etstore.progress import ProgressFn
 from etstore.store import _trace_rows as rows
 from etstore.store._identity import upgraded_identity
-from etstore.store._ladybug import LadybugGraph, first_line, max_pool_bytes
 from etstore.store.base import checked_kind
-from etstore.store.graph import UID_SHIFT, dep_edges, message_rows, op_nodes
+from etstore.store.graph import UID_SHIFT, dep_edges, message_rows
 from etstore.store.warehouse import Warehouse
 
 __all__ = [
     "Staged",
-    "discard_spool",
     "first_part",
     "gather",
-    "load_spool",
     "memory_limit",
-    "spool_dir",
     "stage_parts",
 ]
 
-_GRAPH_TABLES = ("Op", "DEP", "MSG")
 _TABLES = ("ops", "deps", "missing", "meta")
 
 log = logging.getLogger(__name__)
-
-
-def spool_dir(store: Path, seq: int) -> Path:
-    """Where content ``seq``'s graph rows wait for the graph's bulk load (removed with it)."""
-    return store / f"spool-{seq}"
 
 
 def head(trace: Trace) -> Trace:
@@ -152,14 +135,12 @@ def stage_parts(
     seq: int,
     base: int,
     name: str,
-    graph_columns: Any,
-    spool: Path,
     ops: int | None = None,
     progress: ProgressFn | None = None,
 ) -> Staged:
     """Write every part's warehouse rows (one transaction each: the caller removes them on
-    failure, and bounds DuckDB's cache with :func:`memory_limit`) and graph rows (into
-    ``spool``), then the messages; returns what was found. ``first`` is the trace's head
+    failure, and bounds DuckDB's cache with :func:`memory_limit`), then the messages;
+    returns what was found. ``first`` is the trace's head
     (:func:`first_part`), which every part is checked against.
 
     Raises
@@ -169,7 +150,6 @@ def stage_parts(
         schema, ranks not after the previous part's), or the trace has more ops than a
         content may hold.
     """
-    spool.mkdir(parents=True, exist_ok=True)
     what = f"trace {name!r}"
     staged = Staged()
     digest = ContentDigest(str(first.kind))
@@ -180,10 +160,7 @@ def stage_parts(
         if off + part.num_ops >= 1 << UID_SHIFT:
             raise StoreError(f"{what}: more than 2^40 ops, the per-trace limit")
         digest.update(part)
-        nodes = op_nodes(part, name, base + off, graph_columns)
-        _spool(nodes, spool, "Op", index)
         deps = dep_edges(part, base + off)
-        _spool(deps, spool, "DEP", index)
         with wh.transaction():
             rows.insert_part(wh, part, seq, base + off, deps, staged.deps, staged.missing)
         pairs = (deps["from"].to_numpy() - base - off, deps["to"].to_numpy() - base - off)
@@ -198,11 +175,11 @@ def stage_parts(
         staged.deps += part.num_deps
         staged.missing += part.num_missing
         staged.ranks += len(np.unique(part.ops["rank"].to_numpy()))
-        del nodes, deps, part
+        del deps, part
         if progress:
             progress("parts", staged.ops, max(ops or 0, staged.ops) if ops else 0)
     staged.digest = upgraded_identity(digest.hexdigest(), str(first.kind), first.params)
-    _stage_messages(wh, staged, seq, base, spool)
+    _stage_messages(wh, staged, seq, base)
     return staged
 
 
@@ -216,7 +193,7 @@ def memory_limit(wh: Warehouse, limit: str) -> Iterator[None]:
         wh.execute("RESET memory_limit")
 
 
-def _stage_messages(wh: Warehouse, staged: Staged, seq: int, base: int, spool: Path) -> None:
+def _stage_messages(wh: Warehouse, staged: Staged, seq: int, base: int) -> None:
     """Pair the sends of each part with the receives from its ranks (the receives sorted by
     source rank once), in send order: the same messages, in the same order, as one pairing
     of the whole trace."""
@@ -225,7 +202,7 @@ def _stage_messages(wh: Warehouse, staged: Staged, seq: int, base: int, spool: P
     order = np.argsort(recvs.src, kind="stable")
     recvs = Endpoints(*(col[order] for col in recvs))
     del order
-    for index, (sends, sizes) in enumerate(zip(staged.sends, staged.comm_sizes, strict=True)):
+    for sends, sizes in zip(staged.sends, staged.comm_sizes, strict=True):
         if len(sends.row):
             lo, hi = int(sends.src.min()), int(sends.src.max())
             a, b = np.searchsorted(recvs.src, [lo, hi + 1])
@@ -236,7 +213,6 @@ def _stage_messages(wh: Warehouse, staged: Staged, seq: int, base: int, spool: P
             send_row = recv_row = tag = np.zeros(0, dtype=np.int64)
             size = pa.array([], pa.int64())
         msgs = message_rows(base, send_row, recv_row, tag, size)
-        _spool(msgs, spool, "MSG", index)
         with wh.transaction():
             rows.insert_messages(wh, seq, msgs)
         staged.messages += msgs.num_rows
@@ -244,105 +220,4 @@ def _stage_messages(wh: Warehouse, staged: Staged, seq: int, base: int, spool: P
     staged.unmatched_recvs -= staged.messages
     staged.sends.clear()
     staged.comm_sizes.clear()
-    pa.default_memory_pool().release_unused()  # hand the endpoints' pages back before the graph load
-
-
-def _spool(table: pa.Table, spool: Path, graph_table: str, index: int) -> None:
-    """One part's rows of a graph table as a Parquet file (none when it has no rows)."""
-    import pyarrow.parquet as pq  # loaded by the streamed ingest only
-
-    if table.num_rows:
-        pq.write_table(table, spool / f"{graph_table}-{index:06d}.parquet")
-
-
-# Ladybug buffer pool per row for bulk-loading each graph table, measured here on a 4,096-NPU
-# all-gather (33.5M ops, 50.3M DEP and 16.8M MSG edges, each table loaded into a freshly
-# opened database): with less, a COPY fails ("the buffer pool is full") or spills to disk
-# until it runs several times slower (MSG at 64 bytes per edge: 133 s instead of 56 s).
-_POOL_PER_ROW = {"Op": 32, "DEP": 48, "MSG": 96}
-
-
-def _pool_for(table: str, files: list[Path]) -> int:
-    """A first buffer pool for loading ``table`` from ``files``: at least 1 GiB (mapped, not
-    touched, so free for small loads)."""
-    import pyarrow.parquet as pq  # loaded by the streamed ingest only
-
-    rows = sum(pq.read_metadata(f).num_rows for f in files)
-    return max(1 << 30, _POOL_PER_ROW[table] * rows)
-
-
-def _literal(path: Path) -> str:
-    """``path`` as a Cypher string literal naming that one file: Ladybug expands glob characters
-    in the paths it copies from, so the store's own path is escaped as a glob as well."""
-    glob = "".join(f"[{c}]" if c in "[]*?" else c for c in path.as_posix())
-    return "'" + glob.replace("\\", "\\\\").replace("'", "\\'") + "'"
-
-
-def load_spool(graph: LadybugGraph, spool: Path) -> None:
-    """Bulk-load the spooled graph rows (nodes, then each edge table), one table per opening
-    of the database, each checkpointed.
-
-    Each table gets a pool sized for its own rows (:func:`_pool_for`), doubled up to
-    Ladybug's own default each time Ladybug reports it full (a failed ``COPY`` leaves its
-    table as it was). Closing the database between tables hands back the pool and what the
-    load kept outside it (:func:`~etstore.store._ladybug.trim_heap`), and the checkpoint
-    before it makes the table durable: a table's load starts from the process's
-    baseline instead of stacking on the last one (measured on 33.5M ops and 67M edges:
-    2.9 GB peak instead of 3.8 GB, loaded alone).
-    """
-    ceiling = max_pool_bytes() or 1 << 62
-    graph.release()
-    for table in _GRAPH_TABLES:
-        files = sorted(spool.glob(f"{table}-*.parquet"))
-        if not files:
-            continue
-        _load_table(graph, table, files, min(_pool_for(table, files), ceiling), ceiling)
-        graph.release()
-
-
-def _load_table(graph: LadybugGraph, table: str, files: list[Path], pool: int, ceiling: int) -> None:
-    """``COPY`` one table from its spooled files and ``CHECKPOINT`` it, both again in a pool
-    twice as large (up to ``ceiling``) each time Ladybug reports the pool full.
-
-    Why both: a failed ``COPY`` leaves its table as it was, and so does a failed
-    ``CHECKPOINT`` once the database is reopened (the rows its ``COPY`` had committed are
-    gone), so the table's row count is checked back at its value before the load and the
-    load is made again whole. A count anywhere else (which no Ladybug failure has left)
-    stops the load with an error instead of loading rows twice.
-    """
-    where = graph.path.parent
-    copy = f"COPY `{table}` FROM [{', '.join(_literal(f) for f in files)}]"
-    before: int | None = None  # the table's rows before this load
-    refused = ""  # what Ladybug said when it last refused
-    while True:
-        try:
-            conn = graph.open(pool=pool)
-            now = _rows(conn, table)
-            if before is None:
-                before = now
-            elif now != before:
-                raise StoreError(
-                    f"{where}: the graph could not load {table} ({refused}), and {now - before:,} "
-                    "of its rows remain"
-                )
-            conn.execute(copy)
-            conn.execute("CHECKPOINT")
-            return
-        except RuntimeError as exc:
-            if "buffer pool is full" not in str(exc) or pool >= ceiling:
-                raise StoreError(f"{where}: the graph could not load {table}: {first_line(exc)}") from exc
-            refused = first_line(exc)
-            graph.release()
-            pool = min(2 * pool, ceiling)
-            log.info("Ladybug's pool was too small to load %s; loading it again in %d MiB", table, pool >> 20)
-
-
-def _rows(conn: Any, table: str) -> int:
-    """How many rows graph table ``table`` holds (nodes for ``Op``, else edges)."""
-    pattern = "(n:Op)" if table == "Op" else f"()-[n:{table}]->()"
-    return int(conn.execute(f"MATCH {pattern} RETURN count(n)").get_next()[0])
-
-
-def discard_spool(spool: Path) -> None:
-    """Remove a spool directory (none is fine)."""
-    shutil.rmtree(spool, ignore_errors=True)
+    pa.default_memory_pool().release_unused()  # hand the endpoints' pages back

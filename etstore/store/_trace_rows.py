@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from datetime import datetime, timezone
 from typing import Any
 
 import numpy as np
@@ -132,20 +133,20 @@ def insert_name(
     """Insert the ``traces`` row of a name.
 
     ``row`` holds ``kind``, ``ranks``, ``ops``, ``deps``, ``missing``, ``messages``,
-    ``parent``, ``source``, ``params`` (a mapping) and ``content_hash``.
+    ``parent``, ``source``, ``params`` (a mapping), ``content_hash`` and optionally ``created``.
     """
+    values = {
+        **{k: row[k] for k in ("kind", "ranks", "ops", "deps", "missing", "messages", "source")},
+        "name": name,
+        "parent": row.get("parent"),
+        "params": json.dumps(dict(row.get("params") or {}), sort_keys=True, default=str),
+        "content_hash": row["content_hash"],
+        "trace_id": trace_id,
+        "parent_trace_id": parent_trace_id,
+        "created": row.get("created") or datetime.now(timezone.utc).replace(tzinfo=None),
+    }
     wh.execute(
-        "INSERT INTO traces VALUES ($name, $kind, $ranks, $ops, $deps, $missing, $messages, $parent, "
-        "$source, $params, $content_hash, $trace_id, $parent_trace_id)",
-        {
-            **{k: row[k] for k in ("kind", "ranks", "ops", "deps", "missing", "messages", "source")},
-            "name": name,
-            "parent": row.get("parent"),
-            "params": json.dumps(dict(row.get("params") or {}), sort_keys=True, default=str),
-            "content_hash": row["content_hash"],
-            "trace_id": trace_id,
-            "parent_trace_id": parent_trace_id,
-        },
+        f"INSERT INTO traces ({', '.join(values)}) VALUES ({', '.join('$' + k for k in values)})", values
     )
 
 

@@ -197,6 +197,12 @@ class Store(Protocol):
         """Delete a name; its content goes with its last name. UnknownTraceError if absent."""
         ...
 
+    def index(self, progress: ProgressFn | None = None) -> bool:
+        """Bring the graph Cypher reads up to date with the store (built from the warehouse
+        where the graph is a derived index); True when it had to change. :meth:`cypher` does
+        it anyway: calling it first lets a command show its progress."""
+        ...
+
     def cypher(self, query: str, params: Mapping[str, Any] | None = None) -> Result:
         """Run Cypher on the graph store."""
         ...

@@ -23,6 +23,8 @@ from etstore.store.tuner import TUNER_STEP_NODE_DDL
 __all__ = [
     "GRAPH_OP_COLUMNS",
     "LINEAGE_SCHEMA",
+    "TRACE_NODE_COLUMNS",
+    "TRACE_NODE_DDL",
     "UID_SHIFT",
     "dep_edges",
     "graph_ddl",
@@ -39,7 +41,14 @@ LINEAGE_SCHEMA = pa.schema([("rank", pa.int32()), ("id", pa.uint64()), ("parent_
 # queries walk by. Chunk bookkeeping (msg_chunk_*, chunk_offset, tb_id, ...) and
 # raw attributes stay in the DuckDB ``ops`` table: fewer graph columns is the
 # largest single saving in the graph bulk load.
-GRAPH_OP_COLUMNS: tuple[str, ...] = ("uid", "trace", *CORE_OP_COLUMNS)
+GRAPH_OP_COLUMNS: tuple[str, ...] = ("uid", "trace_id", *CORE_OP_COLUMNS)
+# A name is a handle on content, not a property of it: ``Trace`` nodes (one per name) carry
+# the content's ``trace_id``, which every ``Op`` of that content carries too.
+TRACE_NODE_COLUMNS: tuple[str, ...] = ("name", "trace_id", "kind", "ranks", "ops", "parent", "source")
+TRACE_NODE_DDL = (
+    "CREATE NODE TABLE IF NOT EXISTS Trace(name STRING, trace_id INT64, kind STRING, ranks INT32, "
+    "ops INT64, parent STRING, source STRING, PRIMARY KEY(name))"
+)
 
 
 _GRAPH_TYPES = {
@@ -62,7 +71,7 @@ def graph_ddl() -> list[str]:
     what each property costs the bulk load is in ``docs/store.md`` ("Ingest speed").
     """
     op_schema = pa.schema(
-        [("uid", pa.int64()), ("trace", pa.string())]
+        [("uid", pa.int64()), ("trace_id", pa.int64())]
         + [(f.name, f.type) for f in OPS_SCHEMA if f.name in GRAPH_OP_COLUMNS]
     )
     columns = ", ".join(f"{f.name} {_GRAPH_TYPES[f.type]}" for f in op_schema)
@@ -71,6 +80,7 @@ def graph_ddl() -> list[str]:
         "CREATE REL TABLE IF NOT EXISTS DEP(FROM Op TO Op, kind STRING)",
         "CREATE REL TABLE IF NOT EXISTS MSG(FROM Op TO Op, tag INT32, comm_size INT64)",
         "CREATE REL TABLE IF NOT EXISTS BECOMES(FROM Op TO Op)",
+        TRACE_NODE_DDL,
         TUNER_STEP_NODE_DDL,  # tuner runs' steps (etstore.store.tuner writes them)
     ]
 
@@ -82,15 +92,14 @@ def uid_base(seq: int) -> int:
     return seq << UID_SHIFT
 
 
-def op_nodes(trace: Trace, trace_name: str, base: int, columns: Sequence[str] = GRAPH_OP_COLUMNS) -> pa.Table:
-    """Graph node rows: ``uid``, ``trace`` and the op ``columns`` (default :data:`GRAPH_OP_COLUMNS`)."""
+def op_nodes(trace: Trace, trace_id: int, base: int, columns: Sequence[str] = GRAPH_OP_COLUMNS) -> pa.Table:
+    """Graph node rows: ``uid``, ``trace_id`` and the op ``columns`` (default :data:`GRAPH_OP_COLUMNS`)."""
     n = trace.ops.num_rows
     if n >= 1 << UID_SHIFT:
-        raise StoreError(f"trace {trace_name}: {n} ops exceed the per-trace limit of 2^40")
-    one = pa.DictionaryArray.from_arrays(pa.array(np.zeros(n, dtype=np.int32)), pa.array([trace_name]))
+        raise StoreError(f"trace {trace.name}: {n} ops exceed the per-trace limit of 2^40")
     cols = {
         "uid": pa.array(np.arange(base, base + n, dtype=np.int64)),
-        "trace": one.cast(pa.string()),  # n copies of the name, without n Python objects
+        "trace_id": pa.array(np.full(n, trace_id, dtype=np.int64)),
     }
     for name in columns:
         if name not in cols:

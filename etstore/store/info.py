@@ -13,7 +13,12 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-__all__ = ["TraceInfo"]
+__all__ = ["FORMAT_VERSION", "TraceInfo"]
+
+FORMAT_VERSION = 3
+"""Version of the embedded store's layout this etstore writes (1: before names; 2: names and
+contents in a SQLite catalog beside DuckDB; 3: DuckDB alone holds the store, the graph is a
+derived index; :mod:`etstore.store._format`)."""
 
 
 @dataclass(frozen=True)

@@ -1,54 +1,68 @@
-"""The list of stored traces, read from an embedded store's catalog without its engines.
+"""The list of stored traces, read without the store's engines from the listing its last writer left.
 
-``etstore ls`` needs only names and counts, which the catalog (stdlib ``sqlite3``) holds;
-opening the whole store would load DuckDB, Ladybug, numpy and pyarrow first. A listing
-is a reader like any other: it takes the store's lock shared (waiting for a writer,
-:mod:`etstore.store._lock`) and reads only when nothing is left to recover. When the
-catalog alone cannot answer as the store would, :func:`list_traces` returns None and
-the caller opens the store (:func:`~etstore.store.opening.open_store`), which then does
-what it always does: a server URL, a directory that is not a store yet (the open
-creates it), a write interrupted in another process (the open rolls it back or finishes
-it from the journal, :mod:`etstore.store._journal`), a catalog of another format (the
-open refuses it or says how to upgrade it).
+``etstore ls`` needs only names and counts; opening the store would load DuckDB, numpy and
+pyarrow first. So every writer, as it closes, leaves ``listing.json`` (what
+:meth:`~etstore.store.embedded.EmbeddedStore.traces` returned), a file derived from the
+warehouse and never part of a commit. A listing is a reader like any other: it takes the
+store's lock shared (waiting for a writer, :mod:`etstore.store._lock`) and reads the file
+only when no writer's journal is left: every writer since the file was written closed after
+writing it. Otherwise :func:`list_traces` returns None and the caller opens the store
+(:func:`~etstore.store.opening.open_store`), which does what it always does: a server URL, a
+directory that is not a store yet (the open creates it), a write interrupted in another
+process (the open recovers it, :mod:`etstore.store._journal`), a store of another format
+(the open upgrades it or says how).
 """
 
 from __future__ import annotations
 
+import json
 import os
+from dataclasses import fields
+from datetime import datetime
 from pathlib import Path
 
 from etstore.store._location import resolve_location, store_exists
 from etstore.store._lock import WaitFn
 from etstore.store._session import Session
-from etstore.store.catalog import FORMAT_VERSION, Catalog
-from etstore.store.info import TraceInfo
+from etstore.store.info import FORMAT_VERSION, TraceInfo
 
-__all__ = ["catalog_traces", "list_traces"]
+__all__ = ["LISTING", "list_traces", "read_listing", "write_listing"]
+
+LISTING = "listing.json"
 
 
-def catalog_traces(catalog: Catalog) -> list[TraceInfo]:
-    """Every name of a ready content in ``catalog``, oldest first, as the store lists it.
+def write_listing(store: Path, traces: list[TraceInfo]) -> None:
+    """Write the listing a writer leaves at close (replaced in one rename; never a commit point)."""
+    rows = [
+        {
+            **{f.name: getattr(t, f.name) for f in fields(TraceInfo)},
+            "params": dict(t.params),
+            "created": t.created.isoformat() if t.created else None,
+        }
+        for t in traces
+    ]
+    tmp = store / f"{LISTING}.tmp"
+    try:
+        tmp.write_text(json.dumps({"format": FORMAT_VERSION, "traces": rows}, default=str))
+        os.replace(tmp, store / LISTING)
+    except OSError:  # a full disk or a read-only directory: ``ls`` opens the store instead
+        tmp.unlink(missing_ok=True)
+        (store / LISTING).unlink(missing_ok=True)
 
-    Parameters
-    ----------
-    catalog
-        An open catalog of format :data:`~etstore.store.catalog.FORMAT_VERSION`.
 
-    Returns
-    -------
-    list of TraceInfo
-        One per name (names sharing one content each appear).
-
-    Raises
-    ------
-    StoreError
-        SQLite refuses the catalog.
-
-    Notes
-    -----
-    One SQLite query, O(names).
-    """
-    return [n.info(c) for n, c in catalog.names()]
+def read_listing(store: Path) -> list[TraceInfo] | None:
+    """The listing a writer left, None when there is none (or of another format)."""
+    try:
+        got = json.loads((store / LISTING).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(got, dict) or got.get("format") != FORMAT_VERSION:
+        return None
+    out = []
+    for row in got["traces"]:
+        created = datetime.fromisoformat(row["created"]) if row.get("created") else None
+        out.append(TraceInfo(**{**row, "created": created}))
+    return out
 
 
 def list_traces(
@@ -77,18 +91,17 @@ def list_traces(
     -------
     list of TraceInfo or None
         What ``Store.traces`` returns on the same store; None for a server URL, a
-        directory without a catalog, a write left to recover, or a catalog of another
-        format (see the module docstring): open the store for those.
+        directory without a store or a listing, a write left to recover, or a store of
+        another format (see the module docstring): open the store for those.
 
     Raises
     ------
     StoreError
-        The URL scheme is unknown, a writer held the store for longer than ``wait_s``,
-        or SQLite refuses the catalog.
+        The URL scheme is unknown, or a writer held the store for longer than ``wait_s``.
 
     Notes
     -----
-    Reads the journal and one SQLite query, O(names); writes nothing.
+    Reads the journal and one JSON file, O(names); writes nothing.
     """
     loc, backend = resolve_location(location)
     if backend != "directory" or not store_exists(loc):
@@ -98,12 +111,6 @@ def list_traces(
     try:
         if session.interrupted() is not None:
             return None
-        catalog = Catalog(path / "catalog.sqlite", create=False)
-        try:
-            if catalog.format_version() != FORMAT_VERSION:
-                return None
-            return catalog_traces(catalog)
-        finally:
-            catalog.close()
+        return read_listing(path)
     finally:
         session.close()

@@ -30,6 +30,7 @@ from etstore.model import DEPS_SCHEMA, OPS_SCHEMA
 
 __all__ = [
     "CALIBRATION_DDL",
+    "CATALOG_DDL",
     "COMPARISONS_DDL",
     "CONTENT_TABLES",
     "DEPS_COLUMNS",
@@ -83,10 +84,27 @@ TRACE_DDL: tuple[str, ...] = (
     "rank INTEGER, id UBIGINT, parent_id UBIGINT, parent_uid BIGINT, uid BIGINT)",
     "CREATE TABLE IF NOT EXISTS traces (name VARCHAR PRIMARY KEY, kind VARCHAR, ranks INTEGER, "
     "ops BIGINT, deps BIGINT, missing BIGINT, messages BIGINT, parent VARCHAR, source VARCHAR, "
-    "params VARCHAR, content_hash VARCHAR, trace_id BIGINT NOT NULL, parent_trace_id BIGINT)",
+    "params VARCHAR, content_hash VARCHAR, trace_id BIGINT NOT NULL, parent_trace_id BIGINT, "
+    "created TIMESTAMP)",
 )
 """DDL of the trace tables (idempotent). Content is stored once, keyed by its trace id
 (``trace_<table>``); ``traces`` has one row per name, pointing at a content (``trace_id``)."""
+
+CATALOG_DDL: tuple[str, ...] = (
+    "CREATE TABLE IF NOT EXISTS contents (trace_id BIGINT NOT NULL, content_hash VARCHAR NOT NULL, "
+    "kind VARCHAR NOT NULL, ranks INTEGER NOT NULL, ops BIGINT NOT NULL, deps BIGINT NOT NULL, "
+    "missing BIGINT NOT NULL, messages BIGINT NOT NULL, status VARCHAR NOT NULL, created TIMESTAMP NOT NULL)",
+    "CREATE TABLE IF NOT EXISTS store_format (version INTEGER NOT NULL, last_trace_id BIGINT NOT NULL)",
+    "CREATE TABLE IF NOT EXISTS graph_index (trace_id BIGINT NOT NULL, content_hash VARCHAR NOT NULL, "
+    "ops BIGINT NOT NULL)",
+    "CREATE TABLE IF NOT EXISTS graph_state (dirty BOOLEAN NOT NULL, graph_schema VARCHAR NOT NULL, "
+    "names VARCHAR NOT NULL, lineage VARCHAR NOT NULL, tuner VARCHAR NOT NULL)",
+)
+"""DDL of the embedded store's catalog (:mod:`etstore.store.catalog`): ``contents`` (one row per
+stored content, by trace id), ``store_format`` (the format version and the last trace id given
+out, so none is reused), and the graph index's watermark (:mod:`etstore.store._graph_index`):
+``graph_index`` (the contents the graph holds, with their op counts) and ``graph_state``
+(whether a build is under way, and stamps of the names, lineage and tuner steps it holds)."""
 
 CONTENT_TABLES = ("trace_ops", "trace_deps", "trace_missing_deps", "trace_meta", "trace_messages")
 """Tables holding one content's rows under its ``trace_id`` (``trace_lineage`` is keyed by

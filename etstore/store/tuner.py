@@ -1,12 +1,13 @@
 """Tuner runs: a parsed trajectory into ``tuner_runs``/``tuner_steps`` and ``TunerStep`` graph nodes.
 
 One file is one run: a ``tuner_runs`` row and one ``tuner_steps`` row per logged call,
-written in one warehouse transaction, plus one ``(:TunerStep)`` node per call in the
-graph so Cypher reaches the steps too. Storing the same bytes again returns the run
-already stored (the content hash decides, as for measured runs). Each step is linked to
-the stored algorithm trace its action ran (:func:`link_steps`), and its node's ``trace``
-equals ``Op.trace`` of that trace's ops, so ``MATCH (s:TunerStep), (o:Op) WHERE
-o.trace = s.trace`` joins a step to the DAG it ran, on both backends.
+written in one warehouse transaction; the graph has one ``(:TunerStep)`` node per call so
+Cypher reaches the steps too (the embedded store's graph index derives them from the rows;
+Neo4j gets them written here). Storing the same bytes again returns the run already stored
+(the content hash decides, as for measured runs). Each step is linked to the stored
+algorithm trace its action ran (:func:`link_steps`), and its node's ``trace_id`` equals
+``Op.trace_id`` of that trace's ops, so ``MATCH (s:TunerStep), (o:Op) WHERE
+o.trace_id = s.trace_id`` joins a step to the DAG it ran, on both backends.
 
 The tables are declared in :data:`~etstore.store.schema.TUNER_DDL` and documented in
 ``docs/measured.md``; the node table in :data:`TUNER_STEP_NODE_DDL`.
@@ -24,7 +25,6 @@ import pyarrow.compute as pc
 
 from etstore.collective import short_name
 from etstore.errors import EtstoreError, QueryError, StoreError, UnknownTraceError
-from etstore.store._copy import copy_arrow
 from etstore.store.base import Store
 from etstore.store.warehouse import Warehouse
 
@@ -58,14 +58,14 @@ TUNER_STEP_PROPERTIES: dict[str, str] = {
     "protocol": "STRING",
     "channels": "INT32",
     "chunk_bytes": "INT64",
-    "trace": "STRING",
+    "trace_id": "INT64",
     "time_us": "DOUBLE",
     "busbw_gb_per_s": "DOUBLE",
     "reward": "DOUBLE",
 }
 """Properties of a ``TunerStep`` node and their Ladybug types: the step's ``tuner_steps``
-columns but ``extra``; ``uid`` is ``run_id · 2^32 + step``; ``trace`` is ``Op.trace`` of the
-linked algorithm's ops (null when the step has no link)."""
+columns but ``extra`` and ``trace``; ``uid`` is ``run_id · 2^32 + step``; ``trace_id`` is
+``Op.trace_id`` of the linked algorithm's ops (null when the step has no link)."""
 
 TUNER_STEP_NODE_DDL = (
     "CREATE NODE TABLE IF NOT EXISTS TunerStep("
@@ -285,29 +285,29 @@ def _with_run(steps: pa.Table, run_id: int) -> pa.Table:
     return steps.add_column(0, "run_id", pa.array([run_id] * steps.num_rows, pa.int64()))
 
 
-def _node_table(steps: pa.Table, run_id: int, run: str, digest: str, names: dict[str, str]) -> pa.Table:
+def _node_table(steps: pa.Table, run_id: int, run: str, digest: str, ids: dict[str, int]) -> pa.Table:
     """The ``TunerStep`` nodes as Arrow, columns in :data:`TUNER_STEP_PROPERTIES` order and types."""
     n = steps.num_rows
     step = steps["step"].cast(pa.int64())
-    linked = [None if t is None else names.get(t, t) for t in steps["trace"].to_pylist()]
+    linked = [None if t is None else ids.get(t) for t in steps["trace"].to_pylist()]
     given = {
         "uid": pc.add(step, pa.scalar(run_id << 32, pa.int64())),
         "run": pa.array([run] * n, pa.string()),
         "run_id": pa.array([run_id] * n, pa.int64()),
         "content_hash": pa.array([digest] * n, pa.string()),
-        "trace": pa.array(linked, pa.string()),
+        "trace_id": pa.array(linked, pa.int64()),
     }
     return pa.table({k: given[k] if k in given else steps[k] for k in TUNER_STEP_PROPERTIES})
 
 
-def _graph_names(store: Store, names: list[str]) -> dict[str, str]:
-    """Each linked trace's name as its ops carry it in ``Op.trace`` (a second name of stored
-    content is resolved by the backend's Cypher to the name its nodes carry)."""
-    out: dict[str, str] = {}
+def _trace_ids(store: Store, names: list[str]) -> dict[str, int]:
+    """Each linked trace's content id, as its ops carry it in ``Op.trace_id``."""
+    out: dict[str, int] = {}
     for name in names:
-        got = store.cypher("MATCH (o:Op) WHERE o.trace = $t RETURN o.trace AS trace LIMIT 1", {"t": name})
-        rows = got.to_arrow()["trace"].to_pylist() if len(got) else []
-        out[name] = str(rows[0]) if rows else name
+        with suppress(UnknownTraceError):
+            tid = store.info(name).trace_id
+            if tid is not None:
+                out[name] = tid
     return out
 
 
@@ -317,22 +317,12 @@ _CREATE = (
 
 
 def _create_nodes(store: Store, steps: pa.Table, run_id: int, run: str, digest: str) -> None:
-    """One ``TunerStep`` node per step: a bulk ``COPY`` from Arrow into Ladybug (the embedded
-    store's ``graph``), else one Cypher ``UNWIND ... CREATE`` per batch (Neo4j)."""
-    linked = sorted({t for t in steps["trace"].to_pylist() if t is not None})
-    nodes = _node_table(steps, run_id, run, digest, _graph_names(store, linked))
-    graph = getattr(store, "graph", None)
-    if graph is not None:
-        # Ladybug turns a parameter list of maps into rows at ~0.3 ms each; COPY reads the
-        # Arrow columns (100,000 steps: 0.3 s instead of 15 s)
-        try:
-            # nodes of this run id can only be left by a store interrupted before its rows
-            # committed; a COPY that met them would fail on their primary keys
-            graph.execute("MATCH (s:TunerStep) WHERE s.run_id = $r DELETE s", {"r": run_id})
-            copy_arrow(graph, "TunerStep", nodes)
-        except RuntimeError as exc:
-            raise StoreError(f"cannot store the tuner steps of {run!r} in the graph: {exc}") from exc
+    """One ``TunerStep`` node per step, one Cypher ``UNWIND ... CREATE`` per batch: for a store
+    whose graph is its own (Neo4j); an embedded store's graph index derives them from the rows."""
+    if getattr(store, "graph_is_derived", False):
         return
+    linked = sorted({t for t in steps["trace"].to_pylist() if t is not None})
+    nodes = _node_table(steps, run_id, run, digest, _trace_ids(store, linked))
     try:
         for batch in nodes.to_batches(max_chunksize=_BATCH_ROWS):
             store.cypher(_CREATE, {"rows": batch.to_pylist()})
@@ -341,7 +331,9 @@ def _create_nodes(store: Store, steps: pa.Table, run_id: int, run: str, digest: 
 
 
 def _delete_nodes(store: Store, run_id: int, digest: str) -> None:
-    """Delete the ``TunerStep`` nodes of one run (no edges touch them)."""
+    """Delete the ``TunerStep`` nodes of one run (no edges touch them; none in a derived graph)."""
+    if getattr(store, "graph_is_derived", False):
+        return
     store.cypher(
         "MATCH (s:TunerStep) WHERE s.run_id = $r AND s.content_hash = $h DELETE s", {"r": run_id, "h": digest}
     )

@@ -21,6 +21,7 @@ from etstore.store._identity import choose_name
 from etstore.store.result import Result
 from etstore.store.schema import (
     CALIBRATION_DDL,
+    CATALOG_DDL,
     COMPARISONS_DDL,
     GIB_RATE_COLUMNS,
     MEASURED_DDL,
@@ -169,6 +170,14 @@ class Warehouse:
             except duckdb.Error as exc:  # pragma: no cover - a file just written opens
                 raise StoreError(f"cannot open an empty DuckDB warehouse: {_first_line(exc)}") from exc
         return cls(con, read_only=True)
+
+    def sibling(self) -> Warehouse:
+        """Another connection to this open database (its own transactions): what a second open
+        of a store in the same process uses, since DuckDB lets one process attach a file once."""
+        con = self._con.cursor()
+        if not self.read_only:
+            con.execute("USE warehouse")
+        return Warehouse(con, read_only=self.read_only)
 
     def close(self) -> None:
         """Close the connection (idempotent)."""
@@ -346,8 +355,10 @@ class Warehouse:
                         "writable to upgrade it"
                     )
                 self._upgrade_format1(legacy)
-            for ddl in TRACE_DDL:
+            for ddl in (*TRACE_DDL, *CATALOG_DDL):
                 self.execute(ddl)
+            # names stored before format 3 have no creation time here (the catalog held it)
+            self.execute("ALTER TABLE traces ADD COLUMN IF NOT EXISTS created TIMESTAMP")
             own = self._base_tables()  # a database that is not a store may have its own ops table
             for view, ddl in TRACE_VIEWS.items():
                 if view not in own:

@@ -415,7 +415,8 @@ def test_stored_expansion_has_kind_parent_and_queryable_lineage(store: EmbeddedS
     assert (info.kind, info.parent) == ("expanded", "tx")
     assert info.params["algorithms"] == {"ALL_REDUCE": "ring-allreduce-2r-1c"}
     got = store.cypher(
-        "MATCH (c:Op)-[:BECOMES]->(x:Op) WHERE c.trace = $w AND x.trace = $e "
+        "MATCH (w:Trace {name: $w}), (e:Trace {name: $e}), (c:Op)-[:BECOMES]->(x:Op) "
+        "WHERE c.trace_id = w.trace_id AND x.trace_id = e.trace_id "
         "RETURN c.rank AS rank, c.name AS coll, x.type AS type, count(*) AS n ORDER BY rank, coll, type",
         {"w": "tx", "e": "tx-ring"},
     ).to_arrow()

@@ -100,7 +100,8 @@ def test_cypher_finds_kinds_in_the_store(store: EmbeddedStore) -> None:
     t = recorded_trace(DATA / "torch_ddp_cuda_gloo_2r")
     name = store.ingest(t, name="ddp").trace.name
     rows = store.cypher(
-        "MATCH (a:Op)-[d:DEP]->(b:Op) WHERE b.trace = $t RETURN d.kind AS kind, count(*) AS n",
+        "MATCH (t:Trace {name: $t}), (a:Op)-[d:DEP]->(b:Op) WHERE b.trace_id = t.trace_id "
+        "RETURN d.kind AS kind, count(*) AS n",
         {"t": name},
     ).to_arrow()
     got = dict(zip(rows["kind"].to_pylist(), rows["n"].to_pylist(), strict=True))

@@ -148,7 +148,8 @@ def test_chunk_split_pipelines_the_consumer(store: EmbeddedStore) -> None:
     assert simulate(out, RING2).total_ns == 35530.0
     # lineage: both pieces BECOME from apply
     got = store.cypher(
-        "MATCH (a:Op)-[:BECOMES]->(b:Op) WHERE b.trace = $t AND b.rank = 0 AND a.id = 3 "
+        "MATCH (t:Trace {name: $t}), (a:Op)-[:BECOMES]->(b:Op) "
+        "WHERE b.trace_id = t.trace_id AND b.rank = 0 AND a.id = 3 "
         "RETURN b.id ORDER BY b.id",
         {"t": out.name},
     ).to_arrow()

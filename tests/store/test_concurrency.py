@@ -72,7 +72,7 @@ def test_parallel_writers_and_readers(tmp_path: Path) -> None:
         for args in (
             ["ls", "--format", "csv"],
             ["sql", "SELECT trace, count(*) FROM ops GROUP BY 1"],
-            ["cypher", "MATCH (o:Op) RETURN o.trace, count(o)"],
+            ["cypher", "MATCH (t:Trace), (o:Op) WHERE o.trace_id = t.trace_id RETURN t.name, count(o)"],
         )
     ]
     # the writers start while this process writes, so they overlap however fast each one is
@@ -100,7 +100,9 @@ def test_parallel_writers_and_readers(tmp_path: Path) -> None:
         assert listed == {"seed": transformer(ranks=2, layers=1, tp=1).num_ops, **expected}
         by_sql = s.sql("SELECT trace AS t, count(*) AS n FROM ops GROUP BY 1").to_pylist()
         assert {r["t"]: r["n"] for r in by_sql} == listed
-        by_graph = s.cypher("MATCH (o:Op) RETURN o.trace AS t, count(o) AS n").to_pylist()
+        by_graph = s.cypher(
+            "MATCH (x:Trace), (o:Op) WHERE o.trace_id = x.trace_id RETURN x.name AS t, count(o) AS n"
+        ).to_pylist()
         assert {r["t"]: r["n"] for r in by_graph} == listed
 
 

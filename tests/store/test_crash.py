@@ -51,18 +51,20 @@ def assert_consistent(store: Path) -> dict[str, int]:
     """Open read-only (no manual recovery) and check every view agrees; returns name -> ops."""
     with EmbeddedStore(store, read_only=True, wait_s=120) as s:
         listed = {t.name: t.ops for t in s.traces()}
-        graph_name = {n.name: c.graph_name for n, c in s.catalog.names()}
+        content_ops = {n.trace_id: c.ops for n, c in s.catalog.names()}  # each content once
         by_sql = {
             r["trace"]: r["n"] for r in s.sql("SELECT trace, count(*) AS n FROM ops GROUP BY 1").to_pylist()
         }
         raw_rows = s.sql("SELECT count(*) FROM trace_ops").scalar()
         by_graph = {
-            r["t"]: r["n"] for r in s.cypher("MATCH (o:Op) RETURN o.trace AS t, count(o) AS n").to_pylist()
+            r["t"]: r["n"]
+            for r in s.cypher(
+                "MATCH (x:Trace), (o:Op) WHERE o.trace_id = x.trace_id RETURN x.name AS t, count(o) AS n"
+            ).to_pylist()
         }
-        contents = {graph_name[n]: ops for n, ops in listed.items()}  # each content once, by its graph name
         assert by_sql == {n: ops for n, ops in listed.items() if ops}, "SQL and ls disagree"
-        assert raw_rows == sum(contents.values()), "content rows of no committed trace are visible"
-        assert by_graph == {g: ops for g, ops in contents.items() if ops}, "Cypher and ls disagree"
+        assert raw_rows == sum(content_ops.values()), "content rows of no committed trace are visible"
+        assert by_graph == {n: ops for n, ops in listed.items() if ops}, "Cypher and ls disagree"
         for name, ops in listed.items():  # export reads what SQL shows
             assert s.load(name).num_ops == ops
     assert not (store / "journal.json").exists()
@@ -200,21 +202,23 @@ def test_ctrl_c_mid_write_says_what_happens_and_ends_within_2_s(
     tmp_path: Path, inputs: Path, kind: str
 ) -> None:
     h = Harness(tmp_path / "s", inputs)
-    h.prepare(kind)
     args, _made = h.command(kind)
-    proc = subprocess.Popen(
-        [*CLI, "--store", str(h.store), *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=_env(),
-    )
-    _wait_for_op(h.store, "ingest" if kind == "ingest" else "remove", proc)
-    time.sleep(0.2 if kind == "ingest" else 0.01)  # inside the engines' work (a removal is quick)
-    sent = time.monotonic()
-    proc.send_signal(signal.SIGINT)
-    _out, err = proc.communicate(timeout=30)
-    took = time.monotonic() - sent
+    for _attempt in range(8):  # the write takes tens of ms: try again when it finished first
+        h.prepare(kind)
+        proc = subprocess.Popen(
+            [*CLI, "--store", str(h.store), *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=_env(),
+        )
+        _wait_for_op(h.store, "ingest" if kind == "ingest" else "remove", proc)
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        _out, err = proc.communicate(timeout=30)
+        took = time.monotonic() - sent
+        if "interrupted during" in err:
+            break
     assert proc.returncode == 130 and took <= 2.0, (proc.returncode, took, err)
     if kind == "ingest":
         assert "interrupted during the ingest of 'big'" in err
@@ -228,7 +232,13 @@ def test_ctrl_c_mid_write_says_what_happens_and_ends_within_2_s(
     assert [line.split(",")[0] for line in ls.stdout.splitlines()[1:]] == ["small"]
     # the other commands agree, read-only and with nothing left to recover
     sql = etstore(h.store, "sql", "SELECT DISTINCT trace FROM ops", "--format", "csv")
-    cypher = etstore(h.store, "cypher", "MATCH (o:Op) RETURN DISTINCT o.trace AS t", "--format", "csv")
+    cypher = etstore(
+        h.store,
+        "cypher",
+        "MATCH (x:Trace), (o:Op) WHERE o.trace_id = x.trace_id RETURN DISTINCT x.name AS t",
+        "--format",
+        "csv",
+    )
     assert (sql.stdout.split(), sql.stderr) == (["trace", "small"], "")
     assert (cypher.stdout.split(), cypher.stderr) == (["t", "small"], "")
     exported = etstore(h.store, "export", "big", "--out", str(h.store.parent / "out" / "big"))
