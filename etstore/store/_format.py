@@ -43,16 +43,23 @@ def legacy_catalog(store: Path) -> Path | None:
 
 
 def stored_version(wh: Warehouse) -> int | None:
-    """The version record of the warehouse, None when it has none."""
-    try:
-        v = wh.query("SELECT max(version) FROM store_format").scalar()
-    except StoreError:  # a warehouse written before format 3 has no such table
+    """The version record of the warehouse, None when it has none (a new store, or one written
+    before format 3 and not upgraded: it has no such table)."""
+    has = wh.query(
+        "SELECT count(*) FROM information_schema.tables WHERE table_name = 'store_format' "
+        "AND table_schema = current_schema()"
+    ).scalar()
+    if not has:
         return None
+    v = wh.query("SELECT max(version) FROM store_format").scalar()
     return int(v) if v is not None else None
 
 
-def check_format(store: Path, wh: Warehouse, location: str, *, read_only: bool) -> bool:
+def check_format(store: Path, wh: Warehouse | None, location: str, *, read_only: bool) -> bool:
     """Whether the store must be upgraded before use (format 1 or 2, opened writable).
+
+    ``wh`` is the store's warehouse when it is open read-only; None has the file looked at
+    read-only (a writable open would create this format's tables in an older one).
 
     Raises
     ------
@@ -60,7 +67,14 @@ def check_format(store: Path, wh: Warehouse, location: str, *, read_only: bool) 
         The store is of a newer format, or of an older one and opened read-only (the
         message says what to run).
     """
-    version = stored_version(wh)
+    path = store / "warehouse.duckdb"
+    if wh is not None:
+        version = stored_version(wh)
+    elif path.exists():
+        with Warehouse.open(path, read_only=True) as peek:
+            version = stored_version(peek)
+    else:
+        version = None
     if version is not None and version > FORMAT_VERSION:
         raise StoreError(
             f"{location} is store format {version}, written by a newer etstore; this etstore "

@@ -187,8 +187,12 @@ class EmbeddedStore:
         return self._graph.open()
 
     def _open_format(self, *, read_only: bool) -> None:
-        """Check the format; upgrade an older one in place (writable opens only)."""
-        if check_format(self.path, self.warehouse, self.location, read_only=read_only):
+        """Check the format; upgrade an older one in place (writable opens only). A second open
+        in this process shares the first's warehouse, which the first open checked."""
+        if not self.session.owner:
+            return
+        wh = self.warehouse if read_only else None
+        if check_format(self.path, wh, self.location, read_only=read_only):
             self._close_engines()
             self._warehouse = upgrade(self.path, self.location)
         if not read_only:

@@ -162,15 +162,13 @@ def test_fresh_store_opened_read_only_is_locked_too(work: Path) -> None:
     assert not list((work / "cwd").iterdir())
 
 
-def test_store_without_a_warehouse_reads_empty_and_refuses_writes(
+def test_a_new_store_queried_read_only_reads_empty_and_refuses_writes(
     capsys: pytest.CaptureFixture[str], work: Path
 ) -> None:
-    """A store whose first ingest failed has a catalog but no warehouse file: read-only SQL
-    sees empty tables (not "database does not exist") and still refuses every write."""
+    """A directory that holds no store yet, queried read-only: the store is made (its warehouse
+    is the store), SQL sees empty tables (not "database does not exist") and still refuses
+    every write."""
     path = work / "nowarehouse"
-    with open_store(path, write=True):
-        pass
-    (path / "warehouse.duckdb").unlink(missing_ok=True)
     assert main(["--store", str(path), "sql", "SELECT count(*) AS n FROM ops", "--format", "json"]) == 0
     assert json.loads(capsys.readouterr().out) == [{"n": 0}]
     for query, refusal in (
@@ -180,7 +178,8 @@ def test_store_without_a_warehouse_reads_empty_and_refuses_writes(
         assert main(["--store", str(path), "sql", query]) == 1
         err = capsys.readouterr().err
         assert refusal in err and err.count("\n") == 1
-    assert not (path / "warehouse.duckdb").exists()
+    with open_store(path, read_only=True) as s:
+        assert s.sql("SELECT count(*) FROM information_schema.tables WHERE table_name = 'x'").scalar() == 0
     assert not list((work / "cwd").iterdir())
 
 
