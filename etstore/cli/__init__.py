@@ -14,31 +14,67 @@ line on stderr and exit code 1.
 
 from __future__ import annotations
 
-import contextlib
+import _signal  # type: ignore[import-not-found]  # the interpreter's own, loaded before any script runs
 import os
-import signal
 import sys
-from types import FrameType
 
 
-def _interrupted_while_starting(signum: int, frame: FrameType | None) -> None:
-    """SIGINT before the command runs (the imports below and the command module's): nothing
-    has started, so leave now."""
-    sys.stderr.write("etstore: interrupted\n")
-    sys.stderr.flush()
-    os._exit(130)
+def _exit_at_once(signum: int, frame: object) -> None:
+    """Ctrl-C while nothing is under way (the imports, or a second Ctrl-C while the first one
+    unwinds the command): say so and leave now. ``os.write``: the main thread may be inside
+    ``sys.stderr``'s own write, which must not be re-entered."""
+    try:
+        os.write(2, b"etstore: interrupted\n")
+    finally:
+        os._exit(130)
 
 
-_CONSOLE_SCRIPT = os.path.basename(sys.argv[0] if sys.argv else "") == "etstore"
-# A Ctrl-C during the imports would otherwise print a traceback from inside some library, so the
-# handler goes in before them, etstore's own included (only standard modules above, which the
-# interpreter's start-up has mostly loaded already). Only the console script gets it (argv[0] is
-# the script); main() puts the default back once the command's module is imported.
-if _CONSOLE_SCRIPT and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
-    with contextlib.suppress(ValueError):  # not the main thread: signals are not ours to handle
-        signal.signal(signal.SIGINT, _interrupted_while_starting)
+def _interrupt_command(signum: int, frame: object) -> None:
+    """The first Ctrl-C while the command runs: a KeyboardInterrupt, which unwinds it (a DuckDB
+    transaction rolls back) to main()'s one line; any further one leaves at once, so that no
+    second KeyboardInterrupt can escape main() while the first is being answered."""
+    _signal.signal(_signal.SIGINT, _exit_at_once)
+    raise KeyboardInterrupt
 
-from etstore.pandas_gate import hide_pandas  # noqa: E402  (after the interrupt handler, on purpose)
+
+def _runs_as_the_command() -> bool:
+    """Whether this process is the ``etstore`` command: the console script (argv[0] names it), or
+    ``python -m etstore.cli``, while runpy imports this package (argv[0] is ``-m`` until then,
+    the interpreter's own arguments name the module)."""
+    if not sys.argv:
+        return False
+    if os.path.basename(sys.argv[0]) == "etstore":
+        return True
+    if sys.argv[0] != "-m":
+        return False
+    args = list(getattr(sys, "orig_argv", []))[1:]
+    while args and args[0].startswith("-"):
+        option = args.pop(0)
+        if option.startswith("--"):  # of the interpreter's long options only this one takes a value
+            del args[: option == "--check-hash-based-pycs"]
+            continue
+        for i, flag in enumerate(option[1:], 1):
+            if flag in "cmWX":  # the options that take a value: the rest of the cluster, or the next
+                value = option[i + 1 :] or (args.pop(0) if args else "")
+                if flag in "cm":
+                    return flag == "m" and value in (__name__, f"{__name__}.__main__")
+                break
+    return False
+
+
+# A Ctrl-C during the imports would otherwise print a traceback from inside some library (or
+# crash a C extension interrupted in its initialisation), so the handler goes in before any of
+# them: only modules the interpreter's start-up loaded are above. It is the command's alone (a
+# program importing etstore.cli keeps its own); main() swaps it for _interrupt_command once
+# the command's module is imported, and ignores Ctrl-C once the command has its exit code.
+_OWNS_SIGINT = _runs_as_the_command() and _signal.getsignal(_signal.SIGINT) is _signal.default_int_handler
+if _OWNS_SIGINT:
+    try:
+        _signal.signal(_signal.SIGINT, _exit_at_once)
+    except ValueError:  # not the main thread: signals are not ours to handle
+        _OWNS_SIGINT = False
+
+from etstore.pandas_gate import hide_pandas  # noqa: E402  (after the interrupt handler, as all below)
 
 
 def _become_the_command() -> None:
@@ -54,10 +90,10 @@ def _become_the_command() -> None:
     hide_pandas()
 
 
-if _CONSOLE_SCRIPT:
+if os.path.basename(sys.argv[0] if sys.argv else "") == "etstore":  # the console script
     _become_the_command()
 
-import argparse  # noqa: E402  (after the interrupt handler, on purpose)
+import argparse  # noqa: E402
 import difflib  # noqa: E402
 import importlib  # noqa: E402
 from collections.abc import Sequence  # noqa: E402
@@ -229,36 +265,60 @@ def main(argv: Sequence[str] | None = None) -> int:
     module completes. ``--store`` and ``--wait`` go before or after the command; an
     unknown option is named, with the nearest known one (exit 2).
     """
-    try:
-        arg_list = list(sys.argv[1:] if argv is None else argv)
-        chosen, _ = _parser().parse_known_args(arg_list)
-        parser = _parser(chosen.command)  # imports the command's module
-        args, extras = parser.parse_known_args(arg_list)
-        if extras:
-            _refuse_unknown(parser, chosen.command, extras)
-        # only now has anything started: until here a Ctrl-C leaves at once, which also keeps it
-        # out of C extensions' module initialisation (orjson's crashes when interrupted there)
-        if signal.getsignal(signal.SIGINT) is _interrupted_while_starting:
-            signal.signal(signal.SIGINT, signal.default_int_handler)
-        # piped output is read by scripts and wide terminals alike: do not fold tables at 80 columns
-        console = DeferredConsole(soft_wrap=False, width=None if sys.stdout.isatty() else 200)
-        return int(args.handler(args, console))
+    try:  # the command's Ctrl-C is one KeyboardInterrupt (_interrupt_command): answered here alone
+        try:
+            code = _run(argv)
+        except Exception as exc:
+            code = _failed(exc)
+        except SystemExit:  # argparse: usage errors, --help, --version
+            _finished()
+            raise
+        _finished()
+        return code
     except KeyboardInterrupt:  # whatever was being written has rolled back on its way out
         return _interrupted()
-    except Exception as exc:
-        if _engine_interrupted(exc):
-            return _interrupted()
-        if isinstance(exc, EtstoreError):
-            print(f"etstore: error: {exc}", file=sys.stderr)
-            return 1
-        if isinstance(exc, OSError):  # a file or directory the user named cannot be read or written
-            where = f": {exc.filename}" if getattr(exc, "filename", None) else ""
-            print(f"etstore: error: {exc.strerror or exc}{where}", file=sys.stderr)
-            return 1
-        raise
+
+
+def _run(argv: Sequence[str] | None) -> int:
+    """:func:`main` up to the exit code: parse, import the command's module, run its handler."""
+    arg_list = list(sys.argv[1:] if argv is None else argv)
+    chosen, _ = _parser().parse_known_args(arg_list)
+    parser = _parser(chosen.command)  # imports the command's module
+    args, extras = parser.parse_known_args(arg_list)
+    if extras:
+        _refuse_unknown(parser, chosen.command, extras)
+    # only now has anything started: until here a Ctrl-C leaves at once, which also keeps it
+    # out of C extensions' module initialisation (orjson's crashes when interrupted there)
+    if _OWNS_SIGINT and _signal.getsignal(_signal.SIGINT) is _exit_at_once:
+        _signal.signal(_signal.SIGINT, _interrupt_command)
+    # piped output is read by scripts and wide terminals alike: do not fold tables at 80 columns
+    console = DeferredConsole(soft_wrap=False, width=None if sys.stdout.isatty() else 200)
+    return int(args.handler(args, console))
+
+
+def _failed(exc: Exception) -> int:
+    """The exit code for an error out of the command, said in one line (a bug's is raised)."""
+    if _engine_interrupted(exc):
+        return _interrupted()
+    if isinstance(exc, EtstoreError):
+        print(f"etstore: error: {exc}", file=sys.stderr)
+        return 1
+    if isinstance(exc, OSError):  # a file or directory the user named cannot be read or written
+        where = f": {exc.filename}" if getattr(exc, "filename", None) else ""
+        print(f"etstore: error: {exc.strerror or exc}{where}", file=sys.stderr)
+        return 1
+    raise exc
+
+
+def _finished() -> None:
+    """The command has its exit code: from now on the command's process ignores Ctrl-C, which
+    would change nothing but interrupt its exit (buffered output, ``atexit``) with a traceback."""
+    if _OWNS_SIGINT:
+        _signal.signal(_signal.SIGINT, _signal.SIG_IGN)
 
 
 def _interrupted() -> int:
+    _finished()  # before the line: a second Ctrl-C is ignored from here (sooner, it left with this line)
     print("etstore: interrupted", file=sys.stderr)
     return 130
 

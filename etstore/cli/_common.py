@@ -20,12 +20,13 @@ import signal
 import sys
 import threading
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from etstore import store as stores  # the package; its backends load on first use (see above)
+from etstore.cli import _interrupt_command
 from etstore.cli._console import DeferredConsole
 from etstore.cli._render import FORMATS, json_text
 from etstore.errors import OptionError
@@ -165,6 +166,8 @@ def open_to_record(args: argparse.Namespace) -> Iterator[Store | None]:
 _writers: weakref.WeakSet[EmbeddedStore] = weakref.WeakSet()
 _exiting = threading.Lock()
 _guarded = False
+_previous: Callable[[int, FrameType | None], object] = signal.default_int_handler
+"""The SIGINT handler :func:`_on_interrupt` replaced: the command's, or Python's own."""
 
 
 def _guard_interrupts(store: EmbeddedStore) -> None:
@@ -172,11 +175,12 @@ def _guard_interrupts(store: EmbeddedStore) -> None:
     docstring). Python runs a signal handler only between bytecodes of the main thread, which
     an engine call can hold for seconds, so a thread woken through the signal wakeup fd acts
     as well, whichever comes first."""
-    global _guarded
+    global _guarded, _previous
     _writers.add(store)
     if _guarded or threading.current_thread() is not threading.main_thread():
         return
-    if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+    previous = signal.getsignal(signal.SIGINT)
+    if previous is not signal.default_int_handler and previous is not _interrupt_command:
         return  # someone else handles Ctrl-C (an embedding program): leave it to them
     read_end, write_end = os.pipe()
     os.set_blocking(write_end, False)
@@ -185,6 +189,7 @@ def _guard_interrupts(store: EmbeddedStore) -> None:
         os.close(read_end)
         os.close(write_end)
         return
+    _previous = previous
     signal.signal(signal.SIGINT, _on_interrupt)
     threading.Thread(target=_watch, args=(read_end,), name="etstore-interrupt", daemon=True).start()
     _guarded = True
@@ -204,9 +209,10 @@ def _watch(read_end: int) -> None:
 
 
 def _on_interrupt(signum: int, frame: FrameType | None) -> None:
-    """SIGINT in the main thread: stop a write at once, else the usual KeyboardInterrupt."""
+    """SIGINT in the main thread: stop a write at once, else what the handler it replaced does
+    (the usual KeyboardInterrupt)."""
     _stop_writing()
-    signal.default_int_handler(signum, frame)
+    _previous(signum, frame)
 
 
 def _stop_writing() -> None:

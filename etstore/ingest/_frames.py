@@ -8,6 +8,7 @@ format does not load them."""
 from __future__ import annotations
 
 import zlib
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -29,6 +30,7 @@ __all__ = [
     "TUNER_COST",
     "ReadCost",
     "check_json_depth",
+    "declared_size",
     "frame_limit_message",
     "load_json",
     "max_decoded_bytes",
@@ -36,6 +38,7 @@ __all__ = [
     "read_bytes",
     "read_within_budget",
     "require_read_budget",
+    "require_together_budget",
     "varint",
     "write_varint",
 ]
@@ -123,6 +126,53 @@ def require_read_budget(path: Path, cost: ReadCost, size: int, lines: int = 0) -
     need = size * cost.per_byte + lines * cost.per_line
     counted = f" in {lines:,} lines" if lines else ""
     message = budget_exceeded(need, f"{path}: reading {format_bytes(size)} of {cost.what}{counted}")
+    if message is not None:
+        raise TraceFormatError(message)
+
+
+def declared_size(path: Path) -> int:
+    """Bytes ``path`` holds once decompressed, as far as it says before it is read: a gzip
+    stream's trailer (ISIZE: the last member's size modulo 4 GiB), else the file's own size.
+
+    An estimate for checks that come before any reading; each file's reader still stops
+    at its own limit while it inflates, whatever the trailer says.
+    """
+    size = path.stat().st_size
+    if size < 18:  # no room for a gzip header and trailer
+        return size
+    with path.open("rb") as f:
+        if f.read(2) != _GZIP_MAGIC:
+            return size
+        f.seek(-4, 2)
+        return max(size, int.from_bytes(f.read(4), "little"))
+
+
+def require_together_budget(files: Sequence[tuple[Path, ReadCost]]) -> None:
+    """Refuse, before any is read, files that would not fit the memory budget held together.
+
+    Why: the ranks of one PyTorch recording are read into memory side by side (every rank's
+    decoded execution trace and Kineto document lives until the trace is assembled), so a
+    recording whose every file fits alone can still need many times the budget. One file
+    is left to its reader's own limit.
+
+    Raises
+    ------
+    TraceFormatError
+        One line: the files (their directory first, where they share one), their bytes,
+        what reading them together needs, the budget and how to raise it.
+    """
+    if len(files) < 2:
+        return
+    sizes = [declared_size(path) for path, _ in files]
+    need = sum(size * cost.per_byte for size, (_, cost) in zip(sizes, files, strict=True))
+    paths = [path for path, _ in files]
+    folders = {p.parent for p in paths}
+    shown = [p.name for p in paths] if len(folders) == 1 else [str(p) for p in paths]
+    names = ", ".join(shown[:8]) + (f", ... ({len(shown) - 8} more)" if len(shown) > 8 else "")
+    where = f"{folders.pop()}: " if len(folders) == 1 else ""
+    kinds = " and ".join(dict.fromkeys(f"{cost.what}s" for _, cost in files))
+    together = f"{where}{len(files)} files read together ({names}), {format_bytes(sum(sizes))} of {kinds},"
+    message = budget_exceeded(need, together)
     if message is not None:
         raise TraceFormatError(message)
 

@@ -24,9 +24,11 @@ from etstore.errors import ConfigError, TraceFormatError
 from etstore.ingest._frames import (
     COMM_GROUPS_COST,
     KINETO_COST,
+    PYTORCH_ET_COST,
     check_json_depth,
     load_json,
     read_within_budget,
+    require_together_budget,
 )
 
 log = logging.getLogger(__name__)
@@ -455,12 +457,16 @@ def torch_rank_files(where: str, files: Sequence[tuple[Path, str]]) -> TorchFile
         Two files of one kind for one rank, a file with no rank beside files that have one
         (one ET and one Kineto file without ranks are one process's pair: rank 0), Kineto
         files of different world sizes, or a rank outside the world. Missing ranks are not
-        an error: a capture of some ranks is a trace of those ranks.
+        an error: a capture of some ranks is a trace of those ranks. Or the files, read
+        together as their reader holds them, would not fit the memory budget (checked
+        before any is read).
 
     Notes
     -----
     Parses each Kineto file once (the documents are handed on, not parsed again).
     """
+    costs = [(path, KINETO_COST if fmt == KINETO else PYTORCH_ET_COST) for path, fmt in files]
+    require_together_budget(costs)
     out = TorchFiles()
     worlds: dict[int, Path] = {}
     unranked: list[tuple[Path, str]] = []

@@ -44,7 +44,14 @@ import numpy as np
 import pyarrow as pa
 
 from etstore.errors import TraceFormatError
-from etstore.ingest._frames import load_json, write_varint
+from etstore.ingest._frames import (
+    KINETO_COST,
+    PYTORCH_ET_COST,
+    ReadCost,
+    load_json,
+    require_together_budget,
+    write_varint,
+)
 from etstore.ingest._guard import values_in_range
 from etstore.ingest._torch_check import collective_mismatches, partial_ranks
 from etstore.ingest._torch_comm import COLL_NODE, RECV_NODE, SEND_NODE, comm_args, is_comm_kernel
@@ -66,6 +73,7 @@ from etstore.ingest._torch_lanes import issuers, run_threads, thread_lanes
 from etstore.ingest._torch_link import LinkResult, dumps, link_rank, recorded_window
 from etstore.ingest._torch_rank import RankColumns, add_unrecorded_runs, data_releases
 from etstore.ingest.et import split_missing
+from etstore.ingest.files import KINETO, sniff_format
 from etstore.model import ATTR_COLUMNS, DEP_KINDS, META_SCHEMA, OPS_SCHEMA, Trace, deps_table, member_number
 from etstore.proto import GlobalMetadata
 
@@ -331,7 +339,9 @@ def _metadata(header: Mapping[str, Any]) -> bytes:
     return bytes(meta.SerializeToString())
 
 
-def read_pytorch_et(spec: Spec, *, name: str | None = None, kineto: Spec | None = None) -> Trace:
+def read_pytorch_et(
+    spec: Spec, *, name: str | None = None, kineto: Spec | None = None, docs: Mapping[Path, Any] | None = None
+) -> Trace:
     """Read PyTorch execution traces (one per rank), optionally linked with their Kineto traces.
 
     Parameters
@@ -345,6 +355,8 @@ def read_pytorch_et(spec: Spec, *, name: str | None = None, kineto: Spec | None 
     kineto
         The Kineto trace(s) of the same ranks, in any form ``spec`` takes. Ranks are
         matched by ``distributedInfo.rank``, else by the number in the file name.
+    docs
+        Kineto documents already parsed, by path (recognition parses them once): not read again.
 
     Returns
     -------
@@ -361,7 +373,8 @@ def read_pytorch_et(spec: Spec, *, name: str | None = None, kineto: Spec | None 
     TraceFormatError
         A file that is not valid JSON (e.g. truncated), not an execution trace, an ET
         without nodes or with a repeated node id, two files for one rank, or a Kineto
-        trace of a rank that no given ET holds.
+        trace of a rank that no given ET holds. Or the files, held together as they are
+        read, would not fit the memory budget (checked before any is read).
 
     Notes
     -----
@@ -375,18 +388,22 @@ def read_pytorch_et(spec: Spec, *, name: str | None = None, kineto: Spec | None 
     gc.disable()
     try:
         with values_in_range(spec if isinstance(spec, (str, Path)) else "PyTorch execution trace"):
-            return _read(spec, name=name, kineto=kineto)
+            return _read(spec, name=name, kineto=kineto, docs=docs or {})
     finally:
         if gc_was_on:
             gc.enable()
 
 
-def _read(spec: Spec, *, name: str | None, kineto: Spec | None) -> Trace:
+def _read(spec: Spec, *, name: str | None, kineto: Spec | None, docs: Mapping[Path, Any]) -> Trace:
     ets: list[tuple[int | None, Path, int | None]] = []
     parsed: dict[Path, _Parsed] = {}
     found_kineto: list[tuple[int | None, Path, Any]] = []
-    for given, path in trace_paths(spec):
-        doc = load_json(path)
+    files = [(given, path, _read_cost(path, spec)) for given, path in trace_paths(spec)]
+    kineto_files = trace_paths(kineto)
+    # every rank's nodes and Kineto document are held until the trace is assembled: the sum must fit
+    require_together_budget([(p, c) for _, p, c in files] + [(p, KINETO_COST) for _, p in kineto_files])
+    for given, path, cost in files:
+        doc = load_json(path, limit=cost.byte_limit())
         kind = doc_kind(doc)
         if kind == "kineto" and not isinstance(spec, (Mapping, list, tuple)):
             found_kineto.append((given, path, doc))
@@ -405,9 +422,24 @@ def _read(spec: Spec, *, name: str | None, kineto: Spec | None) -> Trace:
     if not ets:
         raise TraceFormatError(f"{spec}: no PyTorch execution trace among the files")
     ranks = assign_ranks(ets, "execution trace")
-    kdocs = [(g, p, load_json(p)) for g, p in trace_paths(kineto)] if kineto is not None else found_kineto
+    kdocs = found_kineto
+    if kineto is not None:
+        limit = KINETO_COST.byte_limit()
+        kdocs = [(g, p, docs[p] if p in docs else load_json(p, limit=limit)) for g, p in kineto_files]
     links = _kineto_by_rank(kdocs, ranks)
     return _assemble(ranks, parsed, links, name=name, source=str(spec))
+
+
+def _read_cost(path: Path, spec: Spec) -> ReadCost:
+    """What reading ``path`` of ``spec`` costs: an execution trace's, or a Kineto trace's
+    where a directory or glob holds one (the files listed or mapped must be execution traces)."""
+    if isinstance(spec, (str, Path)) and not Path(spec).is_file():
+        try:
+            if sniff_format(path) == KINETO:
+                return KINETO_COST
+        except TraceFormatError:  # no trace: refused by name once read
+            pass
+    return PYTORCH_ET_COST
 
 
 def _kineto_by_rank(

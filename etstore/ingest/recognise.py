@@ -99,7 +99,7 @@ def read_trace(
     if name is None and Path(spec).is_dir():  # per-rank files share no prefix worth keeping
         name = Path(spec).resolve().name
     if ranks.et:
-        return _reader(PYTORCH_ET)(ranks.et, name=name, kineto=ranks.kineto or None)
+        return _reader(PYTORCH_ET)(ranks.et, name=name, kineto=ranks.kineto or None, docs=ranks.docs)
     return _reader(KINETO)(sorted(ranks.kineto.items()), name=name, docs=ranks.docs)
 
 
