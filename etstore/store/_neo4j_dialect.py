@@ -9,7 +9,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from etstore.store.graph import GRAPH_OP_COLUMNS
+from etstore.store.graph import GRAPH_OP_COLUMNS, TRACE_NODE_COLUMNS
 
 __all__ = ["column", "driver", "message", "plain", "translate_cypher"]
 
@@ -58,8 +58,11 @@ def plain(value: Any) -> Any:
     if isinstance(value, graph.Node):
         labels = sorted(value.labels)
         out: dict[str, Any] = {"_ID": value.element_id, "_LABEL": labels[0] if labels else None}
+        # every column of the node's table, absent (null) ones too, as the embedded store gives them
         if "Op" in value.labels:
             out.update({c: value.get(c) for c in GRAPH_OP_COLUMNS})
+        elif "Trace" in value.labels:
+            out.update({c: value.get(c) for c in TRACE_NODE_COLUMNS})
         out.update({k: plain(v) for k, v in value.items() if k not in out})
         return out
     if isinstance(value, graph.Relationship):

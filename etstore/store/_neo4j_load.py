@@ -20,6 +20,7 @@ import pyarrow.compute as pc
 
 from etstore.errors import StoreError
 from etstore.model import DEPS_SCHEMA, META_SCHEMA, OPS_SCHEMA, Trace
+from etstore.store.graph import lineage_edges, uid_base
 
 __all__ = [
     "CHUNK_BYTES",
@@ -28,7 +29,9 @@ __all__ = [
     "decode_payload",
     "edge_batches",
     "encode_payload",
+    "lineage_links",
     "node_batches",
+    "uid_table",
 ]
 
 CHUNK_BYTES = 4 << 20
@@ -60,15 +63,22 @@ def _columns(table: pa.Table, start: int, stop: int) -> dict[str, list[Any]]:
 
 
 def node_batches(nodes: pa.Table, trace_name: str, batch_rows: int) -> Iterator[Batch]:
-    """``CREATE (:Op {...})`` statements over ``nodes`` (:func:`etstore.store.graph.op_nodes`)."""
+    """``CREATE (:Op {...})`` statements over ``nodes`` (:func:`etstore.store.graph.op_nodes`).
+
+    ``trace_id`` is one value for the whole table, so it travels once per statement, not
+    once per op; ``trace_name`` names the trace in errors.
+    """
     _check_int64(nodes, f"trace {trace_name}")
-    body = nodes.drop_columns(["trace"])
+    if nodes.num_rows == 0:
+        return
+    trace_id = nodes["trace_id"][0].as_py()
+    body = nodes.drop_columns(["trace_id"])
     for start in range(0, body.num_rows, batch_rows):
         stop = min(start + batch_rows, body.num_rows)
         cols = _columns(body, start, stop)
-        props = ", ".join(["trace: $trace", *(f"{c}: $c_{c}[i]" for c in cols)])
+        props = ", ".join(["trace_id: $trace_id", *(f"{c}: $c_{c}[i]" for c in cols)])
         query = f"UNWIND range(0, $n - 1) AS i CREATE (:Op {{{props}}})"
-        params = {"n": stop - start, "trace": trace_name, **{f"c_{c}": v for c, v in cols.items()}}
+        params = {"n": stop - start, "trace_id": trace_id, **{f"c_{c}": v for c, v in cols.items()}}
         yield query, params, stop - start
 
 
@@ -130,3 +140,29 @@ def decode_payload(chunks: Sequence[tuple[str, int, bytes]], where: str) -> dict
             raise StoreError(f"{where}: the stored {name} payload is damaged: {exc}") from exc
         tables[name] = table.cast(PAYLOAD_TABLES[name]) if name in PAYLOAD_TABLES else table
     return tables
+
+
+def uid_table(ops: pa.Table, seq: int) -> pa.Table:
+    """``rank``, ``id``, ``uid`` of content ``seq``'s ops (its payload's ``ops``, in uid order)."""
+    base = uid_base(seq)
+    return pa.table(
+        {"rank": ops["rank"], "id": ops["id"], "uid": pa.array(range(base, base + ops.num_rows), pa.int64())}
+    )
+
+
+def lineage_links(lineage: pa.Table, child: pa.Table, parent: pa.Table, what: str) -> pa.Table:
+    """Lineage rows with uids (``child`` and ``parent`` from :func:`uid_table`): ``from``/``to``
+    for the ``BECOMES`` edges plus the columns of the SQL ``lineage`` table, which the payload
+    keeps so every client's warehouse gets them."""
+    links = lineage_edges(lineage, child, parent, what=what)
+    return pa.table(
+        {
+            "from": links["from"],
+            "to": links["to"],
+            "rank": lineage["rank"].cast(pa.int32()),
+            "id": lineage["id"].cast(pa.uint64()),
+            "parent_id": lineage["parent_id"].cast(pa.uint64()),
+            "parent_uid": links["from"],
+            "uid": links["to"],
+        }
+    )

@@ -2,23 +2,24 @@
 
 What lives where:
 
-- On the server: the graph (``(:Op)-[:DEP]->(:Op)``, ``(:Op)-[:MSG]->(:Op)``, as in
-  the embedded store), the catalog as ``(:EtstoreContent)`` nodes (each content once)
-  and ``(:EtstoreTrace)`` nodes (the names pointing at them; see
-  :mod:`etstore.store._neo4j_catalog`), and each content's lossless payload as
-  ``(:EtstorePayload)`` nodes, so every client sees, loads and exports every trace.
+- On the server: the graph (``(:Op)-[:DEP]->(:Op)``, ``(:Op)-[:MSG]->(:Op)`` and one
+  ``(:Trace)`` node per name, as in the embedded store), the catalog as
+  ``(:EtstoreContent)`` nodes (each content once) and ``(:EtstoreTrace)`` nodes (the names
+  pointing at them; see :mod:`etstore.store._neo4j_catalog`), and each content's lossless
+  payload as ``(:EtstorePayload)`` nodes, so every client sees, loads and exports every trace.
 - On the client: a DuckDB warehouse (``$ETSTORE_WAREHOUSE`` or a per-server
   directory under the user cache) that mirrors the server's ready traces for SQL,
   and holds the simulator's metrics.
 
 An ingest of new content claims a content node and a name node in state ``loading``
 (reserving the content hash and the name), writes nodes, edges and payload, then
-flips both to ``ready`` in one transaction — the commit point. Known content under a
-new name gets only the name node (and lineage from a new parent, if any). A trace of
-up to ``single_tx_rows`` rows is written in one transaction, so a failure cannot
-leave any of it behind even for a moment; a larger one is written in batches whose
-leftovers are removed on failure or interrupt, and by the next writable open if the
-client died (after ``stale_after_s`` without a heartbeat).
+flips both to ``ready`` and creates the name's ``Trace`` node in one transaction — the
+commit point. Known content under a new name gets only the name's two nodes (and lineage
+from a new parent, if any). A trace of up to ``single_tx_rows`` rows is written in one
+transaction, so a failure cannot leave any of it behind even for a moment; a larger one
+is written in batches whose leftovers are removed on failure or interrupt
+(:mod:`etstore.store._neo4j_remove`), and by the next writable open if the client died
+(after ``stale_after_s`` without a heartbeat).
 
 Credentials come from the URL (``neo4j://user:pass@host:7687``) or from
 ``NEO4J_USERNAME``/``NEO4J_USER`` and ``NEO4J_PASSWORD``; :attr:`location`, ``repr``,
@@ -31,8 +32,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Iterable, Mapping
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -42,20 +42,26 @@ import pyarrow as pa
 from etstore.dag import cycle_members
 from etstore.errors import QueryError, StoreError, UnknownTraceError
 from etstore.model import Trace, TraceKind
-from etstore.store._cypher import check_parameters, resolve_names
+from etstore.store._cypher import check_parameters
 from etstore.store._identity import choose_name, identity
 from etstore.store._mirror import Mirror, NameRow
-from etstore.store._neo4j_catalog import SCHEMA, check_format, upgrade_format1
+from etstore.store._neo4j_bolt import Bolt
+from etstore.store._neo4j_catalog import FORMAT_VERSION, SCHEMA, TRACE_NODE, check_format, upgrade
 from etstore.store._neo4j_dialect import column, driver, message, plain, translate_cypher
-from etstore.store._neo4j_load import decode_payload, edge_batches, encode_payload, node_batches
+from etstore.store._neo4j_load import (
+    decode_payload,
+    edge_batches,
+    encode_payload,
+    lineage_links,
+    node_batches,
+    uid_table,
+)
+from etstore.store._neo4j_remove import abandoned, drop_name, purge
 from etstore.store._neo4j_target import Neo4jTarget, default_warehouse, parse_url
 from etstore.store._streamed import gather
 from etstore.store.base import IngestReport, ProgressFn, Store, TraceInfo, checked_kind
-from etstore.store.catalog import FORMAT_VERSION
 from etstore.store.graph import (
-    UID_SHIFT,
     dep_edges,
-    lineage_edges,
     message_edges,
     op_nodes,
     uid_base,
@@ -97,7 +103,7 @@ class Neo4jStore:
     ------
     StoreError
         The URL is malformed, the server is unreachable or refuses the credentials,
-        the store is of a newer format, or of format 1 and opened read-only.
+        the store is of a newer format, or of an older one and opened read-only.
     """
 
     def __init__(
@@ -110,40 +116,22 @@ class Neo4jStore:
         single_tx_rows: int = 200_000,
         stale_after_s: float = 120.0,
     ) -> None:
-        neo4j = driver()
         self.target = parse_url(url)
         self.location = self.target.location
         self.read_only = read_only
         self.batch_rows = batch_rows
         self.single_tx_rows = single_tx_rows
         self.stale_after_s = stale_after_s
-        self._access = neo4j.READ_ACCESS if read_only else neo4j.WRITE_ACCESS
-        try:
-            self.driver = neo4j.GraphDatabase.driver(
-                self.target.uri, auth=self.target.auth, notifications_min_severity="OFF"
-            )
-            self.driver.verify_connectivity()
-        except neo4j.exceptions.AuthError as exc:
-            raise StoreError(
-                f"{self.location}: Neo4j refused the credentials "
-                "(from the URL or NEO4J_USERNAME/NEO4J_PASSWORD)"
-            ) from exc
-        except (neo4j.exceptions.DriverError, neo4j.exceptions.Neo4jError, OSError, ValueError) as exc:
-            if getattr(exc, "code", None) == "Neo.ClientError.Security.AuthenticationRateLimit":
-                raise StoreError(
-                    f"{self.location}: Neo4j has locked the account after too many wrong passwords; wait "
-                    "for the lock to expire (dbms.security.auth_lock_time, 5 s by default) and retry "
-                    "with the right credentials"
-                ) from exc
-            raise StoreError(f"{self.location}: cannot reach Neo4j: {message(exc)}") from exc
+        self._bolt = Bolt(self.target, read_only=read_only)
+        self._run = self._bolt.run
         try:
             version = check_format(self._run, self.location, read_only=read_only)
             if not read_only:
                 for ddl in SCHEMA:
                     self._run(ddl)
-                if version == 1:
-                    upgrade_format1(self._run, self._write_tx)
-                    log.warning("upgraded %s to the current store format", self.location)
+                if version is not None and version < FORMAT_VERSION:
+                    upgrade(self._run, self._bolt.write_tx, version)
+                    log.warning("upgraded %s to store format %d", self.location, FORMAT_VERSION)
                 elif version is None:
                     self._run(
                         "MERGE (f:EtstoreFormat) ON CREATE SET f.version = $v",
@@ -153,7 +141,7 @@ class Neo4jStore:
                 self._sweep()
             server_id = self._run("CALL db.info() YIELD id RETURN id")[0]["id"]
         except BaseException:
-            self.driver.close()
+            self._bolt.close()
             raise
         self._mirror = Mirror(Path(warehouse) if warehouse else default_warehouse(self.target), server_id)
 
@@ -168,32 +156,7 @@ class Neo4jStore:
 
     def close(self) -> None:
         self._mirror.close()
-        self.driver.close()
-
-    # ------------------------------------------------------------ sessions
-
-    def _session(self, *, write: bool = False) -> Any:
-        neo4j = driver()
-        mode = neo4j.WRITE_ACCESS if write else self._access
-        return self.driver.session(database=self.target.database, default_access_mode=mode)
-
-    def _run(self, query: str, params: Mapping[str, Any] | None = None, *, write: bool = False) -> list[Any]:
-        """One auto-commit statement; engine failures become StoreError."""
-        neo4j = driver()
-        try:
-            with self._session(write=write) as s:
-                return list(s.run(query, dict(params or {})))
-        except (neo4j.exceptions.Neo4jError, neo4j.exceptions.DriverError) as exc:
-            raise StoreError(f"{self.location}: {message(exc)}") from exc
-
-    def _write_tx(self, query: str, params: Mapping[str, Any]) -> None:
-        """One statement in one managed write transaction; engine failures become StoreError."""
-        neo4j = driver()
-        try:
-            with self._session(write=True) as s:
-                s.execute_write(lambda tx: tx.run(query, dict(params)).consume())
-        except (neo4j.exceptions.Neo4jError, neo4j.exceptions.DriverError) as exc:
-            raise StoreError(f"{self.location}: {message(exc)}") from exc
+        self._bolt.close()
 
     def _require_writable(self) -> None:
         if self.read_only:
@@ -277,13 +240,12 @@ class Neo4jStore:
                 "kind": kind.value,
                 "content_hash": digest,
                 "ranks": trace.num_ranks,
-                "graph_name": name,
                 "lineage_from": [],
                 "created": datetime.now(timezone.utc),
             }
             props = self._name_props(trace, name, parent, parent_seq)
             try:
-                with self._session(write=True) as s:
+                with self._bolt.session(write=True) as s:
                     rec = s.execute_write(
                         lambda tx, c=content, p=props: tx.run(
                             "MERGE (k:EtstoreCounter {name: 'trace_seq'}) ON CREATE SET k.value = 0 "
@@ -300,7 +262,8 @@ class Neo4jStore:
             except neo4j.exceptions.ConstraintError as exc:
                 other = self._run(
                     "MATCH (c:EtstoreContent {content_hash: $h, kind: $k}) "
-                    "RETURN c.graph_name AS n, c.status AS s",
+                    "OPTIONAL MATCH (t:EtstoreTrace {seq: c.seq}) "
+                    "RETURN collect(t.name)[0] AS n, c.status AS s",
                     {"h": digest, "k": kind.value},
                 )
                 if other:
@@ -316,22 +279,6 @@ class Neo4jStore:
             except (neo4j.exceptions.Neo4jError, neo4j.exceptions.DriverError) as exc:
                 raise StoreError(f"{self.location}: cannot register the trace: {message(exc)}") from exc
         raise StoreError(f"{self.location}: could not find a free name for {wanted!r}")
-
-    @contextmanager
-    def _writer(self, single: bool, seq: int) -> Iterator[Callable[[str, Mapping[str, Any]], None]]:
-        """Run statements in one transaction (``single``) or one per statement with heartbeats."""
-        with self._session(write=True) as s:
-            if single:
-                with s.begin_transaction() as tx:
-                    yield lambda q, p: tx.run(q, dict(p)).consume()
-                    tx.commit()
-                return
-
-            def run(q: str, p: Mapping[str, Any]) -> None:
-                s.execute_write(lambda tx: tx.run(q, dict(p)).consume())
-                s.run("MATCH (c:EtstoreContent {seq: $s}) SET c.heartbeat = timestamp()", s=seq).consume()
-
-            yield run
 
     def ingest(
         self,
@@ -418,7 +365,7 @@ class Neo4jStore:
     ) -> tuple[TraceInfo, int, tuple[int, int]]:
         """Write a claimed content (graph, payload) and commit it with its name."""
         base = uid_base(seq)
-        nodes = op_nodes(trace, final, base)
+        nodes = op_nodes(trace, seq, base)
         deps = dep_edges(trace, base)
         msgs, unmatched_sends, unmatched_recvs = message_edges(trace, base)
         counts = {
@@ -445,7 +392,7 @@ class Neo4jStore:
         ]
         lineage_rows = links.drop_columns(["from", "to"]) if links is not None else None
         extra = {f"lineage@{lineage_from[0]}": lineage_rows} if lineage_rows is not None else {}
-        with self._writer(single, seq) as run:
+        with self._bolt.writer(single, seq) as run:
             for i, (stage, batches) in enumerate(stages):
                 for query, params, _rows in batches:
                     run(query, params)
@@ -459,7 +406,7 @@ class Neo4jStore:
             run(
                 "MATCH (c:EtstoreContent {seq: $s, status: 'loading'}) "
                 "SET c += $c, c.lineage_from = $l, c.status = 'ready' "
-                "WITH c MATCH (t:EtstoreTrace {seq: $s, name: $n}) SET t.status = 'ready'",
+                "WITH c MATCH (t:EtstoreTrace {seq: $s, name: $n}) SET t.status = 'ready' " + TRACE_NODE,
                 {"s": seq, "c": counts, "l": lineage_from, "n": final},
             )
         if progress:
@@ -504,18 +451,9 @@ class Neo4jStore:
             and pseq not in (content.get("lineage_from") or [])
         )
         try:
-            with self._writer(True, seq) as run:
+            with self._bolt.writer(True, seq) as run:
                 if new_lineage and parent_content is not None and lineage is not None:
-                    payload = self._payload(seq)["ops"]
-                    child = pa.table(
-                        {
-                            "rank": payload["rank"],
-                            "id": payload["id"],
-                            "uid": pa.array(
-                                range(uid_base(seq), uid_base(seq) + payload.num_rows), pa.int64()
-                            ),
-                        }
-                    )
+                    child = uid_table(self._payload(seq)["ops"], seq)
                     links = self._lineage(lineage, child, parent_content, final)
                     for query, params, _rows in edge_batches(
                         links.select(["from", "to"]), "BECOMES", self.batch_rows
@@ -532,7 +470,8 @@ class Neo4jStore:
                         {"s": seq, "p": pseq},
                     )
                 run(
-                    "CREATE (t:EtstoreTrace) SET t = $p, t.seq = $s, t.status = 'ready'",
+                    "CREATE (t:EtstoreTrace) SET t = $p, t.seq = $s, t.status = 'ready' "
+                    "WITH t MATCH (c:EtstoreContent {seq: $s}) " + TRACE_NODE,
                     {"p": props, "s": seq},
                 )
         except neo4j.exceptions.ConstraintError as exc:
@@ -543,53 +482,15 @@ class Neo4jStore:
         return self._info(*self._ready(final))
 
     def _lineage(self, lineage: pa.Table, nodes: pa.Table, parent: Mapping[str, Any], final: str) -> pa.Table:
-        """Lineage rows with uids: ``from``/``to`` for the graph plus the SQL table's columns."""
+        """Lineage rows with uids (:func:`lineage_links`) from op ``nodes`` to the ``parent`` content's."""
         pseq = int(parent["seq"])
-        pops = self._payload(pseq)["ops"]
-        base = uid_base(pseq)
-        parent_ops = pa.table(
-            {
-                "rank": pops["rank"],
-                "id": pops["id"],
-                "uid": pa.array(range(base, base + pops.num_rows), pa.int64()),
-            }
-        )
-        links = lineage_edges(lineage, nodes, parent_ops, what=f"trace {final!r}")
-        return pa.table(
-            {
-                "from": links["from"],
-                "to": links["to"],
-                "rank": lineage["rank"].cast(pa.int32()),
-                "id": lineage["id"].cast(pa.uint64()),
-                "parent_id": lineage["parent_id"].cast(pa.uint64()),
-                "parent_uid": links["from"],
-                "uid": links["to"],
-            }
-        )
+        return lineage_links(lineage, nodes, uid_table(self._payload(pseq)["ops"], pseq), f"trace {final!r}")
 
     # ------------------------------------------------------------ removal
 
     def _purge(self, seq: int) -> None:
-        """Remove content ``seq`` (ops with their edges, payload), its names, then its node."""
-        lo = uid_base(seq)
-        self._run(
-            "MATCH (c:EtstoreContent {seq: $s}) SET c.status = 'deleting', c.heartbeat = timestamp()",
-            {"s": seq},
-            write=True,
-        )
-        self._run(
-            "MATCH (o:Op) WHERE o.uid >= $lo AND o.uid < $hi "
-            "CALL { WITH o DETACH DELETE o } IN TRANSACTIONS OF 10000 ROWS",
-            {"lo": lo, "hi": lo + (1 << UID_SHIFT)},
-            write=True,
-        )
-        self._run(
-            "MATCH (p:EtstorePayload {seq: $s}) CALL { WITH p DELETE p } IN TRANSACTIONS OF 10 ROWS",
-            {"s": seq},
-            write=True,
-        )
-        self._run("MATCH (t:EtstoreTrace {seq: $s}) DELETE t", {"s": seq}, write=True)
-        self._run("MATCH (c:EtstoreContent {seq: $s}) DELETE c", {"s": seq}, write=True)
+        """Remove content ``seq`` from the server (:func:`purge`), then from the local warehouse."""
+        purge(self._run, seq)
         try:
             self._mirror.drop(seq)
             self._mirror.set_names(self._name_rows())
@@ -597,76 +498,18 @@ class Neo4jStore:
             log.warning("local SQL warehouse still holds trace id %d: %s", seq, message(exc))
 
     def _sweep(self) -> None:
-        """Remove contents whose ingest or removal was abandoned (no heartbeat for
-        ``stale_after_s``) or that no name points at, and rename graphs whose name went."""
-        rows = self._run(
-            "MATCH (c:EtstoreContent) WHERE (c.status <> 'ready' AND c.heartbeat < timestamp() - $age) "
-            "OR (c.status = 'ready' AND NOT EXISTS { MATCH (t:EtstoreTrace {seq: c.seq}) }) "
-            "RETURN c.seq AS seq, c.graph_name AS name",
-            {"age": int(self.stale_after_s * 1000)},
-        )
-        for r in rows:
-            log.warning("removing incomplete trace %s left by an interrupted ingest or removal", r["name"])
-            self._purge(int(r["seq"]))
-        orphans = self._run(
-            "MATCH (c:EtstoreContent {status: 'ready'}) "
-            "WHERE NOT EXISTS { MATCH (t:EtstoreTrace {seq: c.seq, name: c.graph_name}) } "
-            "MATCH (t:EtstoreTrace {seq: c.seq, status: 'ready'}) "
-            "WITH c, t ORDER BY t.created RETURN c.seq AS seq, collect(t.name)[0] AS name"
-        )
-        for r in orphans:
-            self._rename_graph(int(r["seq"]), r["name"])
-
-    def _rename_graph(self, seq: int, name: str) -> None:
-        """Make content ``seq``'s ``Op`` nodes carry ``name`` (the one they carried was removed)."""
-        lo = uid_base(seq)
-        self._run(
-            "MATCH (o:Op) WHERE o.uid >= $lo AND o.uid < $hi "
-            "CALL { WITH o SET o.trace = $n } IN TRANSACTIONS OF 10000 ROWS",
-            {"lo": lo, "hi": lo + (1 << UID_SHIFT), "n": name},
-            write=True,
-        )
-        self._run(
-            "MATCH (c:EtstoreContent {seq: $s}) SET c.graph_name = $n", {"s": seq, "n": name}, write=True
-        )
+        """Remove contents whose ingest or removal was abandoned, or that no name points at."""
+        for seq, name in abandoned(self._run, self.stale_after_s):
+            log.warning("removing incomplete trace %s left by an interrupted ingest or removal", name)
+            self._purge(seq)
 
     def remove(self, name: str) -> None:
         self._require_writable()
-        content = self._ready(name)[1]
-        seq = int(content["seq"])
-        rest = self._run(
-            "MATCH (t:EtstoreTrace {name: $n}) WITH t, t.parent_seq AS pseq DELETE t "
-            "WITH pseq OPTIONAL MATCH (o:EtstoreTrace {seq: $s}) WITH pseq, o ORDER BY o.created "
-            "WITH pseq, collect(o) AS rest "
-            "MATCH (c:EtstoreContent {seq: $s}) "
-            "SET c.status = CASE size(rest) WHEN 0 THEN 'deleting' ELSE c.status END, "
-            "c.heartbeat = timestamp() "
-            "RETURN pseq, [x IN rest | x.name] AS names, [x IN rest | x.parent_seq] AS parents",
-            {"n": name, "s": seq},
-            write=True,
-        )
-        if not rest or not rest[0]["names"]:
+        seq = int(self._ready(name)[1]["seq"])
+        if drop_name(self._run, name, seq):
             self._purge(seq)
-            return
-        pseq, names, parents = rest[0]["pseq"], rest[0]["names"], rest[0]["parents"]
-        if pseq is not None and pseq not in parents:  # the last name derived from that parent
-            lo, plo = uid_base(seq), uid_base(int(pseq))
-            self._run(
-                "MATCH (a:Op)-[r:BECOMES]->(b:Op) WHERE a.uid >= $plo AND a.uid < $phi "
-                "AND b.uid >= $lo AND b.uid < $hi DELETE r",
-                {"plo": plo, "phi": plo + (1 << UID_SHIFT), "lo": lo, "hi": lo + (1 << UID_SHIFT)},
-                write=True,
-            )
-            self._run(
-                "MATCH (p:EtstorePayload {seq: $s, table: $t}) DELETE p "
-                "WITH count(*) AS n MATCH (c:EtstoreContent {seq: $s}) "
-                "SET c.lineage_from = [x IN c.lineage_from WHERE x <> $p]",
-                {"s": seq, "t": f"lineage@{pseq}", "p": pseq},
-                write=True,
-            )
-        if content.get("graph_name") == name:
-            self._rename_graph(seq, names[0])
-        self._refresh_mirror_names()
+        else:
+            self._refresh_mirror_names()
 
     # ------------------------------------------------------------ read back
 
@@ -696,27 +539,24 @@ class Neo4jStore:
 
     # ------------------------------------------------------------ queries
 
-    def _second_names(self) -> dict[str, str]:
-        rows = self._run(
-            self._READY + "WITH t, c WHERE t.name <> c.graph_name RETURN t.name AS n, c.graph_name AS g"
-        )
-        return {r["n"]: r["g"] for r in rows}
+    def index(self, progress: ProgressFn | None = None) -> bool:
+        """Always False: the server's graph is written by each ingest and removal, never derived later."""
+        return False
 
     def cypher(self, query: str, params: Mapping[str, Any] | None = None) -> Result:
         """Run Cypher on the server (read access mode when the store is read-only).
 
-        A ``$parameter`` without a value is refused; a trace name whose content the graph
-        holds under another of its names is resolved to it (:mod:`etstore.store._cypher`);
-        Ladybug spellings etstore documents are translated (:func:`translate_cypher`).
+        A ``$parameter`` without a value is refused (:mod:`etstore.store._cypher`); Ladybug
+        spellings etstore documents are translated (:func:`translate_cypher`); names and
+        other strings pass as written (a query selects a trace by joining its ``Trace`` node).
         Nodes come back as dicts of their properties plus ``_ID`` and ``_LABEL``.
         """
         neo4j = driver()
         check_parameters(query, params)
-        resolved, values = resolve_names(query, params, self._second_names())
-        text = translate_cypher(resolved)
+        text = translate_cypher(query)
         try:
-            with self._session() as s:
-                res = s.run(text, values)
+            with self._bolt.session() as s:
+                res = s.run(text, dict(params or {}))
                 keys = list(res.keys())
                 rows = [tuple(rec.values()) for rec in res]
         except (neo4j.exceptions.Neo4jError, neo4j.exceptions.DriverError) as exc:

@@ -13,6 +13,7 @@ import pytest
 from etstore.errors import StoreError
 from etstore.ingest import read_et
 from etstore.model import Trace, TraceKind, ops_table
+from etstore.store._neo4j_catalog import FORMAT_VERSION
 from etstore.store.neo4j import Neo4jStore, parse_url, translate_cypher
 from etstore.testing import clear_store
 from etstore.workloads import transformer
@@ -85,9 +86,12 @@ def test_batched_load_matches_single_transaction(server: str, tmp_path: Path) ->
     trace = transformer(ranks=4, layers=2, tp=2)
     with Neo4jStore(server, batch_rows=7, single_tx_rows=0) as s:
         report = s.ingest(trace)
-        n = s.cypher("MATCH (o:Op {trace: $t}) RETURN count(o)", {"t": report.trace.name}).scalar()
-        d = s.cypher("MATCH (:Op {trace: $t})-[r:DEP]->() RETURN count(r)", {"t": report.trace.name}).scalar()
-        assert (n, d) == (trace.num_ops, trace.num_deps)
+        p = {"t": report.trace.name}
+        n = s.cypher("MATCH (t:Trace {name: $t}), (o:Op) WHERE o.trace_id = t.trace_id RETURN count(o)", p)
+        d = s.cypher(
+            "MATCH (t:Trace {name: $t}), (o:Op)-[r:DEP]->() WHERE o.trace_id = t.trace_id RETURN count(r)", p
+        )
+        assert (n.scalar(), d.scalar()) == (trace.num_ops, trace.num_deps)
         assert s.load(report.trace.name).deps.equals(trace.deps)
 
         def boom(stage: str, done: int, total: int) -> None:
@@ -104,11 +108,13 @@ def test_abandoned_ingest_is_swept(server: str, caplog: pytest.LogCaptureFixture
     trace = transformer(ranks=2, layers=1, tp=1)
     with Neo4jStore(server) as s:
         seq, _ = s._claim(trace, TraceKind(trace.kind), "ghost", True, None, "not-a-real-hash")
-        s._run("CREATE (:Op {uid: $u, trace: 'ghost'})", {"u": seq << 40}, write=True)
+        s._run("CREATE (:Op {uid: $u, trace_id: $s})", {"u": seq << 40, "s": seq}, write=True)
+    ghost = "MATCH (o:Op {trace_id: $s}) RETURN count(o)"
     with Neo4jStore(server, stale_after_s=3600) as s:  # fresh heartbeat: another client may be loading
-        assert s.cypher("MATCH (o:Op {trace: 'ghost'}) RETURN count(o)").scalar() == 1
+        assert s.cypher(ghost, {"s": seq}).scalar() == 1
+        assert s.cypher("MATCH (t:Trace) RETURN count(t)").scalar() == 0  # not ready: no Trace node
     with caplog.at_level(logging.WARNING), Neo4jStore(server, stale_after_s=0) as s:
-        assert s.cypher("MATCH (o:Op {trace: 'ghost'}) RETURN count(o)").scalar() == 0
+        assert s.cypher(ghost, {"s": seq}).scalar() == 0
         assert s.cypher("MATCH (t:EtstoreTrace) RETURN count(t)").scalar() == 0
     assert "ghost" in caplog.text
 
@@ -127,6 +133,60 @@ def test_ids_beyond_neo4j_integers_are_refused(server: str) -> None:
             s.ingest(Trace(ops=ops, name="huge"))
         assert s.traces() == []
         assert s.cypher("MATCH (o:Op) RETURN count(o)").scalar() == 0
+
+
+_TO_FORMAT2 = [
+    # each content's ops carry its first name in `trace`, as etstore wrote them before Trace nodes
+    "MATCH (t:EtstoreTrace) WITH t ORDER BY t.created WITH t.seq AS seq, collect(t.name)[0] AS first "
+    "MATCH (c:EtstoreContent {seq: seq}) SET c.graph_name = first",
+    "MATCH (c:EtstoreContent) MATCH (o:Op {trace_id: c.seq}) SET o.trace = c.graph_name REMOVE o.trace_id",
+    "MATCH (t:Trace) DELETE t",
+    "DROP CONSTRAINT etstore_trace_node_name IF EXISTS",
+    "DROP INDEX etstore_trace_node_id IF EXISTS",
+    "DROP INDEX etstore_op_trace_id IF EXISTS",
+    "CREATE INDEX etstore_op_trace IF NOT EXISTS FOR (o:Op) ON (o.trace)",
+    "MATCH (f:EtstoreFormat) SET f.version = 2",
+]
+_PER_NAME = (
+    "MATCH (t:Trace), (o:Op) WHERE o.trace_id = t.trace_id "
+    "RETURN t.name AS name, t.trace_id AS id, count(o) AS n ORDER BY name"
+)
+
+
+def test_format2_server_store_is_upgraded_in_place(server: str, tmp_path: Path) -> None:
+    trace = transformer(ranks=2, layers=1, tp=1)
+    with Neo4jStore(server) as s:
+        s.ingest(trace, name="a")
+        s.ingest(trace, name="b")
+        seq = s.info("b").trace_id
+        before = s.traces()
+        for q in _TO_FORMAT2:
+            s._run(q, write=True)
+        assert s.cypher("MATCH (o:Op {trace: 'a'}) RETURN count(o)").scalar() == trace.num_ops
+        # an upgrade interrupted after moving a few ops: the next writable open finishes it
+        s._run(
+            "MATCH (o:Op) WITH o LIMIT 5 SET o.trace_id = o.uid / 1099511627776 REMOVE o.trace", write=True
+        )
+    with pytest.raises(StoreError, match=r"format 2 .*python -m etstore\.store\.upgrade"):
+        Neo4jStore(server, read_only=True)
+    with Neo4jStore(server, warehouse=tmp_path / "w") as s:
+        assert s.traces() == before
+        assert s.cypher("MATCH (f:EtstoreFormat) RETURN f.version").scalar() == FORMAT_VERSION == 3
+        assert s.cypher(_PER_NAME).to_pylist() == [
+            {"name": "a", "id": seq, "n": trace.num_ops},
+            {"name": "b", "id": seq, "n": trace.num_ops},
+        ]
+        assert s.cypher("MATCH (o:Op) WHERE o.trace IS NOT NULL RETURN count(o)").scalar() == 0
+        assert (
+            s.cypher("MATCH (c:EtstoreContent) WHERE c.graph_name IS NOT NULL RETURN count(c)").scalar() == 0
+        )
+        indexes = {r["name"] for r in s._run("SHOW INDEXES YIELD name")}
+        assert "etstore_op_trace" not in indexes and "etstore_op_trace_id" in indexes
+        s.remove("a")
+        assert s.cypher(_PER_NAME).to_pylist() == [{"name": "b", "id": seq, "n": trace.num_ops}]
+        assert s.sql("SELECT count(*) FROM ops WHERE trace = 'b'").scalar() == trace.num_ops
+    with Neo4jStore(server, read_only=True) as ro:
+        assert [t.name for t in ro.traces()] == ["b"]
 
 
 _TO_FORMAT1 = [
@@ -152,15 +212,19 @@ def test_format1_server_store_is_upgraded_in_place(server: str, tmp_path: Path) 
         s.ingest(transformer(ranks=2, layers=1, tp=1))
         expand_stored(s, "transformer", "ring")
         before = {t.name: (t.kind, t.ops, t.parent) for t in s.traces()}
-        for q in _TO_FORMAT1:
+        for q in _TO_FORMAT2 + _TO_FORMAT1:
             s._run(q, write=True)
     assert before["transformer-expanded"] == ("expanded", 28, "transformer")
     with pytest.raises(StoreError, match=r"format 1 .*python -m etstore\.store\.upgrade"):
         Neo4jStore(server, read_only=True)
     with Neo4jStore(server, warehouse=tmp_path / "w") as s:
         assert {t.name: (t.kind, t.ops, t.parent) for t in s.traces()} == before
-        assert s.cypher("MATCH (f:EtstoreFormat) RETURN f.version").scalar() == 2
+        assert s.cypher("MATCH (f:EtstoreFormat) RETURN f.version").scalar() == FORMAT_VERSION
         assert s.sql("SELECT count(*) FROM lineage WHERE parent_trace = 'transformer'").scalar() == 10
-        assert s.cypher("MATCH (:Op {trace: 'transformer'})-[b:BECOMES]->() RETURN count(b)").scalar() == 10
+        becomes = (
+            "MATCH (t:Trace {name: 'transformer'}), (o:Op)-[b:BECOMES]->() WHERE o.trace_id = t.trace_id "
+            "RETURN count(b)"
+        )
+        assert s.cypher(becomes).scalar() == 10
         again = s.ingest(transformer(ranks=2, layers=1, tp=1))
         assert not again.created and again.trace.name == "transformer"

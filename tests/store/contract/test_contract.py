@@ -29,12 +29,13 @@ def test_ingest_counts_and_idempotence(backend_store: Store, custom_allreduce: P
 def test_cypher_and_sql_agree(backend_store: Store, rt_template: Path) -> None:
     backend_store.ingest(read_et(rt_template))
     n = backend_store.cypher(
-        "MATCH (o:Op) WHERE o.trace = $t RETURN count(o) AS n", {"t": "chakra_trace"}
+        "MATCH (t:Trace {name: $t}), (o:Op) WHERE o.trace_id = t.trace_id RETURN count(o) AS n",
+        {"t": "chakra_trace"},
     ).scalar()
     m = backend_store.sql("SELECT count(*) FROM ops WHERE trace = $t", {"t": "chakra_trace"}).scalar()
     assert n == m == 8
     rows = backend_store.cypher(
-        "MATCH (o:Op {trace: $t}) "
+        "MATCH (t:Trace {name: $t}), (o:Op) WHERE o.trace_id = t.trace_id "
         "RETURN o.rank AS rank, o.comm_type AS ct, o.comm_size AS size ORDER BY rank",
         {"t": "chakra_trace"},
     ).to_pylist()
@@ -45,13 +46,14 @@ def test_message_edges_cross_ranks(backend_store: Store) -> None:
     trace = transformer(ranks=4, layers=1, tp=1)
     backend_store.ingest(trace)
     rows = backend_store.cypher(
-        "MATCH (s:Op)-[:MSG]->(r:Op) WHERE s.trace = $t RETURN s.rank AS src, r.rank AS dst ORDER BY src",
+        "MATCH (t:Trace {name: $t}), (s:Op)-[:MSG]->(r:Op) WHERE s.trace_id = t.trace_id "
+        "RETURN s.rank AS src, r.rank AS dst ORDER BY src",
         {"t": "transformer"},
     ).to_pylist()
     assert rows == [{"src": 0, "dst": 1}, {"src": 1, "dst": 2}, {"src": 2, "dst": 3}, {"src": 3, "dst": 0}]
     hops = backend_store.cypher(
-        "MATCH (s:Op {trace: $t, rank: 0, name: 'send_embeddings'})-[:MSG]->(:Op)-[:DEP]->(c:Op) "
-        "RETURN c.rank AS rank, c.name AS name",
+        "MATCH (t:Trace {name: $t}), (s:Op {rank: 0, name: 'send_embeddings'})-[:MSG]->(:Op)-[:DEP]->(c:Op) "
+        "WHERE s.trace_id = t.trace_id RETURN c.rank AS rank, c.name AS name",
         {"t": "transformer"},
     ).to_pylist()
     assert hops == [{"rank": 1, "name": "embedding"}]

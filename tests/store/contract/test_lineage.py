@@ -36,7 +36,7 @@ def test_becomes_edges_and_lineage_table(backend_store: Store) -> None:
     )
     assert report.trace.parent == "transformer"
     rows = backend_store.cypher(
-        "MATCH (c:Op)-[:BECOMES]->(x:Op) WHERE c.trace = $p "
+        "MATCH (p:Trace {name: $p}), (c:Op)-[:BECOMES]->(x:Op) WHERE c.trace_id = p.trace_id "
         "RETURN c.rank AS rank, c.name AS name, count(x) AS n ORDER BY rank",
         {"p": "transformer"},
     ).to_pylist()

@@ -22,7 +22,8 @@ from etstore.workloads import transformer
 
 def _op_counts(store: Store, name: str) -> tuple[int, int]:
     """(ops Cypher finds under ``name``, ops SQL finds under ``name``)."""
-    cy = store.cypher("MATCH (o:Op) WHERE o.trace = $t RETURN count(o)", {"t": name}).scalar()
+    q = "MATCH (t:Trace {name: $t}), (o:Op) WHERE o.trace_id = t.trace_id RETURN count(o)"
+    cy = store.cypher(q, {"t": name}).scalar()
     sq = store.sql("SELECT count(*) FROM ops WHERE trace = $t", {"t": name}).scalar()
     return cy, sq
 
@@ -37,7 +38,9 @@ def test_known_content_under_a_new_name(backend_store: Store) -> None:
     # content once in the graph, under both names in SQL and in Cypher (literal or parameter)
     assert backend_store.cypher("MATCH (o:Op) RETURN count(o)").scalar() == trace.num_ops
     assert _op_counts(backend_store, "b") == (trace.num_ops, trace.num_ops)
-    lit = backend_store.cypher("MATCH (o:Op {trace: 'b'}) RETURN count(o)").scalar()
+    lit = backend_store.cypher(
+        "MATCH (t:Trace {name: 'b'}), (o:Op) WHERE o.trace_id = t.trace_id RETURN count(o)"
+    ).scalar()
     assert lit == trace.num_ops
     assert backend_store.sql("SELECT count(DISTINCT trace_id) FROM traces").scalar() == 1
     back = backend_store.load("b")
@@ -50,11 +53,11 @@ def test_removing_one_name_keeps_the_other(backend_store: Store) -> None:
     trace = transformer(ranks=2, layers=1, tp=1)
     backend_store.ingest(trace, name="a")
     backend_store.ingest(trace, name="b")
-    backend_store.remove("a")  # the name the graph's nodes carried
+    backend_store.remove("a")  # the first name
     assert [t.name for t in backend_store.traces()] == ["b"]
     assert _op_counts(backend_store, "b") == (trace.num_ops, trace.num_ops)
     assert _op_counts(backend_store, "a") == (0, 0)
-    assert backend_store.cypher("MATCH (o:Op) RETURN DISTINCT o.trace").scalar() == "b"
+    assert backend_store.cypher("MATCH (t:Trace) RETURN t.name").scalar() == "b"
     with pytest.raises(UnknownTraceError, match="no trace named 'a'"):
         backend_store.load("a")
     # a new content may take the freed name without meeting the old nodes
@@ -99,7 +102,8 @@ def test_expanding_two_names_of_one_content(backend_store: Store) -> None:
         {"trace": "w2-expanded", "parent_trace": "w2", "n": lineage_rows},
     ]
     becomes = backend_store.cypher(
-        "MATCH (c:Op)-[:BECOMES]->(x:Op) WHERE c.trace = $p AND x.trace = $t RETURN count(*)",
+        "MATCH (p:Trace {name: $p}), (t:Trace {name: $t}), (c:Op)-[:BECOMES]->(x:Op) "
+        "WHERE c.trace_id = p.trace_id AND x.trace_id = t.trace_id RETURN count(*)",
         {"p": "w2", "t": "w2-expanded"},
     ).scalar()
     assert becomes == lineage_rows > 0
@@ -139,9 +143,12 @@ def test_algorithms_differing_only_in_header_stay_apart(
 def test_missing_cypher_parameter_is_named(backend_store: Store) -> None:
     backend_store.ingest(transformer(ranks=2, layers=1, tp=1))
     with pytest.raises(QueryError, match=r"parameter \$t but no value was given"):
-        backend_store.cypher("MATCH (o:Op) WHERE o.trace = $t RETURN count(o)")
+        backend_store.cypher("MATCH (t:Trace {name: $t}) RETURN t.ops")
     with pytest.raises(QueryError, match=r"\$rank .*given: \$t"):
-        backend_store.cypher("MATCH (o:Op {trace: $t, rank: $rank}) RETURN o", {"t": "transformer"})
+        backend_store.cypher(
+            "MATCH (t:Trace {name: $t}), (o:Op {rank: $rank}) WHERE o.trace_id = t.trace_id RETURN o",
+            {"t": "transformer"},
+        )
     # a $ inside a string or a comment is no parameter
     q = "MATCH (o:Op) WHERE o.name <> '$t' // $nope\nRETURN count(o)"
     assert backend_store.cypher(q).scalar() == 20
@@ -184,7 +191,10 @@ def test_a_second_name_from_another_parent_gets_its_own_lineage(backend_store: S
     assert second.same_as == "d1" and second.trace.parent == "t2"
 
     def becomes(parent: str) -> int:
-        q = "MATCH (c:Op)-[:BECOMES]->(x:Op) WHERE c.trace = $p RETURN count(x)"
+        q = (
+            "MATCH (p:Trace {name: $p}), (c:Op)-[:BECOMES]->(x:Op) WHERE c.trace_id = p.trace_id "
+            "RETURN count(x)"
+        )
         return int(backend_store.cypher(q, {"p": parent}).scalar())
 
     rows = backend_store.sql("SELECT trace, parent_trace, count(*) AS n FROM lineage GROUP BY ALL ORDER BY 1")

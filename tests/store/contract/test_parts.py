@@ -57,8 +57,13 @@ def test_parts_store_the_whole_trace(backend_store: Store, custom_allreduce: Pat
     ).to_arrow()
     assert got["s"].to_pylist() == expected.send_row.tolist()
     assert got["r"].to_pylist() == expected.recv_row.tolist()
-    edges = backend_store.cypher("MATCH (a:Op {trace: 'parts'})-[:MSG]->(b:Op) RETURN count(*)").scalar()
-    deps_n = backend_store.cypher("MATCH (a:Op {trace: 'parts'})-[:DEP]->(b:Op) RETURN count(*)").scalar()
+    edges, deps_n = (
+        backend_store.cypher(
+            f"MATCH (t:Trace {{name: 'parts'}}), (a:Op)-[:{rel}]->(b:Op) WHERE a.trace_id = t.trace_id "
+            "RETURN count(*)"
+        ).scalar()
+        for rel in ("MSG", "DEP")
+    )
     assert (edges, deps_n) == (len(expected.send_row), trace.num_deps)
     # the same content whole: one more name, nothing stored twice (the identity is the same)
     again = backend_store.ingest(trace, name="whole")

@@ -22,17 +22,23 @@ def _rows(store: Store, query: str, **params: object) -> list[tuple[object, ...]
 def test_readme_cypher_examples(backend_store: Store) -> None:
     backend_store.ingest(transformer(ranks=4, layers=1, tp=1), name="workload")
     res = backend_store.cypher(
-        "MATCH (s:Op)-[:MSG]->(r:Op) WHERE s.trace = $t RETURN s.rank, r.rank, count(*)", {"t": "workload"}
+        "MATCH (t:Trace {name: $t}), (s:Op)-[:MSG]->(r:Op) WHERE s.trace_id = t.trace_id "
+        "RETURN s.rank, r.rank, count(*)",
+        {"t": "workload"},
     )
     assert res.columns[:2] == ["s.rank", "r.rank"]
     assert sorted(res) == [(s, d, 1) for s, d in RING]
     types = {
         k: n
-        for k, n in _rows(backend_store, "MATCH (o:Op {trace: $t}) RETURN o.type, count(*)", t="workload")
+        for k, n in _rows(
+            backend_store,
+            "MATCH (t:Trace {name: $t}), (o:Op) WHERE o.trace_id = t.trace_id RETURN o.type, count(*)",
+            t="workload",
+        )
     }
     assert types == {"COMM_SEND_NODE": 4, "COMM_RECV_NODE": 4, "COMM_COLL_NODE": 4, "COMP_NODE": 28}
     waits = backend_store.cypher(
-        "MATCH (s:Op)-[:MSG]->(r:Op)-[:DEP]->(c:Op) WHERE s.trace = $t "
+        "MATCH (t:Trace {name: $t}), (s:Op)-[:MSG]->(r:Op)-[:DEP]->(c:Op) WHERE s.trace_id = t.trace_id "
         "RETURN s.rank AS from_rank, r.rank AS to_rank, s.name AS send, c.name AS waits ORDER BY from_rank",
         {"t": "workload"},
     ).to_pylist()
@@ -62,7 +68,8 @@ def test_point_lookup_and_walk(backend_store: Store) -> None:
 def test_ladybug_label_spelling(backend_store: Store) -> None:
     backend_store.ingest(transformer(ranks=4, layers=1, tp=1))
     rows = backend_store.cypher(
-        "MATCH (a:Op)-[r]->(b:Op) WHERE a.trace = $t AND a.name <> 'label(r)' "
+        "MATCH (t:Trace {name: $t}), (a:Op)-[r]->(b:Op) WHERE a.trace_id = t.trace_id "
+        "AND a.name <> 'label(r)' "
         "RETURN label(r) AS rel, label(a) AS node, count(*) AS n ORDER BY rel",
         {"t": "transformer"},
     ).to_pylist()

@@ -8,9 +8,14 @@ from etstore.workloads import transformer
 
 def _graph_counts(store: Store, trace: str) -> tuple[int, int, int]:
     p = {"t": trace}
-    ops = store.cypher("MATCH (o:Op) WHERE o.trace = $t RETURN count(o) AS n", p).scalar()
-    deps = store.cypher("MATCH (a:Op)-[d:DEP]->(:Op) WHERE a.trace = $t RETURN count(d) AS n", p).scalar()
-    msgs = store.cypher("MATCH (a:Op)-[m:MSG]->(:Op) WHERE a.trace = $t RETURN count(m) AS n", p).scalar()
+    named = "MATCH (t:Trace {name: $t}), "
+    ops = store.cypher(named + "(o:Op) WHERE o.trace_id = t.trace_id RETURN count(o) AS n", p).scalar()
+    deps = store.cypher(
+        named + "(a:Op)-[d:DEP]->(:Op) WHERE a.trace_id = t.trace_id RETURN count(d) AS n", p
+    ).scalar()
+    msgs = store.cypher(
+        named + "(a:Op)-[m:MSG]->(:Op) WHERE a.trace_id = t.trace_id RETURN count(m) AS n", p
+    ).scalar()
     return ops, deps, msgs
 
 
