@@ -1,15 +1,9 @@
-"""Cypher text as both backends see it: parameters checked, trace names resolved.
+"""Cypher parameters as both backends check them.
 
-Queries are scanned once for string literals, comments and ``$parameters`` (a
-parameter inside a string or a comment is not one). Two things use the scan:
-
-* a ``$name`` the query uses but ``params`` lacks is refused by name (both engines
-  would otherwise run it, Ladybug with the value silently null);
-* a trace name that is not the name its content's graph nodes carry — a second
-  name for content stored once — is resolved to that name, in string literals and
-  in string parameter values (also inside lists), so ``o.trace = 'second'`` finds
-  the shared nodes. The graph keeps one name per content (``o.trace``); a string
-  that equals such a second name is resolved wherever it appears.
+Queries are scanned once for string literals, comments and ``$parameters`` (a parameter
+inside a string or a comment is not one): a ``$name`` the query uses but ``params`` lacks
+is refused by name (both engines would otherwise run it, Ladybug with the value silently
+null). The query text itself is never changed.
 """
 
 from __future__ import annotations
@@ -20,7 +14,7 @@ from typing import Any
 
 from etstore.errors import QueryError
 
-__all__ = ["check_parameters", "resolve_names"]
+__all__ = ["check_parameters"]
 
 _TOKENS = re.compile(
     r"""'(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*"|`[^`]*`|//[^\n]*|/\*.*?\*/"""
@@ -59,53 +53,3 @@ def check_parameters(query: str, params: Mapping[str, Any] | None) -> None:
             f"Cypher query uses parameter ${missing[0]} but no value was given for it "
             f"(parameters given: {have}) (query: {query!r})"
         )
-
-
-def _quote(text: str) -> str:
-    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
-
-
-def _resolved_value(value: Any, aliases: Mapping[str, str]) -> Any:
-    if isinstance(value, str):
-        return aliases.get(value, value)
-    if isinstance(value, list | tuple):
-        return [_resolved_value(v, aliases) for v in value]
-    return value
-
-
-def resolve_names(
-    query: str, params: Mapping[str, Any] | None, aliases: Mapping[str, str]
-) -> tuple[str, dict[str, Any]]:
-    """``query`` and ``params`` with every second trace name replaced by its graph name.
-
-    Parameters
-    ----------
-    query
-        Cypher text.
-    params
-        Its parameter values.
-    aliases
-        Name → the name the content's graph nodes carry, for names that differ from it.
-
-    Returns
-    -------
-    tuple of (str, dict)
-        The query and parameters to run (the inputs themselves when ``aliases`` is empty).
-
-    Notes
-    -----
-    O(len(query) + size of params).
-    """
-    values = dict(params or {})
-    if not aliases:
-        return query, values
-    pieces: list[str] = []
-    last = 0
-    for m in _TOKENS.finditer(query):
-        token = m[0]
-        if token[0] in "'\"" and "\\" not in token and token[1:-1] in aliases:
-            pieces.append(query[last : m.start()])
-            pieces.append(_quote(aliases[token[1:-1]]))
-            last = m.end()
-    pieces.append(query[last:])
-    return "".join(pieces), {k: _resolved_value(v, aliases) for k, v in values.items()}

@@ -96,6 +96,8 @@ def plan(wh: Warehouse, graph: Path) -> IndexPlan:
     rebuild = len(state) != 1 or bool(state[0]["dirty"]) or state[0]["graph_schema"] != _SCHEMA
     rebuild = rebuild or (bool(held) and not graph.exists())  # the graph was removed by hand
     if rebuild:
+        if not wanted and not graph.exists() and not wh.query("SELECT count(*) FROM tuner_runs").scalar():
+            return IndexPlan(rebuild=False, stamps=stamps)  # nothing to index: the empty graph will do
         held = {}
     out = IndexPlan(rebuild=rebuild, stamps=stamps)
     for t, h in held.items():

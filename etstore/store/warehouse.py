@@ -436,7 +436,8 @@ class Warehouse:
             self.execute(TRACE_DDL[-1].replace("EXISTS traces (", "EXISTS traces_format2 ("))
             self.execute(
                 "INSERT INTO traces_format2 SELECT t.name, t.kind, t.ranks, t.ops, t.deps, t.missing, "
-                "t.messages, t.parent, t.source, t.params, m.content_hash, m.trace_id, m.parent_trace_id, NULL "
+                "t.messages, t.parent, t.source, t.params, m.content_hash, m.trace_id, m.parent_trace_id, "
+                "NULL "
                 "FROM traces t JOIN _etstore_legacy m ON m.name = t.name"
             )
         for table in (*old, "traces"):

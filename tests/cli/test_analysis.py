@@ -84,7 +84,7 @@ def test_overlap_rewrite_compare(capsys: pytest.CaptureFixture[str], loaded: Pat
 def test_explain_prints_the_queries(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     code, out, _ = run(capsys, tmp_path / "s", "overlap", "--explain", "--format", "csv")
     assert code == 0
-    assert "-- overlap (cypher)\nMATCH (c:Op)-[d:DEP]->(x:Op)" in out
+    assert "-- overlap (cypher)\nMATCH (t:Trace {name: $trace}), (c:Op)-[d:DEP]->(x:Op)" in out
     assert "-- reorder (sql)" in out and "FROM opportunities" not in out.split("-- record")[0]
 
 

@@ -50,14 +50,19 @@ def test_ingest_and_rm_progress(tmp_path: Path, custom_allreduce: Path) -> None:
     steps, step = recorder()
     with EmbeddedStore(tmp_path / "s") as store:
         info = store.ingest(trace, progress=step).trace
-        assert check_runs(steps) == ["graph nodes", "graph edges", "warehouse"]
+        assert check_runs(steps) == ["warehouse"]
         # 280 ops in ASTRA-sim's 8-NPU custom all-reduce (35 per rank files, counted by hand)
         totals = {phase: total for phase, _, total in steps}
-        assert totals["graph nodes"] == totals["warehouse"] == info.ops == 280
-        assert totals["graph edges"] == info.deps + info.messages
+        assert totals["warehouse"] == info.ops == 280
+        built, build_step = recorder()
+        assert store.index(progress=build_step)  # the graph index is built on demand, with progress
+        assert all(phase.startswith("graph index: ") for phase, _, _ in built)
+        assert built[-1][1:] == (280, 280) and {t for _, _, t in built} == {280}
+        assert [d for _, d, _ in built] == sorted(d for _, d, _ in built)
+        assert not store.index(progress=build_step)  # up to date: nothing to do
         removed, rm_step = recorder()
         store.remove(info.name, progress=rm_step)
-        assert removed[0][0] == "warehouse" and removed[-1] == ("done", 7, 7)
+        assert removed[0][0] == "warehouse" and removed[-1] == ("done", 1, 1)
         assert [d for _, d, _ in removed] == sorted(d for _, d, _ in removed)
 
 
@@ -127,9 +132,12 @@ def test_cli_bars_on_a_terminal(
     assert main(["--store", store, "expand", "transformer", "--algo", "ring", "--format", "json"]) == 0
     out, _ = capsys.readouterr()
     assert "expand transformer (store warehouse)" in out
+    assert main(["--store", store, "cypher", "MATCH (o:Op) RETURN count(o) AS n", "--format", "json"]) == 0
+    out, _ = capsys.readouterr()  # the first query builds the graph index, with a bar
+    assert "cypher (graph index: loaded)" in out
     assert main(["--store", store, "rm", name]) == 0
     out, _ = capsys.readouterr()
-    assert f"rm {name} (done)" in out and "7/7" in out
+    assert f"rm {name} (done)" in out and "1/1" in out
 
 
 def test_cli_no_bar_when_piped(

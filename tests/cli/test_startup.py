@@ -215,7 +215,7 @@ def test_listing_answers_only_where_the_catalog_alone_can(tmp_path: Path) -> Non
 def test_ls_on_a_new_directory_creates_the_store_as_before(tmp_path: Path) -> None:
     out, _ = _run("--store", str(tmp_path / "new"), "ls", "--format", "csv")
     assert out == "name,kind,ranks,ops,deps,missing,messages,parent,created\n"
-    assert (tmp_path / "new" / "catalog.sqlite").is_file()
+    assert (tmp_path / "new" / "warehouse.duckdb").is_file()
     assert list_traces(tmp_path / "new", notify=print) == []
 
 

@@ -67,8 +67,10 @@ def test_a_read_only_open_that_creates_the_store_holds_it_as_a_reader(tmp_path: 
         assert done.returncode == 0 and done.stderr == "" and done.stdout.startswith("name,kind")
         assert store.cypher("MATCH (o:Op) RETURN count(*) AS n").to_pylist() == [{"n": 0}]
         assert store.sql("SELECT count(*) AS n FROM ops").to_pylist() == [{"n": 0}]
-    written = sorted(p.name for p in path.iterdir() if not p.name.startswith("catalog.sqlite"))
-    assert written == ["lock", "lock.readers"]  # a reader writes nothing else into the store
+    written = sorted(p.name for p in path.iterdir())
+    # the open made the store (its warehouse, and the listing a writer leaves); as a reader it
+    # wrote nothing more: no graph, no journal
+    assert written == ["listing.json", "lock", "lock.readers", "warehouse.duckdb"]
 
 
 def test_a_dropped_writer_lets_the_next_writer_in_at_once(tmp_path: Path) -> None:

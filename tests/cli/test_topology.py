@@ -91,11 +91,11 @@ def test_synth_without_storing_never_builds_the_trace(
     assert (doc["transfers"], doc["ops"]) == (240, 480) and "deps" not in doc
 
 
-def test_stored_synth_loads_the_graph_without_the_schedule(
+def test_stored_synth_pairs_messages_without_the_schedule(
     capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The schedule is the command's largest object besides the graph load (285 MB at 64x64):
-    once the last part is built nothing holds it."""
+    """The schedule is the command's largest object (285 MB at 64x64): once the last part is
+    built nothing holds it, so the store's last step (pairing every message) runs without it."""
     import gc
     import weakref
 
@@ -104,7 +104,7 @@ def test_stored_synth_loads_the_graph_without_the_schedule(
 
     results: list[weakref.ref[object]] = []
     alive_at_load: list[bool] = []
-    real_synthesize, real_load = topo_cli.synthesize, streamed.load_spool
+    real_synthesize, real_load = topo_cli.synthesize, streamed._stage_messages
 
     def recording_synthesize(*a: object, **k: object) -> object:
         res = real_synthesize(*a, **k)  # type: ignore[arg-type]
@@ -118,7 +118,7 @@ def test_stored_synth_loads_the_graph_without_the_schedule(
 
     monkeypatch.setattr(topo_cli, "synthesize", recording_synthesize)
     monkeypatch.setattr(topo_cli, "PART_OPS", 100)  # several parts: the streamed load
-    monkeypatch.setattr(streamed, "load_spool", checking_load)
+    monkeypatch.setattr(streamed, "_stage_messages", checking_load)
     code, out, _ = run(capsys, tmp_path / "s", "synth", "--topo", "mesh2d:4x4", "--coll", "ag")
     assert code == 0 and "240 transfers, 480 ops" in out and "stored as" in out
     assert alive_at_load == [False]
