@@ -79,9 +79,10 @@ def _load_table(graph: LadybugGraph, table: str, files: list[Path], pool: int, c
 
     Why both: a failed ``COPY`` leaves its table as it was, and so does a failed
     ``CHECKPOINT`` once the database is reopened (the rows its ``COPY`` had committed are
-    gone), so the table's row count is checked back at its value before the load and the
-    load is made again whole. A count anywhere else (which no Ladybug failure has left)
-    stops the load with an error instead of loading rows twice.
+    gone; the reopening may itself need the larger pool), so the table's row count is
+    checked back at its value before the load and the load is made again whole. A count
+    anywhere else (which no Ladybug failure has left) stops the load with an error instead
+    of loading rows twice.
     """
     where = graph.path.parent
     copy = f"COPY `{table}` FROM [{', '.join(_literal(f) for f in files)}]"
@@ -101,13 +102,23 @@ def _load_table(graph: LadybugGraph, table: str, files: list[Path], pool: int, c
             conn.execute(copy)
             conn.execute("CHECKPOINT")
             return
-        except RuntimeError as exc:
-            if "buffer pool is full" not in str(exc) or pool >= ceiling:
+        except (RuntimeError, StoreError) as exc:
+            if not _pool_full(exc) or pool >= ceiling:
+                if isinstance(exc, StoreError):
+                    raise
                 raise StoreError(f"{where}: the graph could not load {table}: {first_line(exc)}") from exc
             refused = first_line(exc)
             graph.release()
             pool = min(2 * pool, ceiling)
             log.info("Ladybug's pool was too small to load %s; loading it again in %d MiB", table, pool >> 20)
+
+
+def _pool_full(exc: BaseException) -> bool:
+    """Whether Ladybug refused for want of pool: a statement, or the opening of the database
+    (replaying what a refused ``CHECKPOINT`` left in its log needs pool too), which
+    :meth:`LadybugGraph.open` reports as a StoreError caused by Ladybug's error."""
+    cause = exc if isinstance(exc, RuntimeError) else exc.__cause__
+    return isinstance(cause, RuntimeError) and "buffer pool is full" in str(cause)
 
 
 def _rows(conn: Any, table: str) -> int:

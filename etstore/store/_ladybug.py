@@ -17,7 +17,7 @@ from typing import Any
 
 from etstore.errors import StoreError
 from etstore.store._graph_reader import SandboxedGraph
-from etstore.store.graph import GRAPH_OP_COLUMNS, graph_ddl
+from etstore.store.graph import graph_ddl
 
 __all__ = ["LadybugGraph", "buffer_pool_bytes", "first_line", "max_pool_bytes", "trim_heap"]
 
@@ -61,8 +61,6 @@ class LadybugGraph:
         self.engines_read_only = engines_read_only
         self.conn: Any = None
         self.db: Any = None
-        self.columns: tuple[str, ...] = GRAPH_OP_COLUMNS
-        """The op properties this graph has (a graph made by an older etstore may have more)."""
         self._scratch: tempfile.TemporaryDirectory[str] | None = None  # see _empty_graph
 
     def open(self, incoming: int = 0, *, pool: int | None = None) -> Any:
@@ -104,8 +102,8 @@ class LadybugGraph:
 
         path = path or self.path
         try:
-            # checkpoints are ours: one per ingest or removal instead of one per COPY
-            # statement (each commit of a bulk load would otherwise checkpoint by itself)
+            # checkpoints are ours: one per build instead of one per COPY statement (each
+            # commit of a bulk load would otherwise checkpoint by itself)
             self.db = ladybug.Database(
                 str(path),
                 read_only=read_only,
@@ -113,14 +111,14 @@ class LadybugGraph:
                 buffer_pool_size=pool or buffer_pool_bytes(path, incoming),
             )
             conn: Any = ladybug.Connection(self.db)
+            if not read_only:
+                for ddl in graph_ddl():
+                    conn.execute(ddl)
         except RuntimeError as exc:
+            if self.db is not None:  # opened, then refused: close it, or it holds the file
+                self.db.close()
+                self.db = None
             raise StoreError(f"{self.path.parent}: cannot open the Ladybug graph: {first_line(exc)}") from exc
-        if not read_only:
-            for ddl in graph_ddl():
-                conn.execute(ddl)
-            # a store made by an older etstore may carry more op properties: load what it has
-            info = conn.execute("CALL table_info('Op') RETURN name").get_as_arrow(0)
-            self.columns = tuple(info["name"].to_pylist())
         self.conn = conn
 
     def release(self, *, keep_scratch: bool = False) -> None:

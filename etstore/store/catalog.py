@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
+from etstore.errors import StoreError
 from etstore.store import _trace_rows as rows
 from etstore.store.info import FORMAT_VERSION, TraceInfo
 from etstore.store.warehouse import Warehouse
@@ -232,11 +233,26 @@ class Catalog:
         )
 
     def add_name(self, name: NameRecord, content: ContentRecord, params: Any) -> None:
-        """Insert the ``traces`` row of ``name`` (pointing at ``content``)."""
+        """Insert the ``traces`` row of ``name`` (pointing at ``content``).
+
+        Raises
+        ------
+        StoreError
+            Another writer committed the name after this one chose it (the caller's
+            transaction is rolled back: nothing of it is stored).
+        """
         assert content.trace_id is not None
-        row = {**content.counts(), "kind": content.kind, "parent": name.parent, "source": name.source}
+        row: dict[str, Any] = {**content.counts(), "kind": content.kind}
+        row |= {"parent": name.parent, "source": name.source}
         row |= {"params": params, "content_hash": content.content_hash, "created": name.created}
-        rows.insert_name(self.wh, name.name, content.trace_id, name.parent_trace_id, row)
+        try:
+            rows.insert_name(self.wh, name.name, content.trace_id, name.parent_trace_id, row)
+        except StoreError as exc:
+            if "Duplicate key" not in str(exc):
+                raise
+            raise StoreError(
+                f"{name.name!r} was taken by another ingest meanwhile; nothing was stored"
+            ) from exc
 
     def drop_name(self, name: str) -> None:
         """Delete the ``traces`` row of ``name`` (its content stays)."""

@@ -1,6 +1,6 @@
-"""The embedded ingest computes a trace's identity beside the graph load when no stored content
-has its kind and counts, and before it otherwise: either way the catalog and the warehouse
-record the same identity, and known content is found again."""
+"""The embedded ingest computes a trace's identity beside the warehouse write when no stored
+content has its kind and counts, and before it otherwise: either way the catalog and the
+``traces`` rows record the same identity, and known content is found again."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from etstore.workloads import transformer
 
 
 def _stored_identities(s: EmbeddedStore) -> dict[str, tuple[str, str]]:
-    """name -> (the catalog's content hash, the warehouse's ``traces.content_hash``)."""
+    """name -> (the catalog's content hash, the ``traces.content_hash`` SQL shows)."""
     sql = {r["name"]: r["content_hash"] for r in s.sql("SELECT name, content_hash FROM traces").to_pylist()}
     return {n.name: (c.content_hash, sql[n.name]) for n, c in s.catalog.names()}
 
@@ -36,7 +36,7 @@ def test_identity_computed_beside_the_load_is_recorded_and_found_again(tmp_path:
     )
     assert (other.num_ops, other.num_deps) == (first.num_ops, first.num_deps)
     with EmbeddedStore(tmp_path / "s") as s:
-        assert not may_be_stored(first, [])  # an empty store: hashed beside the load
+        assert not may_be_stored(first, [])  # an empty store: hashed beside the write
         a = s.ingest(first, name="a")
         assert may_be_stored(other, [c for _, c in s.catalog.names()])  # equal counts: hashed first
         b = s.ingest(other, name="b")
@@ -47,7 +47,8 @@ def test_identity_computed_beside_the_load_is_recorded_and_found_again(tmp_path:
         assert identity(first) != identity(other)
         assert a.created and b.created and b.same_as is None
         assert again.created and again.same_as == "a" and got["a-again"] == got["a"]
-        assert s.catalog.content_count() == 2
+        assert [c.content_hash for c in s.catalog.contents()] == [identity(first), identity(other)]
+        assert s.sql("SELECT count(*) FROM contents").scalar() == 2  # a-again stored no content
         # the two contents keep their own durations (hand-made: every duration of b is one more)
         total = "SELECT sum(duration_micros) FROM ops WHERE trace = $t"
         assert s.sql(total, {"t": "b"}).scalar() == s.sql(total, {"t": "a"}).scalar() + first.num_ops

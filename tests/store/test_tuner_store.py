@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -24,6 +22,7 @@ from etstore.store import EmbeddedStore, Store
 from etstore.store.batch import ingest_paths
 from etstore.store.neo4j import Neo4jStore
 from etstore.store.tuner import remove_tuner_run, store_tuner_run
+from etstore.store.warehouse import Warehouse
 from etstore.testing import clear_store
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -122,49 +121,26 @@ def test_bad_row_stores_nothing(tuned: EmbeddedStore, tmp_path: Path) -> None:
     assert tuned.cypher("MATCH (s:TunerStep) RETURN count(s)").scalar() == 16
 
 
-def test_graph_failure_leaves_no_rows(tmp_path: Path) -> None:
+def test_a_warehouse_failure_leaves_no_rows(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    real_append = Warehouse.append
+
+    def failing_append(wh: Warehouse, table: str, rows: pa.Table) -> None:
+        if table == "tuner_steps":  # the run's row is in, its steps are refused
+            raise StoreError("SQL error: disk full")
+        real_append(wh, table, rows)
+
     with EmbeddedStore(tmp_path / "s") as s:
         _algorithms(s)
-    # another process holds the graph: the rows are written first, then the graph refuses
-    holder = subprocess.Popen(
-        [sys.executable, "-c", _HOLD_GRAPH, str(tmp_path / "s" / "graph")],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert holder.stdout is not None and holder.stdout.readline() == "ready\n"
-        with EmbeddedStore(tmp_path / "s") as s:
-            with pytest.raises(StoreError, match=r"cannot open the Ladybug graph: .*lock"):
-                store_tuner_run(s, read_tuner_log(CSV))
-            assert _rows(s, "SELECT count(*) AS n FROM tuner_runs") == [{"n": 0}]
-            assert _rows(s, "SELECT count(*) AS n FROM tuner_steps") == [{"n": 0}]
-    finally:
-        assert holder.stdin is not None
-        holder.stdin.close()
-        holder.wait(timeout=60)
-    with EmbeddedStore(tmp_path / "s") as s:  # and the same file stores once the graph is free
+        monkeypatch.setattr(Warehouse, "append", failing_append)
+        with pytest.raises(StoreError, match="disk full"):
+            store_tuner_run(s, read_tuner_log(CSV))
+        monkeypatch.undo()
+        assert _rows(s, "SELECT count(*) AS n FROM tuner_runs") == [{"n": 0}]
+        assert _rows(s, "SELECT count(*) AS n FROM tuner_steps") == [{"n": 0}]
+        assert s.cypher("MATCH (t:TunerStep) RETURN count(t)").scalar() == 0
+        # and the same file stores once the warehouse takes it
         assert store_tuner_run(s, read_tuner_log(CSV)).linked == 5
         assert s.cypher("MATCH (t:TunerStep) RETURN count(t)").scalar() == 12
-
-
-_HOLD_GRAPH = """
-import sys, ladybug
-db = ladybug.Database(sys.argv[1])
-ladybug.Connection(db).execute("MATCH (o:Op) RETURN count(o)")
-print("ready", flush=True)
-sys.stdin.read()
-"""
-
-
-def test_nodes_left_by_an_interrupted_store_are_replaced(tmp_path: Path) -> None:
-    with EmbeddedStore(tmp_path / "s") as s:
-        # what a crash between the graph write and the warehouse commit leaves: run 1's nodes, no rows
-        s.cypher("CREATE (:TunerStep {uid: $u, run_id: 1, run: 'lost'})", {"u": (1 << 32) + 5})
-        report = store_tuner_run(s, read_tuner_log(CSV))
-        assert (report.run_id, report.rows) == (1, 12)
-        got = s.cypher("MATCH (t:TunerStep) RETURN DISTINCT t.run AS run, count(t) AS n").to_pylist()
-        assert got == [{"run": "nccl_tuner_4r", "n": 12}]
 
 
 def test_remove_tuner_run(tuned: EmbeddedStore) -> None:
@@ -178,13 +154,29 @@ def test_remove_tuner_run(tuned: EmbeddedStore) -> None:
         remove_tuner_run(tuned, "nccl_tuner_4r")
 
 
+_JOINED = (
+    "MATCH (s:TunerStep), (o:Op) WHERE o.trace_id = s.trace_id "
+    "RETURN s.run AS run, s.step AS step, count(o) AS ops ORDER BY run, step"
+)
+
+
 def test_removing_a_trace_keeps_the_steps(tuned: EmbeddedStore) -> None:
-    tuned.remove("ring_allreduce_4r")  # the graph is rebuilt without its 120 ops, or deleted in place
+    ring = [{"run": "nccl_tuner_4r", "step": 10, "ops": 120}]
+    tree = [{"run": r, "step": n, "ops": 60} for r, n in [("nccl_tuner_4r", 2), ("nccl_tuner_4r", 3)]]
+    tree += [{"run": r, "step": n, "ops": 60} for r, n in [("nccl_tuner_4r", 4), ("nccl_tuner_4r", 7)]]
+    tree += [{"run": "rl_tuner_4r", "step": n, "ops": 60} for n in (0, 3)]
+    assert tuned.cypher(_JOINED).to_pylist() == sorted(ring + tree, key=lambda r: (r["run"], r["step"]))
+    tuned.remove("ring_allreduce_4r")  # its ops leave the graph index; the steps stay
     assert tuned.cypher("MATCH (s:TunerStep) RETURN count(s)").scalar() == 16
-    tuned.remove("tree-allreduce-4r-1c")  # the last trace: the trace tables are dropped and recreated
+    assert tuned.cypher(_JOINED).to_pylist() == tree  # the ring's step reaches nothing
+    tuned.remove("tree-allreduce-4r-1c")  # the last trace
     assert tuned.cypher("MATCH (s:TunerStep) RETURN count(s)").scalar() == 16
+    assert tuned.cypher(_JOINED).to_pylist() == []
+    assert tuned.cypher("MATCH (s:TunerStep) WHERE s.trace_id IS NOT NULL RETURN count(s)").scalar() == 0
     # the link was made at ingest: the steps still name the removed traces
     assert _rows(tuned, "SELECT count(trace) AS n FROM tuner_steps") == [{"n": 7}]
+    tuned.ingest(read_msccl_xml(RING_XML))  # stored again under the name the step holds
+    assert tuned.cypher(_JOINED).to_pylist() == ring  # Cypher joins as SQL does: by that name
 
 
 # ---------------------------------------------------------------- the views
@@ -269,12 +261,16 @@ def test_picks_against_the_simulator(tuned: EmbeddedStore) -> None:
 # ---------------------------------------------------------------- Cypher
 
 
+_BY_TRACE = (
+    "MATCH (s:TunerStep), (t:Trace), (o:Op) WHERE t.trace_id = s.trace_id AND o.trace_id = t.trace_id "
+    "AND s.run = 'nccl_tuner_4r' "
+    "RETURN t.name AS trace, count(DISTINCT s.step) AS steps, count(o) AS pairs ORDER BY trace"
+)
+
+
 def test_cypher_joins_steps_to_the_dags_they_ran(tuned: EmbeddedStore) -> None:
     assert tuned.cypher("MATCH (s:TunerStep) RETURN count(s)").scalar() == 16
-    got = tuned.cypher(
-        "MATCH (s:TunerStep), (o:Op) WHERE o.trace = s.trace AND s.run = 'nccl_tuner_4r' "
-        "RETURN s.trace AS trace, count(DISTINCT s.step) AS steps, count(o) AS pairs ORDER BY trace"
-    ).to_pylist()
+    got = tuned.cypher(_BY_TRACE).to_pylist()
     # the ring XML has 120 ops (1 step), the generated 4-rank tree 60 (4 steps)
     ring_ops = tuned.sql("SELECT count(*) FROM ops WHERE trace = 'ring_allreduce_4r'").scalar()
     tree_ops = tuned.sql("SELECT count(*) FROM ops WHERE trace = 'tree-allreduce-4r-1c'").scalar()
@@ -283,6 +279,21 @@ def test_cypher_joins_steps_to_the_dags_they_ran(tuned: EmbeddedStore) -> None:
         {"trace": "ring_allreduce_4r", "steps": 1, "pairs": 120},
         {"trace": "tree-allreduce-4r-1c", "steps": 4, "pairs": 240},
     ]
+    # a step's trace_id is the content id of the trace its ``trace`` column names
+    ids = {t.name: t.trace_id for t in tuned.traces()}
+    linked = {
+        (r["run"], r["step"]): ids[r["trace"]]
+        for r in _rows(
+            tuned,
+            "SELECT r.name AS run, s.step, s.trace FROM tuner_steps s JOIN tuner_runs r "
+            "USING (run_id) WHERE s.trace IS NOT NULL",
+        )
+    }
+    nodes = tuned.cypher(
+        "MATCH (s:TunerStep) WHERE s.trace_id IS NOT NULL "
+        "RETURN s.run AS run, s.step AS step, s.trace_id AS t"
+    ).to_pylist()
+    assert {(r["run"], r["step"]): r["t"] for r in nodes} == linked and len(linked) == 7
     step = tuned.cypher(
         "MATCH (s:TunerStep) WHERE s.run = 'rl_tuner_4r' AND s.step = 3 "
         "RETURN s.collective, s.size_bytes, s.algorithm, s.channels, s.time_us, s.reward"
@@ -290,7 +301,7 @@ def test_cypher_joins_steps_to_the_dags_they_ran(tuned: EmbeddedStore) -> None:
     assert [tuple(r.values()) for r in step] == [("ALL_REDUCE", 1048576, "Tree", 8, 201.5, -201.5)]
 
 
-def test_a_second_name_links_to_the_nodes_name(tmp_path: Path) -> None:
+def test_a_step_linked_to_a_second_name_reaches_the_shared_content(tmp_path: Path) -> None:
     with EmbeddedStore(tmp_path / "s") as s:
         s.ingest(read_msccl_xml(RING_XML))
         assert s.ingest(read_msccl_xml(RING_XML), name="my-ring").same_as == "ring_allreduce_4r"
@@ -301,8 +312,15 @@ def test_a_second_name_links_to_the_nodes_name(tmp_path: Path) -> None:
         assert _rows(s, "SELECT trace, trace_rule FROM tuner_steps") == [
             {"trace": "my-ring", "trace_rule": "named"}
         ]
-        # the nodes of the shared content carry the first name: so does the step's node
-        assert s.cypher("MATCH (t:TunerStep), (o:Op) WHERE o.trace = t.trace RETURN count(o)").scalar() == 120
+        # one content, two names: the step reaches its ops once, and both names by Trace nodes
+        joined = "MATCH (t:TunerStep), (o:Op) WHERE o.trace_id = t.trace_id RETURN count(o)"
+        assert s.cypher(joined).scalar() == 120
+        names = s.cypher(
+            "MATCH (s:TunerStep), (t:Trace) WHERE t.trace_id = s.trace_id RETURN t.name AS n ORDER BY n"
+        ).to_pylist()
+        assert names == [{"n": "my-ring"}, {"n": "ring_allreduce_4r"}]
+        s.remove("ring_allreduce_4r")  # the other name goes: the content stays, and the link
+        assert s.cypher(joined).scalar() == 120
 
 
 # ---------------------------------------------------------------- Neo4j
@@ -323,10 +341,7 @@ def test_neo4j_cypher_joins_steps_to_the_dags_they_ran(neo4j_store: Neo4jStore) 
     _algorithms(neo4j_store)
     stats = ingest_paths(neo4j_store, [CSV])
     assert [(t.rows, t.linked) for t in stats.tuner] == [(12, 5)]
-    got = neo4j_store.cypher(
-        "MATCH (s:TunerStep), (o:Op) WHERE o.trace = s.trace "
-        "RETURN s.trace AS trace, count(DISTINCT s.step) AS steps, count(o) AS pairs ORDER BY trace"
-    ).to_pylist()
+    got = neo4j_store.cypher(_BY_TRACE).to_pylist()
     assert got == [
         {"trace": "ring_allreduce_4r", "steps": 1, "pairs": 120},
         {"trace": "tree-allreduce-4r-1c", "steps": 4, "pairs": 240},
