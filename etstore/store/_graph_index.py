@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -150,11 +151,22 @@ def build(
     spool.mkdir(parents=True)
     try:
         step("exporting")
-        tables = _export(wh, spool, todo)
+        # two lanes: DuckDB writes the edges and small tables (another connection, its own
+        # thread) while Ladybug loads the nodes; both release the GIL in their bulk paths
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            op_tables = _export_ops(wh, spool, todo)
+            sibling = wh.sibling()
+            rest = pool.submit(_export_rest, sibling, spool, todo)
+            try:
+                step("loading")
+                load_spool(graph, spool, op_tables)
+            finally:
+                wait([rest])  # the other lane ends before its connection closes, whatever happened here
+                sibling.close()
+            tables = rest.result()
         for table in ("Trace", "BECOMES", "TunerStep"):
             if _rewrites(table, todo):
                 _recreate(graph, table)
-        step("loading")
         load_spool(graph, spool, tables)
         step("loaded", todo.new_ops)
     finally:
@@ -216,64 +228,64 @@ def _quote(path: Path) -> str:
     return "'" + str(path).replace("'", "''") + "'"
 
 
-def _export(wh: Warehouse, spool: Path, todo: IndexPlan) -> list[str]:
-    """Write what the graph lacks as Parquet files in ``spool``; returns the tables, in load order."""
+def _copy(wh: Warehouse, spool: Path, table: str, sql: str, key: int, out: list[str]) -> None:
+    """Write the rows of ``sql`` as ``<table>-<key>.parquet`` in ``spool`` (none when empty)."""
+    if wh.query(f"SELECT count(*) FROM ({sql})").scalar():
+        wh.execute(f"COPY ({sql}) TO {_quote(spool / f'{table}-{key:09d}.parquet')} (FORMAT parquet)")
+        if table not in out:
+            out.append(table)
+
+
+def _export_ops(wh: Warehouse, spool: Path, todo: IndexPlan) -> list[str]:
+    """The new contents' ``Op`` rows as Parquet files; returns the tables written."""
     out: list[str] = []
-
-    def copy(table: str, sql: str, key: int = 0) -> None:
-        if wh.query(f"SELECT count(*) FROM ({sql})").scalar():
-            wh.execute(f"COPY ({sql}) TO {_quote(spool / f'{table}-{key:09d}.parquet')} (FORMAT parquet)")
-            if table not in out:
-                out.append(table)
-
-    held = f"SELECT trace_id FROM contents WHERE status = 'ready' AND trace_id NOT IN ({_ids(todo.gone)})"
-    if "names" in todo.moved:
-        copy(
-            "Trace",
-            f"SELECT {', '.join(TRACE_NODE_COLUMNS)} FROM traces WHERE trace_id IN ({held}) ORDER BY name",
-        )
     ops = ", ".join(f'"{c}"' for c in _OP_COLUMNS)
     for t in todo.new:
-        copy("Op", f"SELECT {ops} FROM trace_ops WHERE trace_id = {t} ORDER BY uid", t)
+        _copy(wh, spool, "Op", f"SELECT {ops} FROM trace_ops WHERE trace_id = {t} ORDER BY uid", t, out)
+    return out
+
+
+def _export_rest(wh: Warehouse, spool: Path, todo: IndexPlan) -> list[str]:
+    """Everything else the graph lacks as Parquet files; returns the tables, in load order."""
+    out: list[str] = []
+    held = f"SELECT trace_id FROM contents WHERE status = 'ready' AND trace_id NOT IN ({_ids(todo.gone)})"
     for t in todo.new:
-        copy(
-            "DEP",
-            f'SELECT src_uid AS "from", dst_uid AS "to", kind FROM trace_deps WHERE trace_id = {t} '
-            "ORDER BY edge",
-            t,
-        )
-        copy(
-            "MSG",
-            'SELECT send_uid AS "from", recv_uid AS "to", tag, comm_size FROM trace_messages '
-            f"WHERE trace_id = {t}",
-            t,
-        )
+        deps = 'SELECT src_uid AS "from", dst_uid AS "to", kind FROM trace_deps WHERE trace_id = '
+        _copy(wh, spool, "DEP", f"{deps}{t} ORDER BY edge", t, out)
+        msgs = 'SELECT send_uid AS "from", recv_uid AS "to", tag, comm_size FROM trace_messages '
+        msgs += "WHERE trace_id = "
+        _copy(wh, spool, "MSG", f"{msgs}{t}", t, out)
+    if "names" in todo.moved:
+        names = f"SELECT {', '.join(TRACE_NODE_COLUMNS)} FROM traces WHERE trace_id IN ({held}) ORDER BY name"
+        _copy(wh, spool, "Trace", names, 0, out)
     if "lineage" in todo.moved:
-        copy(
+        lineage = 'SELECT parent_uid AS "from", uid AS "to" FROM trace_lineage '
+        _copy(
+            wh,
+            spool,
             "BECOMES",
-            'SELECT parent_uid AS "from", uid AS "to" FROM trace_lineage '
-            f"WHERE trace_id IN ({held}) AND parent_trace_id IN ({held})",
+            f"{lineage}WHERE trace_id IN ({held}) AND parent_trace_id IN ({held})",
+            0,
+            out,
         )
     if "tuner" in todo.moved or "names" in todo.moved:
         todo.moved.add("tuner")  # a step's trace id follows the names
-        cols = [
-            "(s.run_id * 4294967296 + s.step) AS uid"
-            if c == "uid"
-            else "r.name AS run"
-            if c == "run"
-            else "r.content_hash"
-            if c == "content_hash"
-            else "t.trace_id"
-            if c == "trace_id"
-            else f"s.{c}"
-            for c in TUNER_STEP_PROPERTIES
-        ]
-        copy(
-            "TunerStep",
+        cols = [_TUNER_SELECT.get(c, f"s.{c}") for c in TUNER_STEP_PROPERTIES]
+        steps = (
             f"SELECT {', '.join(cols)} FROM tuner_steps s JOIN tuner_runs r USING (run_id) "
-            f"LEFT JOIN traces t ON t.name = s.trace AND t.trace_id IN ({held}) ORDER BY uid",
+            f"LEFT JOIN traces t ON t.name = s.trace AND t.trace_id IN ({held}) ORDER BY uid"
         )
+        _copy(wh, spool, "TunerStep", steps, 0, out)
     return out
+
+
+_TUNER_SELECT = {
+    "uid": "(s.run_id * 4294967296 + s.step) AS uid",
+    "run": "r.name AS run",
+    "content_hash": "r.content_hash",
+    "trace_id": "t.trace_id",
+}
+"""How a ``TunerStep`` property is read where it is not the step's own column."""
 
 
 def _ids(ids: dict[int, int]) -> str:

@@ -48,8 +48,9 @@ def _literal(path: Path) -> str:
 
 
 def load_spool(graph: LadybugGraph, spool: Path, tables: Sequence[str]) -> None:
-    """Bulk-load each of ``tables`` from its files ``<table>-*.parquet`` in ``spool``, each
-    checkpointed; a large table in an opening of the database of its own.
+    """Bulk-load each of ``tables`` from its files ``<table>-*.parquet`` in ``spool``: a large
+    table in an opening of the database of its own, checkpointed; small ones in the opening at
+    hand, checkpointed by the caller once.
 
     Each large table gets a pool sized for its own rows (:func:`_pool_for`), doubled up to
     Ladybug's own default each time Ladybug reports it full (a failed ``COPY`` leaves its
@@ -68,14 +69,16 @@ def load_spool(graph: LadybugGraph, spool: Path, tables: Sequence[str]) -> None:
         alone = pool > _SMALL_POOL  # opening the database costs ~0.1 s: small tables share one
         if alone:
             graph.release()
-        _load_table(graph, table, files, pool, ceiling)
+        _load_table(graph, table, files, pool, ceiling, checkpoint=alone)  # else one at the end
         if alone:
             graph.release()
 
 
-def _load_table(graph: LadybugGraph, table: str, files: list[Path], pool: int, ceiling: int) -> None:
-    """``COPY`` one table from its spooled files and ``CHECKPOINT`` it, both again in a pool
-    twice as large (up to ``ceiling``) each time Ladybug reports the pool full.
+def _load_table(
+    graph: LadybugGraph, table: str, files: list[Path], pool: int, ceiling: int, *, checkpoint: bool
+) -> None:
+    """``COPY`` one table from its spooled files and (``checkpoint``) ``CHECKPOINT`` it, both
+    again in a pool twice as large (up to ``ceiling``) each time Ladybug reports the pool full.
 
     Why both: a failed ``COPY`` leaves its table as it was, and so does a failed
     ``CHECKPOINT`` once the database is reopened (the rows its ``COPY`` had committed are
@@ -100,7 +103,8 @@ def _load_table(graph: LadybugGraph, table: str, files: list[Path], pool: int, c
                     "of its rows remain"
                 )
             conn.execute(copy)
-            conn.execute("CHECKPOINT")
+            if checkpoint:
+                conn.execute("CHECKPOINT")
             return
         except (RuntimeError, StoreError) as exc:
             if not _pool_full(exc) or pool >= ceiling:

@@ -114,6 +114,8 @@ class EmbeddedStore:
         self.read_only = read_only
         self.index_progress: ProgressFn | None = None
         """Told how a build of the graph index goes, when a Cypher query has to wait for one."""
+        # the warehouse and its statement count when the graph index was last found fresh
+        self._fresh_at: tuple[int, int] | None = None
         if self.path.exists() and not self.path.is_dir():
             raise StoreError(f"{self.path}: exists and is not a store directory")
         creating = read_only and not any(
@@ -224,6 +226,7 @@ class EmbeddedStore:
             self.close()
 
     def _close_engines(self) -> None:
+        self._fresh_at = None
         warehouse: Warehouse | None = getattr(self, "_warehouse", None)  # absent if the open failed early
         if warehouse is not None:
             warehouse.close()
@@ -583,12 +586,18 @@ class EmbeddedStore:
         """
         progress = progress or self.index_progress
         spool = self.path / "graph.spool"
+        # Nothing but this process can write the store while it is open (the lock), so an
+        # index found fresh stays fresh until this process runs another statement on it.
+        if self._fresh_at is not None and self._fresh_at == (id(self.warehouse), self.warehouse.statements):
+            return False
         if not self._read_only_engines:
             todo = plan(self.warehouse, self._graph.path)
             if todo:
                 build(self.warehouse, self._graph, todo, spool, progress)
+            self._fresh_at = (id(self.warehouse), self.warehouse.statements)
             return bool(todo)
         if not plan(self.warehouse, self._graph.path):
+            self._fresh_at = (id(self.warehouse), self.warehouse.statements)
             return False
         self._close_engines()
         lock = self.session.lock

@@ -87,10 +87,13 @@ class Warehouse:
     Not thread-safe: one thread at a time may use a warehouse.
     """
 
-    __slots__ = ("_con", "_depth", "_error", "read_only")
+    __slots__ = ("_con", "_depth", "_error", "_statements", "read_only")
 
-    def __init__(self, con: duckdb.DuckDBPyConnection, *, read_only: bool = False) -> None:
+    def __init__(
+        self, con: duckdb.DuckDBPyConnection, *, read_only: bool = False, statements: list[int] | None = None
+    ) -> None:
         self._con = con
+        self._statements = statements if statements is not None else [0]
         self.read_only = read_only
         self._error: type[Exception] = _duckdb().Error
         self._depth = 0  # open transaction() blocks; only the outermost one talks to DuckDB
@@ -177,7 +180,13 @@ class Warehouse:
         con = self._con.cursor()
         if not self.read_only:
             con.execute("USE warehouse")
-        return Warehouse(con, read_only=self.read_only)
+        return Warehouse(con, read_only=self.read_only, statements=self._statements)
+
+    @property
+    def statements(self) -> int:
+        """How many statements this database has run through this process's connections: while
+        it has not moved, nothing was written here (what a cache of derived data checks)."""
+        return self._statements[0]
 
     def close(self) -> None:
         """Close the connection (idempotent)."""
@@ -211,6 +220,7 @@ class Warehouse:
         QueryError
             DuckDB refuses the statement (the message is DuckDB's first line).
         """
+        self._statements[0] += 1
         try:
             rel = self._con.sql(sql, params=dict(params) if params else None)
             table = rel.to_arrow_table() if rel is not None else pa.table({})
@@ -226,6 +236,7 @@ class Warehouse:
         StoreError
             DuckDB refuses the statement (the message is DuckDB's first line).
         """
+        self._statements[0] += 1
         try:
             self._con.execute(sql, dict(params) if params else None)
         except self._error as exc:

@@ -276,7 +276,9 @@ def test_a_build_killed_midway_is_redone_by_the_next_query(tmp_path: Path) -> No
     assert not _dirty(store)
     assert _run(_KILLED_IN_BUILD, str(store)) == 9
     assert _dirty(store)
-    assert _raw_graph(store) == {"Op": a.num_ops + b.num_ops, "DEP": a.num_deps}  # b's nodes, not its edges
+    # the killed build had loaded b's nodes (whether its log kept them is Ladybug's), not its edges
+    raw = _raw_graph(store)
+    assert raw["Op"] in (a.num_ops, a.num_ops + b.num_ops) and raw["DEP"] == a.num_deps
     with EmbeddedStore(store, read_only=True) as s:  # a reader's query builds it over
         graph, sql = _graph_vs_sql(s)
         assert graph == sql and sql["DEP"] == a.num_deps + b.num_deps
