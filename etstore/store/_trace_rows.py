@@ -25,9 +25,11 @@ __all__ = [
     "delete_lineage",
     "delete_name",
     "insert_content",
+    "insert_edges",
     "insert_lineage",
     "insert_messages",
     "insert_name",
+    "insert_ops",
     "insert_part",
 ]
 
@@ -90,15 +92,28 @@ def insert_part(
     """Insert the ops, deps, missing deps and metadata of one part of a content (a whole trace,
     or one rank range of one streamed in): its ops get uids from ``base``, its deps and missing
     deps edge numbers from ``first_dep`` and ``first_missing``."""
-    n = part.num_ops
-    ops = part.ops.add_column(0, "uid", pa.array(np.arange(base, base + n, dtype=np.int64)))
+    insert_ops(wh, part, trace_id, base)
+    insert_edges(wh, part, trace_id, dep_uids, first_dep, first_missing)
+
+
+def insert_ops(wh: Warehouse, part: Trace, trace_id: int, base: int) -> None:
+    """Insert the ops of one part of a content, with uids from ``base``."""
+    ops = part.ops.add_column(0, "uid", pa.array(np.arange(base, base + part.num_ops, dtype=np.int64)))
+    _append(wh, CONTENT_TABLES[0], ops, {"trace_id": trace_id})
+
+
+def insert_edges(
+    wh: Warehouse, part: Trace, trace_id: int, dep_uids: pa.Table, first_dep: int = 0, first_missing: int = 0
+) -> None:
+    """Insert the deps (with their ops' uids, ``dep_uids``), missing deps and metadata of one
+    part of a content, numbering the edges from ``first_dep`` and ``first_missing``."""
     deps = part.deps.append_column("src_uid", dep_uids["from"]).append_column("dst_uid", dep_uids["to"])
     edge = np.arange(first_dep, first_dep + deps.num_rows, dtype=np.int64)
     deps = deps.add_column(0, "edge", pa.array(edge))
     edge = np.arange(first_missing, first_missing + part.num_missing, dtype=np.int64)
     missing = part.missing.add_column(0, "edge", pa.array(edge))
     key = {"trace_id": trace_id}
-    for table, rows in zip(CONTENT_TABLES[:4], (ops, deps, missing, part.meta), strict=True):
+    for table, rows in zip(CONTENT_TABLES[1:4], (deps, missing, part.meta), strict=True):
         _append(wh, table, rows, key)
 
 

@@ -331,17 +331,21 @@ class EmbeddedStore:
         self.session.doing("ingest", final)
         rec = ContentRecord(content_hash=digest, kind=kind.value, ranks=trace.num_ranks)
         wh = self.warehouse
-        with ThreadPoolExecutor(max_workers=1) as pool:
-            hashed = pool.submit(identity, trace) if not digest else None  # hashlib releases the GIL
+        # Three lanes on two cores: DuckDB inserts the ops while one helper computes the edge
+        # rows and another the identity (DuckDB, numpy and hashlib release the GIL).
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            hashed = pool.submit(identity, trace) if not digest else None
             with wh.transaction():
                 catalog.claim(rec)
                 assert rec.trace_id is not None
                 base = uid_base(rec.trace_id)
+                edges = pool.submit(_edge_rows, trace, base)
                 if progress:
                     progress("warehouse", 0, trace.num_ops)
-                deps = dep_edges(trace, base)
-                msgs, unmatched_sends, unmatched_recvs = message_edges(trace, base)
-                rows.insert_content(wh, trace, rec.trace_id, base, deps, msgs)
+                rows.insert_ops(wh, trace, rec.trace_id, base)
+                deps, (msgs, unmatched_sends, unmatched_recvs), cycles = edges.result()
+                rows.insert_edges(wh, trace, rec.trace_id, deps)
+                rows.insert_messages(wh, rec.trace_id, msgs)
                 rec.ops, rec.deps, rec.missing = trace.num_ops, trace.num_deps, trace.num_missing
                 rec.messages = msgs.num_rows
                 rec.content_hash = hashed.result() if hashed is not None else digest
@@ -355,8 +359,6 @@ class EmbeddedStore:
                     )
         if progress:
             progress("warehouse", trace.num_ops, trace.num_ops)
-        op_pairs = (deps["from"].to_numpy() - base, deps["to"].to_numpy() - base)
-        cycles = len(cycle_members(trace, op_pairs))
         self.session.done()
         return IngestReport(
             name_rec.info(rec),
@@ -657,6 +659,14 @@ class EmbeddedStore:
             warehouse.close()
             self._warehouse = warehouse = Warehouse.open(self.path / "warehouse.duckdb", read_only=True)
         return warehouse.query(query, params)
+
+
+def _edge_rows(trace: Trace, base: int) -> tuple[pa.Table, tuple[pa.Table, int, int], int]:
+    """A trace's dependency rows by uid, its message pairs (with the unmatched sends and
+    receives) and how many ops lie on dependency cycles, for a content stored from ``base``."""
+    deps = dep_edges(trace, base)
+    op_pairs = (deps["from"].to_numpy() - base, deps["to"].to_numpy() - base)
+    return deps, message_edges(trace, base), len(cycle_members(trace, op_pairs))
 
 
 def _op_keys(trace: Trace, base: int) -> pa.Table:

@@ -115,11 +115,11 @@ import os, sys
 from etstore.store import EmbeddedStore, _trace_rows
 from etstore.workloads import transformer
 
-real = _trace_rows.insert_content
+real = _trace_rows.insert_messages
 def dying(*args, **kwargs):
     real(*args, **kwargs)
-    os._exit(9)  # every row written, the transaction not committed
-_trace_rows.insert_content = dying
+    os._exit(9)  # every row written (messages are the last), the transaction not committed
+_trace_rows.insert_messages = dying
 with EmbeddedStore(sys.argv[1], purpose="ingest") as s:
     s.ingest(transformer(ranks=4, layers=2, tp=2), name="b")
 """
