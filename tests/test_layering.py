@@ -22,9 +22,10 @@ PACKAGE = "etstore"
 
 # (floor, dotted prefix): a module belongs to the longest prefix that names it or a parent;
 # "etstore" names only the package facade (etstore/__init__.py), so a new top-level module
-# has no floor until it is added here. The facade and etstore.testing sit between query/
-# and report/cli/: they may import floors 1-7; only report/cli import the facade, and no
-# module of the package imports etstore.testing (tests and bench do).
+# has no floor until it is added here. The application layer (app/: loads, runs and
+# records) sits on query/ and may import floors 1-7; the facade and etstore.testing sit
+# above it and below report/cli/: they may import floors 1-7¼; only report/cli import the
+# facade, and no module of the package imports etstore.testing (tests and bench do).
 FLOORS: tuple[tuple[float, str], ...] = (
     (1, "etstore.proto"),
     (1, "etstore.errors"),
@@ -44,12 +45,17 @@ FLOORS: tuple[tuple[float, str], ...] = (
     (5, "etstore.collectives"),
     (6, "etstore.sim"),
     (7, "etstore.query"),
+    (7.25, "etstore.app"),
     (7.5, "etstore"),
     (7.5, "etstore.testing"),
     (8, "etstore.report"),
     (8, "etstore.cli"),
 )
 TEST_ONLY = "etstore.testing"
+
+# (importer prefix, imported prefix): pairs the floors allow but the design forbids. store/
+# stores what it is given; reading files is the application layer's (app/), never the store's.
+FORBIDDEN: tuple[tuple[str, str], ...] = (("etstore.store", "etstore.ingest"),)
 
 # Third-party modules a function may import lazily: optional or heavy to load.
 LAZY_ALLOWED = (
@@ -207,6 +213,21 @@ def floor_violations(imports: list[Import]) -> list[str]:
     return sorted(set(out))
 
 
+def _under(module: str, prefix: str) -> bool:
+    return module == prefix or module.startswith(prefix + ".")
+
+
+def forbidden_imports(imports: list[Import]) -> list[str]:
+    """Imports of :data:`FORBIDDEN` pairs, ``TYPE_CHECKING`` and in-function ones included."""
+    out = [
+        f"{imp}: {above} must not import {below}"
+        for imp in imports
+        for above, below in FORBIDDEN
+        if _under(imp.module, above) and _under(imp.target, below)
+    ]
+    return sorted(set(out))
+
+
 def cycles(imports: list[Import]) -> list[list[str]]:
     """Module-level import cycles inside the package (Tarjan's SCC), each as its edges."""
     graph: dict[str, dict[str, int]] = {}
@@ -280,6 +301,13 @@ def package_imports() -> tuple[list[Import], list[str], set[str]]:
 def test_imports_point_down_the_floors(package_imports: tuple[list[Import], list[str], set[str]]) -> None:
     bad = floor_violations(package_imports[0])
     _fail_unless_empty("imports that point up the floors", bad)
+
+
+def test_store_does_not_import_the_readers(
+    package_imports: tuple[list[Import], list[str], set[str]],
+) -> None:
+    """store/ stores what app/ (or a caller) read: no reader of etstore.ingest, not even for types."""
+    _fail_unless_empty("imports the design forbids", forbidden_imports(package_imports[0]))
 
 
 def test_no_import_cycles(package_imports: tuple[list[Import], list[str], set[str]]) -> None:
@@ -384,6 +412,31 @@ def test_checker_places_modules_by_longest_prefix() -> None:
     assert floor_of("etstore.collective") == 1
     assert floor_of("etstore.collectives.synth") == 5
     assert floor_of("etstore.topology.core") == 2
+    assert floor_of("etstore.app.ingest_files") == 7.25
     assert floor_of("etstore") == 7.5
     assert floor_of("etstore.cli.demo") == 8
     assert floor_of("etstore.newthing") is None  # a new top-level module must be placed in FLOORS
+
+
+def test_checker_finds_forbidden_imports_even_for_types(tmp_path: Path) -> None:
+    root = _toy(
+        tmp_path,
+        {
+            "__init__.py": "",
+            "ingest/__init__.py": "",
+            "ingest/tuner.py": "",
+            "store/__init__.py": "",
+            "store/tuner.py": (
+                "from typing import TYPE_CHECKING\n"
+                "if TYPE_CHECKING:\n"
+                "    from etstore.ingest.tuner import X\n"
+            ),
+            "app/__init__.py": "",
+            "app/tuner.py": "from etstore.ingest.tuner import X\n",
+        },
+    )
+    imports, _ = collect(root, "etstore")
+    assert floor_violations(imports) == []  # floor 4 may import floor 3: only FORBIDDEN says no
+    assert forbidden_imports(imports) == [
+        "etstore.store.tuner -> etstore.ingest.tuner (line 3): etstore.store must not import etstore.ingest"
+    ]

@@ -9,13 +9,13 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
+from etstore.app.ingest_files import BatchProgressFn, BatchStats, OnError, ingest_paths
 from etstore.cli._common import add_format, open_from_args, phase_step, progress, stored_status
 from etstore.cli._console import warn
 from etstore.cli._inputs import read_files
 from etstore.cli._render import recognised_line
 from etstore.cli._tables import add_table, chosen_table, note, print_table
 from etstore.store.base import IngestReport, Store
-from etstore.store.batch import BatchProgressFn, BatchStats, OnError, ingest_paths
 
 if TYPE_CHECKING:
     from rich.console import Console

@@ -1,6 +1,6 @@
 """Calibration: fit a topology's free network parameters to a measured nccl-tests curve.
 
-A measured run (:mod:`etstore.store.measured`) gives, per size S, the time one
+A measured run (:mod:`etstore.app.measured`) gives, per size S, the time one
 collective took on ``ranks`` GPUs. :func:`calibrate` simulates the same collective at
 the same sizes on a topology spec with a chosen algorithm and moves the parameters
 the spec leaves free — per-axis link latency (``lat=``) and bandwidth (``bw=``), and

@@ -31,8 +31,14 @@ from etstore.progress import ProgressFn
 from etstore.store._graph_load import discard_spool, load_spool
 from etstore.store._graph_purge import REBUILD_RATIO, delete_range, discard_graph
 from etstore.store._ladybug import LadybugGraph
-from etstore.store.graph import GRAPH_OP_COLUMNS, TRACE_NODE_COLUMNS, UID_SHIFT, graph_ddl, uid_base
-from etstore.store.tuner import TUNER_STEP_PROPERTIES
+from etstore.store.graph import (
+    GRAPH_OP_COLUMNS,
+    TRACE_NODE_COLUMNS,
+    TUNER_STEP_PROPERTIES,
+    UID_SHIFT,
+    graph_ddl,
+    uid_base,
+)
 from etstore.store.warehouse import Warehouse
 
 __all__ = ["IndexPlan", "build", "plan"]

@@ -5,7 +5,8 @@ Nodes are ops keyed by a store-wide ``uid`` (``trace_seq << 40 | row``). Edges:
 (a ``COMM_SEND`` to the ``COMM_RECV`` it matches, across ranks) and ``BECOMES``
 (an op of a parent trace to the ops of a derived trace that replace it, e.g. a
 collective to its expansion). Sends and receives pair as :func:`etstore.dag.match_messages`
-pairs them.
+pairs them. Beside the ops: ``Trace`` nodes (one per name) and ``TunerStep`` nodes (one per
+logged call of a tuner run).
 """
 
 from __future__ import annotations
@@ -18,13 +19,14 @@ import pyarrow as pa
 from etstore.dag import match_messages
 from etstore.errors import StoreError
 from etstore.model import CORE_OP_COLUMNS, OPS_SCHEMA, Trace, op_rows
-from etstore.store.tuner import TUNER_STEP_NODE_DDL
 
 __all__ = [
     "GRAPH_OP_COLUMNS",
     "LINEAGE_SCHEMA",
     "TRACE_NODE_COLUMNS",
     "TRACE_NODE_DDL",
+    "TUNER_STEP_NODE_DDL",
+    "TUNER_STEP_PROPERTIES",
     "UID_SHIFT",
     "dep_edges",
     "graph_ddl",
@@ -49,6 +51,40 @@ TRACE_NODE_DDL = (
     "CREATE NODE TABLE IF NOT EXISTS Trace(name STRING, trace_id INT64, kind STRING, ranks INT32, "
     "ops INT64, parent STRING, source STRING, PRIMARY KEY(name))"
 )
+
+# A tuner run's steps (``etstore.app.tuner`` stores the runs): one node per logged call, so
+# Cypher reaches them beside the ops they ran.
+TUNER_STEP_PROPERTIES: dict[str, str] = {
+    "uid": "INT64",
+    "run": "STRING",
+    "run_id": "INT64",
+    "content_hash": "STRING",
+    "step": "INT64",
+    "collective": "STRING",
+    "size_bytes": "INT64",
+    "ranks": "INT32",
+    "nodes": "INT32",
+    "topology": "STRING",
+    "gpu_model": "STRING",
+    "algorithm": "STRING",
+    "protocol": "STRING",
+    "channels": "INT32",
+    "chunk_bytes": "INT64",
+    "trace_id": "INT64",
+    "time_us": "DOUBLE",
+    "busbw_gb_per_s": "DOUBLE",
+    "reward": "DOUBLE",
+}
+"""Properties of a ``TunerStep`` node and their Ladybug types: the step's ``tuner_steps``
+columns but ``extra`` and ``trace``; ``uid`` is ``run_id · 2^32 + step``; ``trace_id`` is
+``Op.trace_id`` of the linked algorithm's ops (null when the step has no link)."""
+
+TUNER_STEP_NODE_DDL = (
+    "CREATE NODE TABLE IF NOT EXISTS TunerStep("
+    + ", ".join(f"{k} {v}" for k, v in TUNER_STEP_PROPERTIES.items())
+    + ", PRIMARY KEY(uid))"
+)
+"""Ladybug's node table for tuner steps (Neo4j needs no schema)."""
 
 
 _GRAPH_TYPES = {
@@ -81,7 +117,7 @@ def graph_ddl() -> list[str]:
         "CREATE REL TABLE IF NOT EXISTS MSG(FROM Op TO Op, tag INT32, comm_size INT64)",
         "CREATE REL TABLE IF NOT EXISTS BECOMES(FROM Op TO Op)",
         TRACE_NODE_DDL,
-        TUNER_STEP_NODE_DDL,  # tuner runs' steps (etstore.store.tuner writes them)
+        TUNER_STEP_NODE_DDL,  # tuner runs' steps (etstore.app.tuner stores the runs)
     ]
 
 

@@ -230,7 +230,7 @@ MEASURED_DDL: tuple[str, ...] = (
         in_place BOOLEAN, time_us DOUBLE, algbw_gb_per_s DOUBLE, busbw_gb_per_s DOUBLE, errors DOUBLE,
         line INTEGER)""",
 )
-"""DDL of the measured-run tables (nccl-tests / rccl-tests logs; :mod:`etstore.store.measured`
+"""DDL of the measured-run tables (nccl-tests / rccl-tests logs; :mod:`etstore.app.measured`
 writes them, ``docs/measured.md`` documents them). Bandwidths are GB/s with GB = 10^9 bytes,
 as nccl-tests prints them."""
 
@@ -245,7 +245,7 @@ TUNER_DDL: tuple[str, ...] = (
         protocol VARCHAR, channels INTEGER, chunk_bytes BIGINT, algorithm_trace VARCHAR, trace VARCHAR,
         trace_rule VARCHAR, time_us DOUBLE, busbw_gb_per_s DOUBLE, reward DOUBLE, extra VARCHAR)""",
 )
-"""DDL of the tuner-trajectory tables (:mod:`etstore.store.tuner` writes them,
+"""DDL of the tuner-trajectory tables (:mod:`etstore.app.tuner` writes them,
 ``docs/measured.md`` documents them)."""
 
 # A step's size bucket is the power of two at or below its size (0 for empty messages).

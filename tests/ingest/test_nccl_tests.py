@@ -17,12 +17,12 @@ import duckdb
 import pyarrow.compute as pc
 import pytest
 
+from etstore.app.ingest_files import ingest_paths
+from etstore.app.measured import store_measured_run
 from etstore.cli import main
 from etstore.errors import StoreError, TraceFormatError
 from etstore.ingest.nccl_tests import is_nccl_tests_log, read_nccl_tests
 from etstore.store import EmbeddedStore
-from etstore.store.batch import ingest_paths
-from etstore.store.measured import store_measured_run
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "nccl_tests"
 ALLREDUCE = DATA / "superbench_nccl_allreduce.log"

@@ -18,6 +18,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from etstore.app.measured import store_measured_run
 from etstore.cli import main
 from etstore.errors import OptionError, SimulationError, StoreError, UnknownTraceError
 from etstore.ingest.nccl_tests import read_nccl_tests
@@ -29,7 +30,6 @@ from etstore.sim._lsq import column_status, nonneg_lstsq, pulled_lstsq
 from etstore.sim.calibrate import calibrate, load_calibration, measured_curve
 from etstore.sim.sweep import collective_workload
 from etstore.store import EmbeddedStore
-from etstore.store.measured import store_measured_run
 from etstore.store.warehouse import Warehouse
 from etstore.topology import Topology
 

@@ -11,6 +11,8 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
+from etstore.app.ingest_files import ingest_paths
+from etstore.app.tuner import remove_tuner_run, store_tuner_run
 from etstore.cli import main
 from etstore.collectives.generators import generate
 from etstore.errors import StoreError, TraceFormatError, UnknownTraceError
@@ -19,9 +21,7 @@ from etstore.ingest.tuner import read_tuner_log
 from etstore.sim.metrics import record_sweep
 from etstore.sim.sweep import sweep
 from etstore.store import EmbeddedStore, Store
-from etstore.store.batch import ingest_paths
 from etstore.store.neo4j import Neo4jStore
-from etstore.store.tuner import remove_tuner_run, store_tuner_run
 from etstore.store.warehouse import Warehouse
 from etstore.testing import clear_store
 

@@ -8,11 +8,11 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
+from etstore.app.ingest_files import ingest_paths
 from etstore.errors import OptionError, StoreError, TraceFormatError
 from etstore.ingest import read_et
 from etstore.model import DepKind, Trace, TraceKind, deps_table, ops_table
 from etstore.store import Store, open_store
-from etstore.store.batch import ingest_paths
 from etstore.store.schema import COMPARISONS_DDL, TABLES, TRACE_TABLES, VIEWS
 from etstore.store.warehouse import Warehouse
 

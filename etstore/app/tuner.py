@@ -10,7 +10,7 @@ algorithm trace its action ran (:func:`link_steps`), and its node's ``trace_id``
 o.trace_id = s.trace_id`` joins a step to the DAG it ran, on both backends.
 
 The tables are declared in :data:`~etstore.store.schema.TUNER_DDL` and documented in
-``docs/measured.md``; the node table in :data:`TUNER_STEP_NODE_DDL`.
+``docs/measured.md``; the node table in :data:`~etstore.store.graph.TUNER_STEP_NODE_DDL`.
 """
 
 from __future__ import annotations
@@ -18,61 +18,21 @@ from __future__ import annotations
 import logging
 from contextlib import suppress
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from etstore.collective import short_name
 from etstore.errors import EtstoreError, QueryError, StoreError, UnknownTraceError
+from etstore.ingest.tuner import TunerLog
 from etstore.store.base import Store
+from etstore.store.graph import TUNER_STEP_PROPERTIES
 from etstore.store.warehouse import Warehouse
 
-if TYPE_CHECKING:  # the parsed log's type only: listing a store need not load the readers
-    from etstore.ingest.tuner import TunerLog
-
-__all__ = [
-    "TUNER_STEP_NODE_DDL",
-    "TUNER_STEP_PROPERTIES",
-    "TunerReport",
-    "link_steps",
-    "remove_tuner_run",
-    "store_tuner_run",
-]
+__all__ = ["TunerReport", "link_steps", "remove_tuner_run", "store_tuner_run"]
 
 log = logging.getLogger(__name__)
-
-TUNER_STEP_PROPERTIES: dict[str, str] = {
-    "uid": "INT64",
-    "run": "STRING",
-    "run_id": "INT64",
-    "content_hash": "STRING",
-    "step": "INT64",
-    "collective": "STRING",
-    "size_bytes": "INT64",
-    "ranks": "INT32",
-    "nodes": "INT32",
-    "topology": "STRING",
-    "gpu_model": "STRING",
-    "algorithm": "STRING",
-    "protocol": "STRING",
-    "channels": "INT32",
-    "chunk_bytes": "INT64",
-    "trace_id": "INT64",
-    "time_us": "DOUBLE",
-    "busbw_gb_per_s": "DOUBLE",
-    "reward": "DOUBLE",
-}
-"""Properties of a ``TunerStep`` node and their Ladybug types: the step's ``tuner_steps``
-columns but ``extra`` and ``trace``; ``uid`` is ``run_id · 2^32 + step``; ``trace_id`` is
-``Op.trace_id`` of the linked algorithm's ops (null when the step has no link)."""
-
-TUNER_STEP_NODE_DDL = (
-    "CREATE NODE TABLE IF NOT EXISTS TunerStep("
-    + ", ".join(f"{k} {v}" for k, v in TUNER_STEP_PROPERTIES.items())
-    + ", PRIMARY KEY(uid))"
-)
-"""Ladybug's node table for tuner steps (Neo4j needs no schema)."""
 
 _BATCH_ROWS = 5000  # steps per CREATE statement: one parameter list of this many maps
 
@@ -286,7 +246,8 @@ def _with_run(steps: pa.Table, run_id: int) -> pa.Table:
 
 
 def _node_table(steps: pa.Table, run_id: int, run: str, digest: str, ids: dict[str, int]) -> pa.Table:
-    """The ``TunerStep`` nodes as Arrow, columns in :data:`TUNER_STEP_PROPERTIES` order and types."""
+    """The ``TunerStep`` nodes as Arrow, columns in the order and types of
+    :data:`~etstore.store.graph.TUNER_STEP_PROPERTIES`."""
     n = steps.num_rows
     step = steps["step"].cast(pa.int64())
     linked = [None if t is None else ids.get(t) for t in steps["trace"].to_pylist()]

@@ -4,9 +4,9 @@ Each input (a file, directory, glob or ``<dir>/<prefix>``, as
 :func:`~etstore.ingest.read_trace` reads it) becomes one trace, stored all or
 nothing; a failure never undoes the traces stored before it. A file whose content
 is nccl-tests or rccl-tests output (:func:`~etstore.ingest.nccl_tests.is_nccl_tests_log`)
-becomes a measured run instead (:func:`~etstore.store.measured.store_measured_run`), and
+becomes a measured run instead (:func:`~etstore.app.measured.store_measured_run`), and
 one that is a tuner trajectory (:func:`~etstore.ingest.tuner.is_tuner_log`) a tuner run
-(:func:`~etstore.store.tuner.store_tuner_run`), whatever its name. ``on_error`` decides
+(:func:`~etstore.app.tuner.store_tuner_run`), whatever its name. ``on_error`` decides
 what a failure does to the rest of the batch: ``"raise"`` stops there, ``"skip"``
 records it and goes on.
 """
@@ -18,13 +18,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from etstore.app.measured import MeasuredReport, store_measured_run
+from etstore.app.tuner import TunerReport, store_tuner_run
 from etstore.errors import EtstoreError, OptionError, StoreError
 from etstore.ingest import read_trace
 from etstore.ingest.nccl_tests import is_nccl_tests_log, read_nccl_tests
 from etstore.ingest.tuner import is_tuner_log, read_tuner_log
 from etstore.store.base import IngestReport, Store
-from etstore.store.measured import MeasuredReport, store_measured_run
-from etstore.store.tuner import TunerReport, store_tuner_run
 
 __all__ = ["BatchProgressFn", "BatchStats", "OnError", "ingest_paths"]
 
@@ -45,8 +45,8 @@ class BatchStats:
     and message, which starts with the path). ``ops``, ``deps`` and ``missing`` (dependencies on absent nodes)
     add up the stored traces; ``reports`` has one :class:`IngestReport` per
     successful trace input, in input order; ``measured`` one
-    :class:`~etstore.store.measured.MeasuredReport` per nccl-tests / rccl-tests log;
-    ``tuner`` one :class:`~etstore.store.tuner.TunerReport` per tuner trajectory.
+    :class:`~etstore.app.measured.MeasuredReport` per nccl-tests / rccl-tests log;
+    ``tuner`` one :class:`~etstore.app.tuner.TunerReport` per tuner trajectory.
     """
 
     files_ok: int
