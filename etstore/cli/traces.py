@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING, Any
 
-from etstore.cli._common import add_format, open_from_args, phase_step, progress, status_words
+from etstore.cli._common import add_format, open_from_args, status_words
 from etstore.cli._console import styled
 from etstore.cli._tables import add_table, chosen_table, one_row, print_table
 from etstore.errors import OptionError, TraceFormatError
@@ -14,7 +14,6 @@ from etstore.ingest.comm_groups import write_astra_et
 from etstore.ingest.export import EXPORT_FORMATS, export_trace
 from etstore.query.summary import summarize
 from etstore.report.recorded_timeline import recorded_timeline
-from etstore.store.embedded import EmbeddedStore
 from etstore.workloads import transformer
 
 if TYPE_CHECKING:
@@ -64,22 +63,14 @@ def _rm(args: argparse.Namespace, console: Console) -> int:
     with open_from_args(args) as store:
         # rm is idempotent: a name removed lately, by an rm that finished, or was interrupted past
         # its commit point and finished by a later command, is reported as gone, not unknown
-        finished_now: set[str] = set()
-        gone: set[str] = set()
-        if isinstance(store, EmbeddedStore):
-            finished_now = {e.name for e in store.recovered if e.op == "remove"}
-            gone = set(store.removed_names())
+        finished_now = store.finished_removals()
+        gone = set(store.removed_names())
         for name in args.traces:
             if name in gone:
                 how = "this command finished its interrupted removal" if name in finished_now else ""
                 console.print(f"{name} was already removed" + (f" ({how})" if how else ""))
                 continue
-            bar = progress(console) if isinstance(store, EmbeddedStore) else None
-            if bar is not None and isinstance(store, EmbeddedStore):
-                with bar:
-                    store.remove(name, progress=phase_step(bar, f"rm {name}"))
-            else:
-                store.remove(name)
+            store.remove(name)  # one transaction: quick, no bar to draw
             console.print(f"removed {name}")
     return 0
 

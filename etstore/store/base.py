@@ -197,6 +197,15 @@ class Store(Protocol):
         """Delete a name; its content goes with its last name. UnknownTraceError if absent."""
         ...
 
+    def removed_names(self) -> list[str]:
+        """Names removed lately and not stored again, so that a removal run again can say the
+        name is gone instead of unknown (empty where the backend keeps no such record)."""
+        ...
+
+    def finished_removals(self) -> set[str]:
+        """Names whose interrupted removal this open finished before anything else."""
+        ...
+
     def index(self, progress: ProgressFn | None = None) -> bool:
         """Bring the graph Cypher reads up to date with the store (built from the warehouse
         where the graph is a derived index); True when it had to change. :meth:`cypher` does

@@ -292,6 +292,10 @@ class EmbeddedStore:
         names = self.catalog.all_names()
         return [n for n in self.session.journal.removed() if n not in names]
 
+    def finished_removals(self) -> set[str]:
+        """Names whose interrupted removal this open finished (from the journal it found)."""
+        return {e.name for e in self.recovered if e.op == "remove"}
+
     # ------------------------------------------------------------ ingest
 
     def _writable(self) -> None:

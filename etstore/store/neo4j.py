@@ -539,6 +539,14 @@ class Neo4jStore:
 
     # ------------------------------------------------------------ queries
 
+    def removed_names(self) -> list[str]:
+        """None recorded: a server removal is one transaction, never left half done."""
+        return []
+
+    def finished_removals(self) -> set[str]:
+        """None: see :meth:`removed_names`."""
+        return set()
+
     def index(self, progress: ProgressFn | None = None) -> bool:
         """Always False: the server's graph is written by each ingest and removal, never derived later."""
         return False
