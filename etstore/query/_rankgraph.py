@@ -1,19 +1,21 @@
 """Per-rank dependency graphs and the transforms the finders and the rewrites share.
 
 One :class:`RankGraph` per rank holds its ops as local rows ``0..n-1`` (file order)
-and its edges. On it: a topological order, bitset reachability, the overlap and
-reorder bypasses (in place, reporting which (communication, compute) pairs they
-free), and the chunk consumers of expanded collectives with the arithmetic that
-splits them into pieces. :mod:`etstore.query.overlap` runs these to find
+and its edges. On it: a topological order, bitset reachability (what the rewrite check
+asks), the overlap and reorder bypasses (in place, reporting which (communication,
+compute) pairs they free; their reachability questions are answered where edges changed,
+:mod:`etstore.query._reach`), and the chunk consumers of expanded collectives with the
+arithmetic that splits them into pieces. :mod:`etstore.query.overlap` runs these to find
 opportunities and :mod:`etstore.query.rewrite` runs the same code to apply them,
 so what is found is what gets applied.
 """
 
 from __future__ import annotations
 
+import itertools
 from bisect import bisect_left
-from collections.abc import Callable, Collection, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
@@ -22,6 +24,7 @@ import pyarrow.compute as pc
 from etstore.dag import generations
 from etstore.errors import RewriteError
 from etstore.model import Trace
+from etstore.query._reach import Lists, NewGraph, lost_ancestors, reaches
 
 __all__ = [
     "COMM_TYPES",
@@ -69,11 +72,9 @@ class RankGraph:
 
     def arrays(self, kind: str | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Edge endpoints as two int arrays (only ``kind`` edges when given)."""
-        pairs = [e for e, k in self.edges.items() if kind is None or k == kind]
-        if not pairs:
-            return np.zeros(0, np.int64), np.zeros(0, np.int64)
-        a = np.asarray(pairs, dtype=np.int64)
-        return a[:, 0], a[:, 1]
+        pairs = self.edges if kind is None else [e for e, k in self.edges.items() if k == kind]
+        flat = np.fromiter(itertools.chain.from_iterable(pairs), dtype=np.int64, count=2 * len(pairs))
+        return flat[0::2], flat[1::2]
 
     def preds(self) -> list[list[int]]:
         out: list[list[int]] = [[] for _ in range(self.n)]
@@ -88,8 +89,9 @@ class RankGraph:
         return out
 
 
-def rank_graphs(trace: Trace) -> list[RankGraph]:
-    """Split ``trace`` into per-rank graphs over local rows. O(V + E log V)."""
+def rank_graphs(trace: Trace, ranks: Collection[int] | None = None) -> list[RankGraph]:
+    """Split ``trace`` into per-rank graphs over local rows (only ``ranks`` when given).
+    O(V + E log E), in numpy but for the edge dicts' construction."""
     out = []
     deps = trace.deps
     d_rank = deps["rank"].to_numpy()
@@ -97,35 +99,57 @@ def rank_graphs(trace: Trace) -> list[RankGraph]:
     d_rank = d_rank[order]
     d_src = deps["src"].to_numpy()[order]
     d_dst = deps["dst"].to_numpy()[order]
-    d_kind = (
-        np.asarray(deps["kind"].to_pylist(), dtype=object)[order] if deps.num_rows else np.zeros(0, object)
-    )
-    types = trace.ops["type"].to_pylist()
+    d_kind = _kinds(deps["kind"])[order]
     all_ids = trace.ops["id"].to_numpy()
     for r, (a, b) in trace.rank_slices().items():
+        if ranks is not None and r not in ranks:
+            continue
         ids = all_ids[a:b]
-        lo, hi = np.searchsorted(d_rank, r, "left"), np.searchsorted(d_rank, r, "right")
+        key = d_rank.dtype.type(r)  # a Python int would cast the whole column, on every rank
+        lo, hi = np.searchsorted(d_rank, key, "left"), np.searchsorted(d_rank, key, "right")
         sorter = np.argsort(ids, kind="stable")
         edges: dict[Edge, str] = {}
         if hi > lo:
             s = sorter[np.searchsorted(ids, d_src[lo:hi], sorter=sorter)]
             d = sorter[np.searchsorted(ids, d_dst[lo:hi], sorter=sorter)]
-            for u, v, k in zip(s.tolist(), d.tolist(), d_kind[lo:hi].tolist(), strict=True):
-                if (u, v) not in edges or k == "data":  # a data edge wins over a ctrl duplicate
-                    edges[(u, v)] = k
-        out.append(RankGraph(r, a, ids, types[a:b], edges))
+            edges = _edge_dict(s, d, d_kind[lo:hi], b - a)
+        out.append(RankGraph(r, a, ids, trace.ops["type"].slice(a, b - a).to_pylist(), edges))
     return out
 
 
-def topo_order(g: RankGraph) -> list[int]:
-    """A topological order of the rank (file order when it already is one).
+def _kinds(kind: pa.ChunkedArray) -> np.ndarray:
+    """The edge kinds as an object array (through the few distinct strings, not one per edge)."""
+    if kind.null_count or not len(kind):
+        return np.asarray(kind.to_pylist(), dtype=object)
+    enc = pc.dictionary_encode(kind.combine_chunks())
+    return np.asarray(enc.dictionary.to_pylist(), dtype=object)[enc.indices.to_numpy()]
+
+
+def _edge_dict(src: np.ndarray, dst: np.ndarray, kind: np.ndarray, n: int) -> dict[Edge, str]:
+    """``(src, dst) -> kind`` in order of first appearance; a data edge wins over a duplicate
+    of another kind, else the first one's kind holds."""
+    key = src.astype(np.int64) * max(n, 1) + dst
+    _, first, inv = np.unique(key, return_index=True, return_inverse=True)
+    if len(first) < len(key):
+        is_data = np.zeros(len(first), dtype=bool)
+        np.logical_or.at(is_data, inv, kind == "data")
+        kinds = kind[first]
+        kinds[is_data] = "data"
+        keep = np.argsort(first, kind="stable")
+        src, dst, kind = src[first[keep]], dst[first[keep]], kinds[keep]
+    return dict(zip(zip(src.tolist(), dst.tolist(), strict=True), kind.tolist(), strict=True))
+
+
+def topo_order(g: RankGraph, arrays: tuple[np.ndarray, np.ndarray] | None = None) -> list[int]:
+    """A topological order of the rank (file order when it already is one); ``arrays``, its
+    edges' endpoints when the caller has them (:meth:`RankGraph.arrays`).
 
     Raises
     ------
     RewriteError
         The rank's dependencies form a cycle.
     """
-    src, dst = g.arrays()
+    src, dst = g.arrays() if arrays is None else arrays
     if len(src) == 0 or bool(np.all(src < dst)):
         return list(range(g.n))
     gen = generations(g.n, src, dst)
@@ -178,14 +202,6 @@ def has_bit(bits: int, j: int) -> bool:
     return bool((bits >> j) & 1)
 
 
-def set_bits(bits: int) -> Iterator[int]:
-    """The indices of the set bits of ``bits``, lowest first (one step per set bit, not per bit)."""
-    while bits:
-        low = bits & -bits
-        yield low.bit_length() - 1
-        bits ^= low
-
-
 # ---------------------------------------------------------------- overlap / reorder
 
 
@@ -195,68 +211,140 @@ class Applied:
 
     freed: list[tuple[int, int]]  # (comm local row, compute local row) no longer ordered
     moved: dict[int, int]  # comm local row -> local row it moves in front of (reorder)
+    preds: dict[int, list[int]] = field(default_factory=dict)  # freed comm op -> its preds now
 
 
-def _restore_comm_order(g: RankGraph, order: Sequence[int], comm: list[int], before: list[int]) -> None:
-    """Add ctrl edges so every pair of comm ops ordered before stays ordered (in place)."""
-    after = reach(g, order, comm)
-    for v in comm:
-        lost = before[v] & ~after[v]
-        j = 0
-        while lost:
-            if lost & 1 and comm[j] != v:
-                g.edges.setdefault((comm[j], v), "ctrl")
-            lost >>= 1
-            j += 1
+class _Pass:
+    """What the overlap and reorder passes share: the rank's order and adjacency, data
+    reachability for the candidate test, and the edges they change."""
+
+    def __init__(self, g: RankGraph) -> None:
+        self.g = g
+        src, dst = g.arrays()
+        self.pos: list[int] = np.argsort(np.asarray(topo_order(g, (src, dst))), kind="stable").tolist()
+        self.preds, self.succs = Lists(dst, src, g.n), Lists(src, dst, g.n)
+        self.kinds = np.asarray(list(g.edges.values()), dtype=object)
+        data = self.kinds == "data"
+        self.dpreds, self.dsuccs = Lists(dst[data], src[data], g.n), Lists(src[data], dst[data], g.n)
+        self.src, self.dst = src, dst
+        self.comm = [t in COMM_TYPES for t in g.types]
+        self.removed: set[Edge] = set()  # bypassed (possibly put back by another bypass)
+        self.changed: set[Edge] = set()  # every edge added or removed
+
+    def ctrl_edges(self, src_types: Collection[str], dst_types: Collection[str]) -> list[Edge]:
+        """The ctrl edges from an op of ``src_types`` to one of ``dst_types``, in edge order."""
+        codes = {t: k for k, t in enumerate(dict.fromkeys(self.g.types))}
+        code = np.asarray([codes[t] for t in self.g.types], dtype=np.int64)
+        ok_src = np.asarray([t in src_types for t in codes], dtype=bool)
+        ok_dst = np.asarray([t in dst_types for t in codes], dtype=bool)
+        if not len(code):
+            return []
+        hit = (self.kinds == "ctrl") & ok_src[code[self.src]] & ok_dst[code[self.dst]]
+        return list(zip(self.src[hit].tolist(), self.dst[hit].tolist(), strict=True))
+
+    def data_reaches(self, u: int, v: int) -> bool:
+        """``v`` is ``u`` or needs its data (through data edges of the original graph)."""
+        return reaches(u, v, self.dsuccs.__getitem__, self.dpreds.__getitem__, self.pos)
+
+    def finish(self, counted: list[bool], *, edges: bool = True) -> tuple[NewGraph, dict[int, set[int]]]:
+        """Add ctrl edges so every pair of comm ops ordered before stays ordered (in place),
+        then: the graph as it is, and per op the ``counted`` ancestors it no longer has. With
+        ``edges=False`` (overlap only) the order is restored up to reachability: an edge only
+        between comm ops a path joins through no other comm op (:meth:`links`)."""
+        g = self.g
+        new = NewGraph(self.preds, self.succs, g.edges)
+        new.touch(self.changed)
+        pos = self.pos
+
+        def now(a: int, b: int) -> bool:
+            return reaches(a, b, new.succ, new.pred, pos)
+
+        if not edges:
+            added = [e for e in self.links() if not now(*e)]
+            g.edges.update(dict.fromkeys(added, "ctrl"))
+            new.touch(added)
+            return new, lost_ancestors(self.preds, self.succs, now, g.edges, pos, self.removed, counted)
+        either = [a or b for a, b in zip(self.comm, counted, strict=True)]
+        lost = lost_ancestors(self.preds, self.succs, now, g.edges, pos, self.removed, either)
+        added = []
+        for v in sorted(v for v in lost if self.comm[v]):
+            for c in sorted(c for c in lost[v] if self.comm[c]):
+                if (c, v) not in g.edges:
+                    g.edges[(c, v)] = "ctrl"
+                    added.append((c, v))
+        if added:  # the order kept changes what is lost: ask again
+            new.touch(added)
+            return new, lost_ancestors(self.preds, self.succs, now, g.edges, pos, self.removed, counted)
+        mine = {b: {c for c in got if counted[c]} for b, got in lost.items()}
+        return new, {b: got for b, got in mine.items() if got}
+
+    def links(self) -> list[Edge]:
+        """Pairs of comm ops the finder restores the order of, where lost: from each comm op
+        whose out-edges were bypassed (overlap's collectives) to each comm op a path from it
+        reaches through no other comm op. Restoring those restores what every op reaches: a
+        path between two comm ops runs through comm ops each next two of which are such a
+        pair, and only a pair starting at a bypassed op can have lost its order. One edge per
+        collective and next comm op, where restoring every lost pair takes one per collective
+        and later comm op."""
+        out = []
+        for c in sorted({u for u, _ in self.removed}):
+            seen = {c}
+            walk = [c]
+            while walk:
+                for w in self.succs[walk.pop()]:
+                    if w not in seen:
+                        seen.add(w)
+                        if self.comm[w]:
+                            out.append((c, w))
+                        else:
+                            walk.append(w)
+        return out
 
 
-def overlap_rank(g: RankGraph, only: Collection[int] | None = None) -> Applied:
+def overlap_rank(g: RankGraph, only: Collection[int] | None = None, *, edges: bool = True) -> Applied:
     """Bypass ctrl edges collective → independent compute on one rank (in place); with
-    ``only``, from those collectives (local rows) alone: one opportunity.
+    ``only``, from those collectives (local rows) alone: one opportunity. ``edges=False``
+    (the finder: what it frees, not the rewritten rank) keeps the comm order by fewer edges
+    (:meth:`_Pass.links`): the rewrite adds one per collective and later comm op it no longer
+    reaches, quadratic on a rank whose gradient all-reduces only the optimizer step reads.
 
     Notes
     -----
-    O((V + E) · K / w) for K communication ops on the rank, plus one step per
-    bypassed (collective, compute) pair, each pair at most once, times the collective's
-    in-degree.
+    O(V + E) for the rank, plus one step per bypassed (collective, compute) pair, each pair
+    at most once, times the collective's in-degree, plus the searches of :mod:`_reach`: the
+    independence test of each pair looked at and the ancestors lost near the bypassed edges
+    (a few ops each on a trace's ranks; more where much is freed).
     """
-    order = topo_order(g)
-    comm = [i for i, t in enumerate(g.types) if t in COMM_TYPES]
-    col = {c: j for j, c in enumerate(comm)}
-    desc_data = reach(g, order, comm, kind="data")
-    desc_all = reach(g, order, comm)
-    preds = g.preds()
+    st = _Pass(g)
+    preds = st.preds
 
     def candidate(u: int, v: int) -> bool:
         return (
             g.types[u] == "COMM_COLL_NODE"
             and g.types[v] == "COMP_NODE"
-            and not has_bit(desc_data[v], col[u])
             and (only is None or u in only)
+            and not st.data_reaches(u, v)
         )
 
-    work = [e for e, k in g.edges.items() if k == "ctrl" and candidate(*e)]
-    bypassed: set[Edge] = set()
+    work = [e for e in st.ctrl_edges(("COMM_COLL_NODE",), ("COMP_NODE",)) if candidate(*e)]
+    bypassed = st.removed
     while work:
         u, v = work.pop()
         if g.edges.get((u, v)) != "ctrl":
             continue
         del g.edges[(u, v)]
         bypassed.add((u, v))
+        st.changed.add((u, v))
         for p in preds[u]:
             if (p, v) not in g.edges and (p, v) not in bypassed:  # once per pair, as in reorder_rank
                 g.edges[(p, v)] = "ctrl"
+                st.changed.add((p, v))
                 if candidate(p, v):
                     work.append((p, v))
-    _restore_comm_order(g, order, comm, desc_all)
-    desc_new = reach(g, order, comm)
-    freed = [
-        (comm[j], v)
-        for v in range(g.n)
-        if g.types[v] == "COMP_NODE"
-        for j in set_bits(desc_all[v] & ~desc_new[v])
-        if g.types[comm[j]] == "COMM_COLL_NODE"
-    ]
+    if not bypassed:
+        return Applied([], {})
+    _, lost = st.finish([t == "COMM_COLL_NODE" for t in g.types], edges=edges)
+    freed = [(c, v) for v in sorted(lost) if g.types[v] == "COMP_NODE" for c in sorted(lost[v])]
     return Applied(freed, {})
 
 
@@ -266,51 +354,49 @@ def reorder_rank(g: RankGraph, only: Collection[int] | None = None) -> Applied:
 
     Notes
     -----
-    O((V + E) · K / w) for K communication ops on the rank, plus one step per
-    bypassed (compute, communication) pair, each pair at most once, times the degrees of
-    its endpoints.
+    O(V + E) for the rank, plus one step per bypassed (compute, communication) pair, each
+    pair at most once, times the degrees of its endpoints, plus the searches of
+    :mod:`_reach` (as in :func:`overlap_rank`).
     """
-    order = topo_order(g)
-    comm = [i for i, t in enumerate(g.types) if t in COMM_TYPES]
-    col = {c: j for j, c in enumerate(comm)}
-    anc_data = reach(g, order, comm, kind="data", backward=True)
-    anc_all = reach(g, order, comm, backward=True)
-    desc_all = reach(g, order, comm)
-    preds, succs = g.preds(), g.succs()
+    st = _Pass(g)
+    preds, succs = st.preds, st.succs
 
     def candidate(x: int, s: int) -> bool:
         return (
             g.types[x] == "COMP_NODE"
             and g.types[s] in COMM_TYPES
-            and not has_bit(anc_data[x], col[s])
             and (only is None or s in only)
+            and not st.data_reaches(x, s)
         )
 
-    work = [e for e, k in g.edges.items() if k == "ctrl" and candidate(*e)]
+    work = [e for e in st.ctrl_edges(("COMP_NODE",), COMM_TYPES) if candidate(*e)]
     passed: dict[int, list[int]] = {}
-    bypassed: set[Edge] = set()
+    bypassed = st.removed
+    changed = st.changed
     while work:
         x, s = work.pop()
         if g.edges.get((x, s)) != "ctrl":
             continue
         del g.edges[(x, s)]
         bypassed.add((x, s))
+        changed.add((x, s))
         passed.setdefault(s, []).append(x)
         for b in succs[s]:
-            g.edges.setdefault((x, b), "ctrl")  # what waited for S still waits for X
+            if (x, b) not in g.edges:  # what waited for S still waits for X
+                g.edges[(x, b)] = "ctrl"
+                changed.add((x, b))
         for p in preds[x]:
             # S already passed P: putting the edge back would only have it bypassed again (once
             # per path from P to X, exponentially many on a diamond-rich rank)
             if (p, s) not in g.edges and (p, s) not in bypassed:
                 g.edges[(p, s)] = "ctrl"
+                changed.add((p, s))
                 if candidate(p, s):
                     work.append((p, s))
-    _restore_comm_order(g, order, comm, desc_all)
-    anc_new = reach(g, order, comm, backward=True)
-    lost = [
-        (j, v) for v in range(g.n) if g.types[v] == "COMP_NODE" for j in set_bits(anc_all[v] & ~anc_new[v])
-    ]
-    freed = [(comm[j], v) for j, v in sorted(lost)]  # by send, then compute op
+    if not bypassed:
+        return Applied([], {})
+    new, lost = st.finish([t == "COMP_NODE" for t in g.types])
+    freed = [(s, v) for s in sorted(lost) if st.comm[s] for v in sorted(lost[s])]  # by send, then compute op
     # file order: in front of the earliest compute op it passed, never past another message op
     moved: dict[int, int] = {}
     msg_rows = [i for i, t in enumerate(g.types) if t in MESSAGE_TYPES]
@@ -321,7 +407,8 @@ def reorder_rank(g: RankGraph, only: Collection[int] | None = None) -> Applied:
         target = max(target, prev_msg + 1)
         if target < s:
             moved[s] = target
-    return Applied(freed, moved)
+    into = {s: list(new.pred(s)) for s in dict.fromkeys(s for s, _ in freed)}
+    return Applied(freed, moved, into)
 
 
 # ---------------------------------------------------------------- chunk-split
@@ -359,67 +446,105 @@ def chunk_consumers(trace: Trace, graphs: Sequence[RankGraph], expansions: pa.Ta
     -----
     O(V + E) over the trace.
     """
+    if expansions.num_rows == 0:
+        return []
     off_all = pc.fill_null(trace.ops["chunk_offset"], -1).to_numpy()
     cnt_all = pc.fill_null(trace.ops["msg_chunk_cnt"], 1).to_numpy()
     total_all = pc.fill_null(trace.ops["total_chunk_cnt"], 0).to_numpy()
-    own = _own_slots(expansions)
-    by_rank: dict[int, dict[int, int]] = {}
-    for r, i, c in zip(
-        expansions["rank"].to_pylist(),
-        expansions["id"].to_pylist(),
-        expansions["coll_id"].to_pylist(),
-        strict=True,
-    ):
-        by_rank.setdefault(int(r), {})[int(i)] = int(c)
+    shares = _own_shares(expansions)
+    e_rank = expansions["rank"].to_numpy()
+    by = np.argsort(e_rank, kind="stable")
+    e_rank = e_rank[by]
+    e_id = expansions["id"].to_numpy()[by]
+    e_coll = expansions["coll_id"].to_numpy()[by]
     out: list[ChunkConsumer] = []
     for g in graphs:
-        of = by_rank.get(g.rank)
-        if not of:
+        key = e_rank.dtype.type(g.rank)  # as in rank_graphs: no cast of the column per rank
+        lo, hi = np.searchsorted(e_rank, key, "left"), np.searchsorted(e_rank, key, "right")
+        if lo == hi or not g.n:
             continue
-        local_of = {k: of[int(i)] for k, i in enumerate(g.ids.tolist()) if int(i) in of}
-        preds = g.preds()
-        writers_of: dict[int, dict[int, list[int]]] = {}
-        for k, c in local_of.items():
-            row = g.first + k
-            if g.types[k] == "COMM_SEND_NODE" or off_all[row] < 0:
-                continue
-            keep = own.get((g.rank, c))
-            for slot in range(int(off_all[row]), int(off_all[row]) + max(int(cnt_all[row]), 1)):
-                if keep is not None and not keep(slot, int(total_all[row])):
-                    continue
-                writers_of.setdefault(c, {}).setdefault(slot, []).append(k)
-        for v in range(g.n):
-            if v in local_of or g.types[v] != "COMP_NODE":
-                continue
-            inside = [u for u in preds[v] if u in local_of]
-            colls = {local_of[u] for u in inside}
-            if len(colls) != 1:
-                continue
-            c = colls.pop()
-            writers = writers_of.get(c, {})
+        # the rank's expansion ops as local rows, and the collective each expands
+        sorter = np.argsort(g.ids, kind="stable")
+        at = np.minimum(np.searchsorted(g.ids, e_id[lo:hi], sorter=sorter), g.n - 1)
+        hit = g.ids[sorter[at]] == e_id[lo:hi]
+        is_exp = np.zeros(g.n, dtype=bool)
+        is_exp[sorter[at[hit]]] = True
+        coll_of = np.zeros(g.n, dtype=np.uint64)
+        coll_of[sorter[at[hit]]] = e_coll[lo:hi][hit]
+        src, dst = g.arrays()
+        is_comp = np.asarray(g.types, dtype=object) == "COMP_NODE"
+        into = is_exp[src] & ~is_exp[dst] & is_comp[dst]  # expansion op -> compute op outside
+        inside: dict[int, list[int]] = {}
+        colls: dict[int, set[int]] = {}
+        for u, v, c in zip(src[into].tolist(), dst[into].tolist(), coll_of[src[into]].tolist(), strict=True):
+            inside.setdefault(v, []).append(u)
+            colls.setdefault(v, set()).add(c)
+        one = {v: next(iter(cs)) for v, cs in colls.items() if len(cs) == 1}
+        writers_of = _writers(g, is_exp, coll_of, set(one.values()), off_all, cnt_all, total_all, shares)
+        for v in sorted(one):
+            writers = writers_of.get(one[v], {})
             if len(writers) >= 2:
-                out.append(ChunkConsumer(g.rank, c, v, writers, sorted(inside)))
+                out.append(ChunkConsumer(g.rank, one[v], v, writers, sorted(inside[v])))
     return out
 
 
-def _own_slots(expansions: pa.Table) -> dict[tuple[int, int], Callable[[int, int], bool]]:
-    """Per (rank, collective): whether slot ``s`` of ``total`` is the rank's own output, for
-    the collectives whose output is a share (reduce-scatter)."""
+def _writers(
+    g: RankGraph,
+    is_exp: np.ndarray,
+    coll_of: np.ndarray,
+    colls: set[int],
+    off_all: np.ndarray,
+    cnt_all: np.ndarray,
+    total_all: np.ndarray,
+    shares: dict[tuple[int, int], tuple[int, int]],
+) -> dict[int, dict[int, list[int]]]:
+    """Per collective of ``colls``, its rank's output slots and the expansion ops (local rows,
+    ascending) that write each: receives and reductions with a ``chunk_offset``, keeping a
+    reduce-scatter's own share only."""
+    out: dict[int, dict[int, list[int]]] = {}
+    if not colls:
+        return out
+    want = np.fromiter(colls, dtype=np.uint64, count=len(colls))
+    ks = np.flatnonzero(is_exp & np.isin(coll_of, want))
+    rows = g.first + ks
+    sends = np.asarray([g.types[k] == "COMM_SEND_NODE" for k in ks.tolist()], dtype=bool)
+    keep = ~sends & (off_all[rows] >= 0) if len(ks) else np.zeros(0, dtype=bool)
+    ks, rows = ks[keep], rows[keep]
+    cnt = np.maximum(cnt_all[rows].astype(np.int64), 1)
+    op = np.repeat(np.arange(len(ks)), cnt)  # one entry per (op, slot), slots ascending per op
+    slot = off_all[rows].astype(np.int64)[op] + np.arange(len(op)) - np.repeat(np.cumsum(cnt) - cnt, cnt)
+    coll = coll_of[ks][op]
+    pos = np.full(len(op), -1, dtype=np.int64)
+    size = np.zeros(len(op), dtype=np.int64)
+    for c in np.unique(coll).tolist():
+        if (g.rank, c) in shares:
+            pos[coll == c], size[coll == c] = shares[(g.rank, c)]
+    total = total_all[rows].astype(np.int64)[op]
+    share = np.where((size != 0) & (total != 0), total // np.where(size != 0, size, 1), 0)
+    own = (share > 0) & (pos * share <= slot) & (slot < (pos + 1) * share)
+    ok = (size == 0) | own
+    for c, sl, k in zip(coll[ok].tolist(), slot[ok].tolist(), ks[op][ok].tolist(), strict=True):
+        out.setdefault(c, {}).setdefault(sl, []).append(k)
+    return out
+
+
+def _own_shares(expansions: pa.Table) -> dict[tuple[int, int], tuple[int, int]]:
+    """Per (rank, collective) whose output on a rank is its share (reduce-scatter): the rank's
+    place in the group and the group's size."""
     if "coll_type" not in expansions.column_names:
         return {}
-    out: dict[tuple[int, int], Callable[[int, int], bool]] = {}
-    for r, c, t, p, n in zip(
-        *(expansions[k].to_pylist() for k in ("rank", "coll_id", "coll_type", "group_pos", "group_size")),
-        strict=True,
-    ):
-        if t == "REDUCE_SCATTER" and p is not None and p >= 0 and n:
-
-            def mine(s: int, total: int, p: int = int(p), n: int = int(n)) -> bool:
-                share = total // n if total else 0
-                return share > 0 and p * share <= s < (p + 1) * share
-
-            out[(int(r), int(c))] = mine
-    return out
+    rs = expansions.filter(
+        pc.and_(
+            pc.equal(expansions["coll_type"], "REDUCE_SCATTER"),
+            pc.and_(pc.greater_equal(expansions["group_pos"], 0), pc.not_equal(expansions["group_size"], 0)),
+        )
+    )
+    rows = rs.select(["rank", "coll_id", "group_pos", "group_size"]).group_by(
+        ["rank", "coll_id"], use_threads=False
+    )
+    got = rows.aggregate([("group_pos", "last"), ("group_size", "last")])
+    cols = (got[k].to_pylist() for k in ("rank", "coll_id", "group_pos_last", "group_size_last"))
+    return {(int(r), int(c)): (int(p), int(n)) for r, c, p, n in zip(*cols, strict=True)}
 
 
 def split_durations(total: int, pieces: int) -> list[int]:

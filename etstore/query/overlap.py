@@ -18,9 +18,10 @@ Three finders (``docs/overlap.md`` has the worked 2-rank example):
     its simulated ready time − the latest end among the predecessors it keeps.
 
 Candidates come from Cypher on the graph (the edge shapes above; lineage
-``BECOMES`` edges for chunks); independence is bitset reachability per rank
-(:mod:`etstore.query._rankgraph`, the same code the rewrites use, so what is found is
-what gets applied); timings and gains come from SQL over the simulated op timings.
+``BECOMES`` edges for chunks); what each pass frees comes from the passes themselves
+(:mod:`etstore.query._finders` runs :mod:`etstore.query._rankgraph`, the same code the
+rewrites use, so what is found is what gets applied); timings and gains come from SQL over
+the simulated op timings.
 :func:`explain` lists every query. Results land in DuckDB table ``opportunities``
 (:data:`~etstore.store.schema.OPPORTUNITIES_DDL`), replacing the trace's earlier rows.
 """
@@ -32,21 +33,16 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from etstore.collectives._instances import find_collectives
 from etstore.errors import EtstoreError, OptionError, StoreError, UnknownTraceError
 from etstore.model import Trace
 from etstore.progress import ProgressFn
+from etstore.query._finders import chunk_rows, freed_pairs
 from etstore.query._gains import measure_gains
-from etstore.query._rankgraph import (
-    chunk_consumers,
-    group_slots,
-    overlap_rank,
-    piece_count,
-    rank_graphs,
-    reorder_rank,
-)
 from etstore.query.hoists import find_hoists
 from etstore.query.split import SplitCost
 from etstore.sim import SimConfig, simulate
@@ -91,19 +87,19 @@ OPPORTUNITIES_SCHEMA = pa.schema(
 
 # --- Cypher: candidate shapes on the graph
 OVERLAP_SEEDS_CYPHER = """\
-MATCH (c:Op)-[d:DEP]->(x:Op)
-WHERE c.trace = $trace AND c.type = 'COMM_COLL_NODE' AND x.type = 'COMP_NODE' AND d.kind = 'ctrl'
+MATCH (t:Trace {name: $trace}), (c:Op)-[d:DEP]->(x:Op)
+WHERE c.trace_id = t.trace_id AND c.type = 'COMM_COLL_NODE' AND x.type = 'COMP_NODE' AND d.kind = 'ctrl'
 RETURN DISTINCT c.rank AS rank"""
 
 REORDER_SEEDS_CYPHER = """\
-MATCH (x:Op)-[d:DEP]->(s:Op)
-WHERE s.trace = $trace AND s.type IN ['COMM_SEND_NODE', 'COMM_COLL_NODE'] AND x.type = 'COMP_NODE'
+MATCH (t:Trace {name: $trace}), (x:Op)-[d:DEP]->(s:Op)
+WHERE s.trace_id = t.trace_id AND s.type IN ['COMM_SEND_NODE', 'COMM_COLL_NODE'] AND x.type = 'COMP_NODE'
   AND d.kind = 'ctrl'
 RETURN DISTINCT s.rank AS rank"""
 
 CHUNK_CONSUMERS_CYPHER = """\
-MATCH (c:Op)-[:BECOMES]->(e:Op)-[:DEP]->(x:Op)
-WHERE e.trace = $trace AND c.type = 'COMM_COLL_NODE' AND x.type = 'COMP_NODE'
+MATCH (t:Trace {name: $trace}), (c:Op)-[:BECOMES]->(e:Op)-[:DEP]->(x:Op)
+WHERE e.trace_id = t.trace_id AND c.type = 'COMM_COLL_NODE' AND x.type = 'COMP_NODE'
   AND NOT EXISTS { MATCH (c)-[:BECOMES]->(x) }
 RETURN DISTINCT e.rank AS rank, c.id AS coll_id, x.id AS consumer_id"""
 
@@ -203,32 +199,12 @@ def _ranks(store: Store, query: str, trace: str) -> set[int]:
 
 
 def _overlap_rows(store: Store, trace: Trace, timings: pa.Table) -> list[dict[str, Any]]:
-    ranks = _ranks(store, OVERLAP_SEEDS_CYPHER, trace.name)
-    pairs: dict[str, list[int]] = {"rank": [], "coll_id": [], "compute_id": [], "compute_row": []}
-    for g in rank_graphs(trace):
-        if g.rank not in ranks:
-            continue
-        for c, v in overlap_rank(g).freed:
-            for k, val in zip(pairs, (g.rank, int(g.ids[c]), int(g.ids[v]), v), strict=True):
-                pairs[k].append(val)
-    if not pairs["rank"]:
+    table, _ = freed_pairs(trace, _ranks(store, OVERLAP_SEEDS_CYPHER, trace.name), "overlap")
+    if table.num_rows == 0:
         return []
-    table = _pairs_table(pairs, "coll_id")
     with store.warehouse.registered(_etstore_pairs=table, _etstore_timings=timings):
         rows = store.warehouse.query(OVERLAP_GAIN_SQL).to_pylist()
     return _opportunity_rows("overlap", rows, ("collective_ns", "compute_ns", "compute_ids"))
-
-
-def _pairs_table(pairs: dict[str, list[int]], op_key: str) -> pa.Table:
-    """(rank, op, compute op, compute row) candidate pairs as the table the gain SQL joins."""
-    return pa.table(
-        {
-            "rank": pa.array(pairs["rank"], pa.int32()),
-            op_key: pa.array(pairs[op_key], pa.uint64()),
-            "compute_id": pa.array(pairs["compute_id"], pa.uint64()),
-            "compute_row": pa.array(pairs["compute_row"], pa.int64()),
-        }
-    )
 
 
 def _opportunity_rows(kind: str, rows: list[dict[str, Any]], detail: tuple[str, ...]) -> list[dict[str, Any]]:
@@ -248,32 +224,9 @@ def _opportunity_rows(kind: str, rows: list[dict[str, Any]], detail: tuple[str, 
 
 
 def _reorder_rows(store: Store, trace: Trace, timings: pa.Table) -> list[dict[str, Any]]:
-    ranks = _ranks(store, REORDER_SEEDS_CYPHER, trace.name)
-    pairs: dict[str, list[int]] = {"rank": [], "comm_id": [], "compute_id": [], "compute_row": []}
-    preds: dict[str, list[int]] = {"rank": [], "comm_id": [], "pred_id": []}
-    for g in rank_graphs(trace):
-        if g.rank not in ranks:
-            continue
-        applied = reorder_rank(g)
-        comms = sorted({s for s, _ in applied.freed})
-        for s, v in applied.freed:
-            for k, val in zip(pairs, (g.rank, int(g.ids[s]), int(g.ids[v]), v), strict=True):
-                pairs[k].append(val)
-        into = g.preds()
-        for s in comms:
-            for p in into[s]:
-                for k, val in zip(preds, (g.rank, int(g.ids[s]), int(g.ids[p])), strict=True):
-                    preds[k].append(val)
-    if not pairs["rank"]:
+    pair_table, pred_table = freed_pairs(trace, _ranks(store, REORDER_SEEDS_CYPHER, trace.name), "reorder")
+    if pair_table.num_rows == 0:
         return []
-    pair_table = _pairs_table(pairs, "comm_id")
-    pred_table = pa.table(
-        {
-            "rank": pa.array(preds["rank"], pa.int32()),
-            "comm_id": pa.array(preds["comm_id"], pa.uint64()),
-            "pred_id": pa.array(preds["pred_id"], pa.uint64()),
-        }
-    )
     with store.warehouse.registered(
         _etstore_pairs=pair_table, _etstore_preds=pred_table, _etstore_timings=timings
     ):
@@ -291,18 +244,24 @@ def expansions_of(store: Store, trace: str) -> pa.Table:
         return table
     parent = store.load(str(table["parent_trace"][0].as_py()))
     colls = find_collectives(parent, None)
-    key = {
-        (int(r), int(i)): (str(t), int(p), int(colls.gsize[colls.pg_code[k]]))
-        for k, (r, i, t, p) in enumerate(zip(colls.rank, colls.ids, colls.ctype, colls.apos, strict=True))
-    }
-    got = [
-        key.get((int(r), int(c)), ("", -1, 0))
-        for r, c in zip(table["rank"].to_pylist(), table["coll_id"].to_pylist(), strict=True)
-    ]
+    info = pa.table(
+        {
+            "rank": pa.array(colls.rank).cast(table.schema.field("rank").type),
+            "coll_id": pa.array(colls.ids).cast(table.schema.field("coll_id").type),
+            "coll_type": pa.array([str(t) for t in colls.ctype.tolist()], pa.string()),
+            "group_pos": pa.array(colls.apos, pa.int32()),
+            "group_size": pa.array(colls.gsize[colls.pg_code], pa.int32()),
+        }
+    )
+    info = info.group_by(["rank", "coll_id"], use_threads=False).aggregate(  # one row per op, the last
+        [(c, "last") for c in ("coll_type", "group_pos", "group_size")]
+    )
+    rows = table.select(["rank", "coll_id"]).append_column("row", pa.array(np.arange(table.num_rows)))
+    got = rows.join(info, ["rank", "coll_id"], join_type="left outer").sort_by("row")
     return (
-        table.append_column("coll_type", pa.array([g[0] for g in got], pa.string()))
-        .append_column("group_pos", pa.array([g[1] for g in got], pa.int32()))
-        .append_column("group_size", pa.array([g[2] for g in got], pa.int32()))
+        table.append_column("coll_type", pc.fill_null(got["coll_type_last"], ""))
+        .append_column("group_pos", pc.fill_null(got["group_pos_last"], -1))
+        .append_column("group_size", pc.fill_null(got["group_size_last"], 0))
     )
 
 
@@ -318,68 +277,9 @@ def _chunk_rows(
 ) -> list[dict[str, Any]]:
     if expansions.num_rows == 0:
         return []
-    parent = expansions["parent_trace"][0].as_py()
     cands = store.cypher(CHUNK_CONSUMERS_CYPHER, {"trace": trace.name}).to_arrow()
     wanted = set(zip(cands["rank"].to_pylist(), cands["consumer_id"].to_pylist(), strict=True))
-    ends = {
-        (r, i): (rd, s, e)
-        for r, i, rd, s, e in zip(
-            *(timings[c].to_pylist() for c in ("rank", "id", "ready_ns", "start_ns", "end_ns")), strict=True
-        )
-    }
-    graphs = rank_graphs(trace)
-    by_rank = {g.rank: g for g in graphs}
-    durations = trace.ops["duration_micros"].to_numpy()
-    names = trace.ops["name"].to_pylist()
-    out = []
-    for cc in chunk_consumers(trace, graphs, expansions):
-        g = by_rank[cc.rank]
-        cid = int(g.ids[cc.consumer])
-        if (cc.rank, cid) not in wanted:
-            continue
-        end_of = {k: ends[(cc.rank, int(g.ids[k]))][2] for k in range(g.n)}
-        arrival = {s: max(end_of[w] for w in ws) for s, ws in cc.writers.items()}
-        slots = sorted(arrival, key=lambda s: (arrival[s], s))
-        d_us = int(durations[g.first + cc.consumer])
-        k = piece_count(len(slots), d_us, max_pieces)
-        if k < 2 or not split.splits(names[g.first + cc.consumer]):
-            continue
-        groups = group_slots(slots, k)
-        durs = split.pieces(d_us, k)
-        inside = set(cc.expansion_preds)
-        outside = [u for u in g.preds()[cc.consumer] if u not in inside]
-        e = max((end_of[u] for u in outside), default=0.0)
-        starts = []
-        for j, grp in enumerate(groups):
-            start = max(e, max(arrival[s] for s in grp))
-            if j == k - 1:
-                start = max(start, max(end_of[u] for u in inside))
-            starts.append(start)
-            e = start + durs[j] * unit_ns
-        _, orig_start, orig_end = ends[(cc.rank, cid)]
-        gain = orig_end - e
-        if gain <= 0:
-            continue
-        out.append(
-            {
-                "kind": "chunk",
-                "rank": cc.rank,
-                "op_id": cc.coll_id,
-                "other_id": cid,
-                "gain_ns": float(gain),
-                "detail": {
-                    "parent_trace": parent,
-                    "chunks": [[s, arrival[s]] for s in slots],
-                    "pieces": groups,
-                    "start_ns": orig_start,
-                    "end_ns": orig_end,
-                    "chunked_start_ns": starts[0],
-                    "chunked_end_ns": e,
-                    "start_gain_ns": orig_start - starts[0],
-                },
-            }
-        )
-    return out
+    return chunk_rows(trace, timings, expansions, wanted, max_pieces=max_pieces, unit_ns=unit_ns, split=split)
 
 
 def find_opportunities(
@@ -454,8 +354,8 @@ def find_opportunities(
 
     Notes
     -----
-    Per rank O((V + E) · K / w) for K sends and collectives (bitset reachability in
-    topological order, w = machine word), plus one simulation O(events log V).
+    Per rank O(V + E) plus searches around the edges a pass changes (:mod:`etstore.query._reach`;
+    a few ops each on a trace's ranks), plus one simulation O(events log V).
     """
     bad = [k for k in kinds if k not in OPPORTUNITY_KINDS]
     if bad:

@@ -138,8 +138,9 @@ def rewrite(
 
     Notes
     -----
-    O((V + E) · K / w) per rank for K sends and collectives (bitset reachability);
-    ``chunk-split`` O(V + E).
+    O(V + E) per rank plus searches around the changed edges (:mod:`etstore.query._reach`),
+    and one ctrl edge per pair of comm ops whose order the bypass lost; ``chunk-split``
+    O(V + E).
     """
     return _rewrite(trace, kind, expansions, chunk_order, max_pieces, name, only, split)[0]
 
