@@ -132,7 +132,7 @@ def stage_parts(
     first: Trace,
     parts: Iterable[Trace],
     *,
-    seq: int,
+    trace_id: int,
     base: int,
     name: str,
     ops: int | None = None,
@@ -162,7 +162,7 @@ def stage_parts(
         digest.update(part)
         deps = dep_edges(part, base + off)
         with wh.transaction():
-            rows.insert_part(wh, part, seq, base + off, deps, staged.deps, staged.missing)
+            rows.insert_part(wh, part, trace_id, base + off, deps, staged.deps, staged.missing)
         pairs = (deps["from"].to_numpy() - base - off, deps["to"].to_numpy() - base - off)
         staged.cycles += len(cycle_members(part, pairs))
         sends, recvs, n_sends, n_recvs = message_endpoints(part, off)
@@ -179,7 +179,7 @@ def stage_parts(
         if progress:
             progress("parts", staged.ops, max(ops or 0, staged.ops) if ops else 0)
     staged.digest = upgraded_identity(digest.hexdigest(), str(first.kind), first.params)
-    _stage_messages(wh, staged, seq, base)
+    _stage_messages(wh, staged, trace_id, base)
     return staged
 
 
@@ -193,7 +193,7 @@ def memory_limit(wh: Warehouse, limit: str) -> Iterator[None]:
         wh.execute("RESET memory_limit")
 
 
-def _stage_messages(wh: Warehouse, staged: Staged, seq: int, base: int) -> None:
+def _stage_messages(wh: Warehouse, staged: Staged, trace_id: int, base: int) -> None:
     """Pair the sends of each part with the receives from its ranks (the receives sorted by
     source rank once), in send order: the same messages, in the same order, as one pairing
     of the whole trace."""
@@ -214,7 +214,7 @@ def _stage_messages(wh: Warehouse, staged: Staged, seq: int, base: int) -> None:
             size = pa.array([], pa.int64())
         msgs = message_rows(base, send_row, recv_row, tag, size)
         with wh.transaction():
-            rows.insert_messages(wh, seq, msgs)
+            rows.insert_messages(wh, trace_id, msgs)
         staged.messages += msgs.num_rows
     staged.unmatched_sends -= staged.messages
     staged.unmatched_recvs -= staged.messages

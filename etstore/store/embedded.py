@@ -412,7 +412,7 @@ class EmbeddedStore:
                     wh,
                     first,
                     parts,
-                    seq=rec.trace_id,
+                    trace_id=rec.trace_id,
                     base=uid_base(rec.trace_id),
                     name=final,
                     ops=ops,
