@@ -46,12 +46,13 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from etstore.app.runs import record_run  # noqa: E402
 from etstore.collectives.expand import expand  # noqa: E402
 from etstore.model import Trace  # noqa: E402
 from etstore.query import critical_path  # noqa: E402
 from etstore.report import schedule_critical_path  # noqa: E402
 from etstore.report._data import run_infos  # noqa: E402
-from etstore.sim import record_run, simulate  # noqa: E402
+from etstore.sim import simulate  # noqa: E402
 from etstore.store import EmbeddedStore  # noqa: E402
 from etstore.topology import parse_topology  # noqa: E402
 from etstore.workloads import transformer  # noqa: E402

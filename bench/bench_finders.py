@@ -48,10 +48,11 @@ import pyarrow as pa
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from etstore.app.runs import record_run  # noqa: E402
 from etstore.collectives.expand import expand  # noqa: E402
 from etstore.model import Trace, deps_table  # noqa: E402
 from etstore.query.overlap import OPPORTUNITY_KINDS, find_opportunities  # noqa: E402
-from etstore.sim import record_run, simulate  # noqa: E402
+from etstore.sim import simulate  # noqa: E402
 from etstore.store import EmbeddedStore  # noqa: E402
 from etstore.topology import parse_topology  # noqa: E402
 from etstore.workloads import transformer  # noqa: E402
@@ -111,7 +112,7 @@ def run(workload: str, size: str, kinds: list[str], repeat: int) -> None:
             times, found = [], 0
             for _ in range(repeat):
                 t0 = time.perf_counter()
-                table = find_opportunities(s, "wx", run_id=run_id, kinds=[kind], record=False, measure=False)
+                table = find_opportunities(s, "wx", run_id=run_id, kinds=[kind], measure=False)
                 times.append(time.perf_counter() - t0)
                 found = table.num_rows
             median = round(statistics.median(times), 2)

@@ -33,10 +33,11 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from etstore.app.runs import record_run  # noqa: E402
 from etstore.collectives.stored import expand_stored  # noqa: E402
 from etstore.ingest import read_trace  # noqa: E402
 from etstore.query.overlap import OPPORTUNITY_KINDS, find_opportunities  # noqa: E402
-from etstore.sim import record_run, simulate  # noqa: E402
+from etstore.sim import simulate  # noqa: E402
 from etstore.store import EmbeddedStore  # noqa: E402
 from etstore.topology import parse_topology  # noqa: E402
 
@@ -68,9 +69,7 @@ def main() -> None:
                 best, found = float("inf"), 0
                 for _ in range(args.repeat):
                     t0 = time.perf_counter()
-                    found = find_opportunities(
-                        s, name, run_id=run, kinds=[kind], record=False, measure=measure
-                    ).num_rows
+                    found = find_opportunities(s, name, run_id=run, kinds=[kind], measure=measure).num_rows
                     best = min(best, time.perf_counter() - t0)
                 metric = f"find_{kind}{'_measured' if measure else ''}_s"
                 emit(metric, round(best, 3), "s", trace.num_ops, found=found, ranks=trace.num_ranks)
@@ -79,7 +78,7 @@ def main() -> None:
         best, found, gains = float("inf"), 0, 0.0
         for _ in range(args.repeat):
             t0 = time.perf_counter()
-            table = find_opportunities(s, "dlrm", kinds=["overlap"], record=False)
+            table = find_opportunities(s, "dlrm", kinds=["overlap"])
             best = min(best, time.perf_counter() - t0)
             found, gains = table.num_rows, sum(table["gain_ns"].to_pylist())
         emit("find_recorded_overlap_s", round(best, 3), "s", recorded.num_ops, found=found, gain_ns=gains)

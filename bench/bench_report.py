@@ -39,9 +39,10 @@ import pyarrow.compute as pc
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from etstore.app.runs import record_run
 from etstore.model import Trace
 from etstore.report import write_report
-from etstore.sim import SimConfig, record_run, simulate
+from etstore.sim import SimConfig, simulate
 from etstore.store import EmbeddedStore
 from etstore.topology import GIB, Topology, parse_topology
 from etstore.workloads import transformer

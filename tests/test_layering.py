@@ -55,7 +55,11 @@ TEST_ONLY = "etstore.testing"
 
 # (importer prefix, imported prefix): pairs the floors allow but the design forbids. store/
 # stores what it is given; reading files is the application layer's (app/), never the store's.
-FORBIDDEN: tuple[tuple[str, str], ...] = (("etstore.store", "etstore.ingest"),)
+# sim/ computes from traces, topologies and configs; loading and recording is app/'s.
+FORBIDDEN: tuple[tuple[str, str], ...] = (
+    ("etstore.store", "etstore.ingest"),
+    ("etstore.sim", "etstore.store"),
+)
 
 # Third-party modules a function may import lazily: optional or heavy to load.
 LAZY_ALLOWED = (
@@ -306,7 +310,8 @@ def test_imports_point_down_the_floors(package_imports: tuple[list[Import], list
 def test_store_does_not_import_the_readers(
     package_imports: tuple[list[Import], list[str], set[str]],
 ) -> None:
-    """store/ stores what app/ (or a caller) read: no reader of etstore.ingest, not even for types."""
+    """store/ stores what app/ (or a caller) read: no reader of etstore.ingest, not even for types;
+    sim/ neither loads nor records (app/ does): no module of etstore.store."""
     _fail_unless_empty("imports the design forbids", forbidden_imports(package_imports[0]))
 
 

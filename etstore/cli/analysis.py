@@ -9,16 +9,16 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
+from etstore.app.compare import compare
+from etstore.app.opportunities import explain, find_and_record
+from etstore.app.rewrite import rewrite_stored
 from etstore.cli._common import add_format, open_from_args, progress_to, stored_status
 from etstore.cli._console import styled
 from etstore.cli._render import json_text, render
 from etstore.cli._tables import add_table, chosen_table, one_row, print_table
 from etstore.errors import OptionError
-from etstore.query.apply import rewrite_stored
-from etstore.query.overlap import explain, find_opportunities
 from etstore.query.split import SplitCost
 from etstore.sim import SimConfig
-from etstore.sim.compare import compare
 from etstore.sim.config import EXPANDED_SLOTS
 
 if TYPE_CHECKING:
@@ -81,7 +81,7 @@ def _overlap(args: argparse.Namespace, console: Console) -> int:
     if args.trace is None:
         raise OptionError("overlap: name a trace (or pass --explain alone to print the queries)")
     with open_from_args(args) as store, progress_to(console, f"overlap {args.trace}") as step:
-        found = find_opportunities(
+        found = find_and_record(
             store,
             args.trace,
             topo=args.topo,

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from etstore.app.calibrate import calibrate
 from etstore.cli._common import add_format, open_to_record
 from etstore.cli._console import styled
 from etstore.cli._render import render
@@ -18,7 +19,7 @@ from etstore.collectives.stored import resolve_algorithm
 from etstore.errors import OptionError, UnknownTraceError
 from etstore.model import Trace
 from etstore.sim import BUILTIN_ALGORITHMS, SimConfig
-from etstore.sim.calibrate import Calibration, calibrate
+from etstore.sim.calibrate import Calibration
 from etstore.store import Store
 from etstore.topology import DEFAULT_BANDWIDTH_GB_PER_S, DEFAULT_LATENCY_NS
 from etstore.units import parse_size

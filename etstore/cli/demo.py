@@ -21,6 +21,9 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from etstore.app.compare import Comparison, compare
+from etstore.app.opportunities import find_and_record
+from etstore.app.rewrite import rewrite_stored
 from etstore.cli._console import styled
 from etstore.cli._render import recognised_line, render
 from etstore.cli.analysis import hoist_table
@@ -34,11 +37,8 @@ from etstore.ingest.export import export_trace
 from etstore.ingest.msccl_writer import write_msccl_xml
 from etstore.model import Trace
 from etstore.query import critical_path
-from etstore.query.apply import rewrite_stored
-from etstore.query.overlap import find_opportunities
 from etstore.report import write_report
 from etstore.sim import SimConfig, SimResult, simulate
-from etstore.sim.compare import Comparison, compare
 from etstore.sim.replay import replay
 from etstore.store import open_store
 from etstore.store.base import Store
@@ -339,7 +339,7 @@ def _overlap_steps(store: Store, name: str, console: Console) -> Comparison | No
     console.rule(
         "7. opportunities: work a thread or stream could run while it waits, each measured by replay"
     )
-    found = find_opportunities(store, name, kinds=("overlap",), limit=DEMO_LIMIT)
+    found = find_and_record(store, name, kinds=("overlap",), limit=DEMO_LIMIT)
     details = [json.loads(d) for d in found["detail"].to_pylist()]
     if not found.num_rows:
         console.print("no lane of the recording waits with independent work behind it", style="yellow")
@@ -384,7 +384,7 @@ def _own_recording_step(store: Store, console: Console) -> Comparison | None:
         console.print(f"{OWN_RECORDING} is missing: skipping the FSDP2 recording", style="yellow")
         return None
     name = store.ingest(read_trace(OWN_RECORDING), name="fsdp2_2r").trace.name
-    found = find_opportunities(store, name, kinds=("overlap",), limit=DEMO_LIMIT)
+    found = find_and_record(store, name, kinds=("overlap",), limit=DEMO_LIMIT)
     if not found.num_rows:
         return None
     after = compare(store, name, rewrite_stored(store, name, "overlap").trace.name)

@@ -13,13 +13,13 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from etstore import store as stores
+from etstore.app.runs import record_run
 from etstore.cli._common import add_format, open_from_args
 from etstore.cli._inputs import trace_from
 from etstore.cli._perturb_args import add_perturbation, perturbation_from
 from etstore.cli._render import json_text, render
 from etstore.cli._topology_args import topology_from
 from etstore.errors import OptionError
-from etstore.sim.metrics import record_run
 from etstore.sim.perturb import perturb_network
 from etstore.sim.replay import replay
 

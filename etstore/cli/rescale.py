@@ -13,9 +13,9 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
+from etstore.app.rescale import rescale_stored
 from etstore.cli._common import add_format, open_from_args, stored_status
 from etstore.cli._render import render
-from etstore.query.rescale import rescale_stored
 
 if TYPE_CHECKING:
     from rich.console import Console

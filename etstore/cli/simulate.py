@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from etstore import collectives
+from etstore.app.runs import record_jobs, record_run, record_sensitivity, record_sweep
 from etstore.cli._common import add_format, open_to_record, progress, progress_to
 from etstore.cli._console import styled, warn
 from etstore.cli._inputs import trace_from
@@ -30,8 +31,7 @@ from etstore.sim.config import (
     read_network_config,
     read_system_config,
 )
-from etstore.sim.jobs import JobRuns, JobsResult, job_tables, read_placement, record_jobs, simulate_jobs
-from etstore.sim.metrics import record_run, record_sweep
+from etstore.sim.jobs import JobRuns, JobsResult, job_tables, read_placement, simulate_jobs
 from etstore.sim.perturb import Perturbation, parse_knob, perturb, perturb_network
 from etstore.sim.sweep import parse_sizes, sensitivity, sensitivity_table, sweep
 from etstore.store import Store
@@ -394,21 +394,16 @@ def _sensitivity(args: argparse.Namespace, console: Console) -> int:
             )
         ids: list[int | None] = [None] * len(points)
         if store is not None and not args.no_record:
-            first = store.warehouse.next_id("runs", "run_id")
-            for i, pt in enumerate(points):
-                where = {"knob": knob.name, "value": pt.value, "values": values, "first_run": first}
-                ids[i] = record_run(
+            ids = list(
+                record_sensitivity(
                     store.warehouse,
-                    pt.result,
-                    trace_name=trace.name,
-                    params={
-                        "algo": args.algo or [],
-                        "argv": "sweep",
-                        "perturbation": pt.perturbation.to_dict(),
-                        "sensitivity": where,
-                    },
-                    run_id=first if i == 0 else None,
+                    trace.name,
+                    points,
+                    knob=knob.name,
+                    values=values,
+                    params={"algo": args.algo or [], "argv": "sweep"},
                 )
+            )
     rows = sensitivity_table(points, knob).add_column(0, "run_id", pa.array(ids, pa.int64()))
     if args.format != "table":
         render(rows, args.format, console=console)

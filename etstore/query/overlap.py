@@ -22,7 +22,8 @@ Candidates come from Cypher on the graph (the edge shapes above; lineage
 (:mod:`etstore.query._finders` runs :mod:`etstore.query._rankgraph`, the same code the
 rewrites use, so what is found is what gets applied); timings and gains come from SQL over
 the simulated op timings.
-:func:`explain` lists every query. Results land in DuckDB table ``opportunities``
+:func:`explain` lists every query. Nothing is written: :mod:`etstore.app.opportunities`
+records what is found in DuckDB table ``opportunities``
 (:data:`~etstore.store.schema.OPPORTUNITIES_DDL`), replacing the trace's earlier rows.
 """
 
@@ -38,7 +39,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from etstore.collectives._instances import find_collectives
-from etstore.errors import EtstoreError, OptionError, StoreError, UnknownTraceError
+from etstore.errors import EtstoreError, OptionError, UnknownTraceError
 from etstore.model import Trace
 from etstore.progress import ProgressFn
 from etstore.query._finders import chunk_rows, freed_pairs
@@ -48,8 +49,6 @@ from etstore.query.split import SplitCost
 from etstore.sim import SimConfig, simulate
 from etstore.sim.engine import RECORDED
 from etstore.store.base import Store
-from etstore.store.schema import OPPORTUNITIES_DDL
-from etstore.store.warehouse import Warehouse
 from etstore.topology import Topology, default_topology, parse_topology
 
 __all__ = [
@@ -144,14 +143,10 @@ LEFT JOIN kept ON kept.rank = p.rank AND kept.comm_id = p.comm_id
 GROUP BY p.rank, p.comm_id
 ORDER BY p.rank, p.comm_id"""
 
-_RECORD_SQL = (
-    "INSERT INTO opportunities (trace, kind, rank, op_id, other_id, gain_ns, detail, opportunity) "
-    "SELECT trace, kind, rank, op_id, other_id, gain_ns, detail, opportunity FROM _etstore_found"
-)
-
 
 def explain() -> list[tuple[str, str, str]]:
-    """Every query the finders run: ``(finder, engine, text)``."""
+    """Every query the finders run: ``(finder, engine, text)`` (recording them adds
+    :func:`etstore.app.opportunities.explain`'s)."""
     return [
         ("overlap", "cypher", OVERLAP_SEEDS_CYPHER),
         ("overlap", "sql", OVERLAP_GAIN_SQL),
@@ -160,8 +155,6 @@ def explain() -> list[tuple[str, str, str]]:
         ("reorder", "cypher", REORDER_SEEDS_CYPHER),
         ("reorder", "sql", REORDER_GAIN_SQL),
         ("timings", "sql", TIMINGS_SQL),
-        ("record", "sql", OPPORTUNITIES_DDL),
-        ("record", "sql", "DELETE FROM opportunities WHERE trace = $trace; " + _RECORD_SQL),
     ]
 
 
@@ -175,7 +168,7 @@ def opportunity_timings(
 ) -> pa.Table:
     """Per-op ``rank, id, ready_ns, start_ns, end_ns`` of ``trace``: from run ``run_id``
     in DuckDB (:data:`TIMINGS_SQL`), else from a fresh simulation on ``topo`` (a
-    :class:`~etstore.topology.Topology` or spec; default :func:`~etstore.sim.compare.default_topology`).
+    :class:`~etstore.topology.Topology` or spec; default :func:`~etstore.topology.default_topology`).
 
     Raises
     ------
@@ -291,7 +284,6 @@ def find_opportunities(
     run_id: int | None = None,
     kinds: Sequence[str] = OPPORTUNITY_KINDS,
     max_pieces: int = 8,
-    record: bool = True,
     limit: int = 32,
     progress: ProgressFn | None = None,
     measure: bool = True,
@@ -313,7 +305,7 @@ def find_opportunities(
         Name of the stored trace.
     topo
         Topology (object, spec or file) to simulate on; default
-        :func:`~etstore.sim.compare.default_topology`. Ignored with ``run_id``.
+        :func:`~etstore.topology.default_topology`. Ignored with ``run_id``.
     config
         :class:`~etstore.sim.SimConfig` for the simulation (default ASTRA-sim's).
     run_id
@@ -322,8 +314,6 @@ def find_opportunities(
         Which finders to run (``overlap``, ``chunk``, ``reorder``).
     max_pieces
         Chunk finder: at most this many pieces per consumer.
-    record
-        Replace the trace's rows in DuckDB table ``opportunities``.
     limit
         Measure at most this many opportunities per kind (largest estimates first; two
         simulations each).
@@ -418,8 +408,6 @@ def find_opportunities(
         },
         schema=OPPORTUNITIES_SCHEMA,
     )
-    if record:
-        _record(store.warehouse, trace, table)
     log.debug("found %d opportunities in %s", table.num_rows, trace)
     return table
 
@@ -468,14 +456,3 @@ def _recorded_rows(
             }
         )
     return rows
-
-
-def _record(warehouse: Warehouse, trace: str, table: pa.Table) -> None:
-    """Replace ``trace``'s rows of ``opportunities`` in one transaction."""
-    try:
-        with warehouse.transaction():
-            warehouse.execute("DELETE FROM opportunities WHERE trace = $trace", {"trace": trace})
-            with warehouse.registered(_etstore_found=table):
-                warehouse.execute(_RECORD_SQL)
-    except StoreError as exc:
-        raise StoreError(f"cannot record opportunities of {trace!r}: {exc}") from exc

@@ -37,10 +37,9 @@ import pyarrow.compute as pc
 
 from etstore.errors import OptionError, RewriteError
 from etstore.model import CHUNK_COLUMNS, Trace, TraceKind
-from etstore.store.base import IngestReport, Store
 from etstore.units import budget_exceeded
 
-__all__ = ["Layout", "rescale", "rescale_stored", "source_layout", "target_layout"]
+__all__ = ["Layout", "rescale", "source_layout", "target_layout"]
 
 RECORDED = "recorded"
 SIZE_KEEPING = frozenset({"ALL_REDUCE", "REDUCE", "BROADCAST", "BARRIER"})
@@ -551,32 +550,3 @@ def rescale(
     )
     _check_groups_match(out, params.get("comm_groups") or {})
     return out
-
-
-def rescale_stored(
-    store: Store,
-    trace: str,
-    *,
-    ranks: int | None = None,
-    dp: int | None = None,
-    tp: int | None = None,
-    pp: int | None = None,
-    source_tp: int | None = None,
-    name: str | None = None,
-) -> IngestReport:
-    """Rescale a stored trace (:func:`rescale`) and store the result with ``parent = trace``.
-
-    Returns
-    -------
-    IngestReport
-        Of the stored result; its ``params["rescaled"]`` records the derivation.
-
-    Raises
-    ------
-    UnknownTraceError
-        No such trace.
-    OptionError, RewriteError
-        As :func:`rescale`; nothing is stored.
-    """
-    out = rescale(store.load(trace), ranks=ranks, dp=dp, tp=tp, pp=pp, source_tp=source_tp, name=name)
-    return store.ingest(out, name=name or out.name, parent=trace)

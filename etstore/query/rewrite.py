@@ -62,6 +62,7 @@ __all__ = [
     "chunk_consumers",
     "rewrite",
     "rewrite_recording",
+    "rewrite_with_lineage",
     "split_durations",
 ]
 
@@ -142,20 +143,32 @@ def rewrite(
     and one ctrl edge per pair of comm ops whose order the bypass lost; ``chunk-split``
     O(V + E).
     """
-    return _rewrite(trace, kind, expansions, chunk_order, max_pieces, name, only, split)[0]
+    return rewrite_with_lineage(
+        trace,
+        kind,
+        expansions=expansions,
+        chunk_order=chunk_order,
+        max_pieces=max_pieces,
+        name=name,
+        only=only,
+        split=split,
+    )[0]
 
 
-def _rewrite(
+def rewrite_with_lineage(
     trace: Trace,
     kind: str,
-    expansions: pa.Table | None,
-    chunk_order: Mapping[tuple[int, int], Sequence[int]] | None,
-    max_pieces: int,
-    name: str | None,
+    *,
+    expansions: pa.Table | None = None,
+    chunk_order: Mapping[tuple[int, int], Sequence[int]] | None = None,
+    max_pieces: int = 8,
+    name: str | None = None,
     only: Mapping[int, Collection[int]] | None = None,
     split: SplitCost | None = None,
 ) -> tuple[Trace, pa.Table]:
-    """:func:`rewrite` plus the lineage (``rank``, ``id``, ``parent_id``) of every new op."""
+    """:func:`rewrite` (the same parameters) plus the lineage (``rank``, ``id``, ``parent_id``) of
+    every new op: what a store keeps with the result (``BECOMES`` edges; pieces to the op they
+    split)."""
     if kind not in REWRITE_KINDS:
         raise RewriteError(f"unknown rewrite {kind!r}; expected one of {', '.join(REWRITE_KINDS)}")
     graphs = rank_graphs(trace)

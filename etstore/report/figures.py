@@ -1,7 +1,7 @@
 """One plotly figure per question, each built from DuckDB for given run (or sweep) ids.
 
 Every function takes a :class:`~etstore.store.warehouse.Warehouse` holding the
-metrics tables of :mod:`etstore.sim.metrics` and returns a :class:`plotly.graph_objects.Figure`, or
+metrics tables of :mod:`etstore.app.runs` and returns a :class:`plotly.graph_objects.Figure`, or
 ``None`` when the runs hold nothing to draw (no collectives, no links, ...).
 Times are shown in µs, sizes in bytes (log axes labelled at powers of two), bus bandwidth
 in GB/s with GB = 10^9 as nccl-tests prints it (link bandwidths, topology inputs, keep

@@ -1,6 +1,6 @@
 """The report's opportunities section: the recorded overlap / chunk / reorder findings as a readable table.
 
-``etstore overlap`` (:func:`etstore.query.overlap.find_opportunities`) records each
+``etstore overlap`` (:func:`etstore.app.opportunities.find_and_record`) records each
 finding with a JSON ``detail`` (timings in ns and op ids); the report states it in a
 sentence instead, lists the largest gains first (simulated, or marked as estimates) and says
 how many more there are.

@@ -1,4 +1,4 @@
-"""Simulation: replay traces over a network topology and record metrics in DuckDB.
+"""Simulation: replay traces over a network topology; the results are Arrow tables.
 
 Entry points::
 
@@ -7,8 +7,9 @@ Entry points::
     result = simulate(trace, net.topology, config=read_system_config("system_cfg.json"))
     result.total_ns, result.ranks, result.collectives
 
-    from etstore.sim import record_run, sweep
-    record_run(duckdb_con, result, trace_name="allreduce")
+Nothing here writes to a store: :mod:`etstore.app.runs` records a result as a run
+(``record_run(store.warehouse, result)``), :mod:`etstore.app.compare` and
+:mod:`etstore.app.calibrate` load, simulate and record comparisons and calibrations.
 
 Topology construction lives in :mod:`etstore.topology` (imported from there,
 not re-exported here).
@@ -26,7 +27,6 @@ from etstore.sim.config import (
     read_system_config,
 )
 from etstore.sim.engine import simulate
-from etstore.sim.metrics import create_schema, record_run, record_sweep
 from etstore.sim.network import Network
 from etstore.sim.result import SimResult, busbw_factor
 from etstore.sim.sweep import collective_workload, sweep
@@ -41,12 +41,9 @@ __all__ = [
     "SimulationError",
     "busbw_factor",
     "collective_workload",
-    "create_schema",
     "read_comm_groups",
     "read_network_config",
     "read_system_config",
-    "record_run",
-    "record_sweep",
     "simulate",
     "sweep",
 ]

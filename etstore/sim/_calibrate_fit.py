@@ -1,4 +1,4 @@
-"""The descent behind :func:`etstore.sim.calibrate.calibrate`: a topology's free link
+"""The descent behind :func:`etstore.sim.calibrate.fit_curve`: a topology's free link
 parameters and reduction bandwidth fitted to a measured curve.
 
 Gauss-Newton on the simulated times (affine in each latency and inverse bandwidth for a fixed

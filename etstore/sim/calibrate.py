@@ -35,9 +35,10 @@ log, the bottleneck of its large sizes, is fitted that way).
 
 The fitted topology is the canonical spec with every value written out (``%g``, six
 significant digits) — ``etstore sim``/``etstore sweep --topo`` take it as it is — and
-the reduction bandwidth goes beside it; :func:`record_calibration` stores both in the
-warehouse table ``calibrations`` with the per-size points in ``calibration_points``
-(view ``v_measured_vs_sim``; ``docs/measured.md``).
+the reduction bandwidth goes beside it. Nothing here reads or writes a store:
+:func:`etstore.app.calibrate.calibrate` reads the measured curve of a stored run, fits it
+here and stores the result in the warehouse table ``calibrations`` with the per-size
+points in ``calibration_points`` (view ``v_measured_vs_sim``; ``docs/measured.md``).
 """
 
 from __future__ import annotations
@@ -50,31 +51,12 @@ import numpy as np
 from etstore.errors import OptionError
 from etstore.model import Trace
 from etstore.sim._calibrate_fit import Problem, fit_parameters, parameter_values, times_us, topology_at
-from etstore.sim._calibrations import (
-    Calibration,
-    FitParameter,
-    MeasuredCurve,
-    StoredCalibration,
-    load_calibration,
-    measured_curve,
-    record_calibration,
-)
+from etstore.sim._calibrations import Calibration, FitParameter, MeasuredCurve
 from etstore.sim.config import SimConfig
-from etstore.store.warehouse import Warehouse
 from etstore.topology import DEFAULT_BANDWIDTH_GB_PER_S, DEFAULT_LATENCY_NS, Topology
 from etstore.topology.spec import parse_spec
 
-__all__ = [
-    "Calibration",
-    "FitParameter",
-    "MeasuredCurve",
-    "StoredCalibration",
-    "calibrate",
-    "fit_curve",
-    "load_calibration",
-    "measured_curve",
-    "record_calibration",
-]
+__all__ = ["Calibration", "FitParameter", "MeasuredCurve", "fit_curve"]
 
 log = logging.getLogger(__name__)
 
@@ -134,7 +116,7 @@ def fit_curve(
     Parameters
     ----------
     curve
-        The measured times (:func:`measured_curve`).
+        The measured times (:func:`etstore.app.calibrate.measured_curve` reads a stored run's).
     spec
         Topology spec (``ring:8``, ``ring:4+switch:8,bw=50/400``); an axis's latency or
         bandwidth is free when the spec has no ``lat=`` / ``bw=``. Its NPU count must
@@ -244,60 +226,3 @@ def _parameters(p: Problem, statuses: list[str], final: Topology, mem: float) ->
         FitParameter(name, float(s), float(v), st)
         for name, s, v, st in zip(p.names, starts, values, statuses, strict=True)
     )
-
-
-def calibrate(
-    warehouse: Warehouse,
-    run: str | int,
-    spec: str,
-    *,
-    algorithm: str | Trace = "native",
-    name: str | None = None,
-    collective: str | None = None,
-    config: SimConfig | None = None,
-    bandwidth_gb_per_s: float | Sequence[float] = DEFAULT_BANDWIDTH_GB_PER_S,
-    latency_ns: float | Sequence[float] = DEFAULT_LATENCY_NS,
-    local_mem_bw_gb_per_s: float | None = None,
-    min_size_bytes: int = 1,
-    max_size_bytes: int | None = None,
-    record: bool = True,
-) -> Calibration:
-    """Fit ``spec`` to a stored measured run and (by default) store the result by name.
-
-    :func:`measured_curve`, then :func:`fit_curve`, then :func:`record_calibration`;
-    the parameters are theirs (``record=False`` stores nothing).
-
-    Raises
-    ------
-    UnknownTraceError
-        No measured run ``run``.
-    OptionError
-        Nothing to fit, rank count and topology disagree, no size in range, or the
-        run names no collective.
-    SimulationError
-        The algorithm cannot run the run's collective.
-    StoreError
-        An explicit ``name`` is taken.
-
-    Notes
-    -----
-    See :func:`fit_curve`.
-
-    Examples
-    --------
-    >>> cal = calibrate(store.warehouse, "ar", "ring:8", algorithm="native")  # doctest: +SKIP
-    >>> cal.spec, cal.summary()["max_error_after_pct"]  # doctest: +SKIP
-    """
-    curve = measured_curve(warehouse, run, collective=collective)
-    cal = fit_curve(
-        curve,
-        spec,
-        algorithm=algorithm,
-        config=config,
-        bandwidth_gb_per_s=bandwidth_gb_per_s,
-        latency_ns=latency_ns,
-        local_mem_bw_gb_per_s=local_mem_bw_gb_per_s,
-        min_size_bytes=min_size_bytes,
-        max_size_bytes=max_size_bytes,
-    )
-    return record_calibration(warehouse, cal, name=name) if record else cal

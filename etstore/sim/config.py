@@ -286,7 +286,7 @@ class SimConfig:
         return replace(self, **changes)
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-able parameters (what :func:`etstore.sim.record_run` stores)."""
+        """JSON-able parameters (what :func:`etstore.app.runs.record_run` stores)."""
         out = asdict(self)
         out["extra"] = dict(self.extra)
         out["native_impls"] = {k: list(v) for k, v in self.native_impls.items()}

@@ -36,9 +36,7 @@ from etstore.sim._algorithms import AlgorithmSpec, _comm_groups
 from etstore.sim._holds import recorded_blocks
 from etstore.sim.config import SimConfig
 from etstore.sim.engine import RECORDED, simulate
-from etstore.sim.metrics import create_schema, record_run
 from etstore.sim.result import LINKS_SCHEMA, OVERLOAD_SCHEMA, SimResult
-from etstore.store.warehouse import Warehouse
 from etstore.topology import Topology
 
 __all__ = [
@@ -51,7 +49,6 @@ __all__ = [
     "job_tables",
     "placement_from_keys",
     "read_placement",
-    "record_jobs",
     "simulate_jobs",
     "split",
 ]
@@ -70,6 +67,10 @@ class Job:
     trace_name: str
     npu: dict[int, int]  # job rank -> NPU
     groups: dict[str, str]  # pg_name in the combined trace -> the job's own pg_name ("" when absent)
+
+    def placement(self) -> dict[str, int]:
+        """This job's ranks in ASTRA-sim's multi-tenant form, ``{"J0-0": 0, ...}``."""
+        return _keys([self])
 
 
 @dataclass(frozen=True)
@@ -95,7 +96,7 @@ class JobsResult:
 
 @dataclass(frozen=True)
 class JobRuns:
-    """Run ids :func:`record_jobs` gave: the joint run's and one per job, in job order."""
+    """Run ids :func:`etstore.app.runs.record_jobs` gave: the joint run's and one per job, in job order."""
 
     joint: int
     jobs: tuple[int, ...]
@@ -479,39 +480,6 @@ def simulate_jobs(
     combined = combine(traces, placement, num_npus=topo.num_npus, groups=groups)
     joint = simulate(combined.trace, topo, config=config, algorithms=algorithms, dims=dims, progress=progress)
     return JobsResult(joint, split(joint, combined), combined)
-
-
-def record_jobs(
-    warehouse: Warehouse, result: JobsResult, *, params: Mapping[str, Any] | None = None
-) -> JobRuns:
-    """Record the joint run and one run per job, in one transaction.
-
-    The joint run is the combined trace's (named ``A+B``; its ``link_util`` holds the shared
-    links); each job's run carries the job's own trace name, so ``(trace, rank, id)`` of its
-    ``op_timings`` joins the store's ``ops``, and ``params.user.job`` =
-    ``{"job": "J0", "joint_run": <id>, "placement": {"J0-0": NPU, ...}}``. The joint run's
-    ``params.user.jobs`` lists the traces and the whole placement.
-
-    Raises
-    ------
-    StoreError
-        DuckDB refuses an insert; nothing is written.
-    """
-    base = dict(params or {})
-    create_schema(warehouse)
-    combined = result.combined
-    with warehouse.transaction():
-        joint = record_run(
-            warehouse,
-            result.joint,
-            trace_name=combined.trace.name,
-            params={**base, "jobs": dict(combined.trace.params["jobs"])},
-        )
-        ids = []
-        for job, res in zip(combined.jobs, result.jobs, strict=True):
-            mine = {"job": job.label, "joint_run": joint, "placement": _keys([job])}
-            ids.append(record_run(warehouse, res, trace_name=job.trace_name, params={**base, "job": mine}))
-    return JobRuns(joint, tuple(ids))
 
 
 def job_tables(result: JobsResult, runs: JobRuns | None = None) -> dict[str, pa.Table]:

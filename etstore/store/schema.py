@@ -10,7 +10,7 @@ client-side copy) create this schema at open (:class:`~etstore.store.warehouse.W
 ``runs``, ``op_timings``, ``rank_breakdown``, ``collectives``, ``link_util``, ``sweep_points``
     the simulator's metrics (:data:`TABLES`, views :data:`VIEWS`, version
     :data:`SCHEMA_VERSION` kept in ``etstore_sim_schema``; documented in
-    :mod:`etstore.sim.metrics` and ``docs/metrics.md``).
+    :mod:`etstore.app.runs` and ``docs/metrics.md``).
 ``opportunities``, ``comparisons``
     what the overlap finders and trace comparisons record (:data:`OPPORTUNITIES_DDL`,
     :data:`COMPARISONS_DDL`).
@@ -205,7 +205,7 @@ OPPORTUNITIES_DDL = (
     "CREATE TABLE IF NOT EXISTS opportunities (trace VARCHAR, kind VARCHAR, rank INTEGER, "
     "op_id UBIGINT, other_id UBIGINT, gain_ns DOUBLE, detail VARCHAR, opportunity INTEGER)"
 )
-"""DDL of the ``opportunities`` table (what :mod:`etstore.query.overlap` records; ``opportunity``
+"""DDL of the ``opportunities`` table (what :mod:`etstore.app.opportunities` records; ``opportunity``
 numbers a trace's rows from 1, what ``etstore rewrite --opportunity`` takes)."""
 
 COMPARISONS_DDL = """CREATE TABLE IF NOT EXISTS comparisons (
@@ -214,7 +214,7 @@ COMPARISONS_DDL = """CREATE TABLE IF NOT EXISTS comparisons (
     diff_ns DOUBLE, speedup DOUBLE, exposed_comm_a_ns DOUBLE, exposed_comm_b_ns DOUBLE,
     idle_a_ns DOUBLE, idle_b_ns DOUBLE, overlap_a_ns DOUBLE, overlap_b_ns DOUBLE,
     created_at TIMESTAMP DEFAULT (now()::TIMESTAMP))"""
-"""DDL of the ``comparisons`` table (what :mod:`etstore.sim.compare` records)."""
+"""DDL of the ``comparisons`` table (what :mod:`etstore.app.compare` records)."""
 
 MEASURED_DDL: tuple[str, ...] = (
     """CREATE TABLE IF NOT EXISTS measured_runs (
@@ -321,7 +321,7 @@ CALIBRATION_DDL: tuple[str, ...] = (
             100 * (p.sim_after_time_us / p.measured_time_us - 1) AS error_after_pct
         FROM calibration_points p JOIN calibrations c USING (calibration_id)""",
 )
-"""DDL of the calibrations (:mod:`etstore.sim.calibrate` writes them, ``docs/measured.md``
+"""DDL of the calibrations (:mod:`etstore.app.calibrate` writes them, ``docs/measured.md``
 documents them) and of the view ``v_measured_vs_sim``: per calibrated size, the measured time
 beside the simulated ones before and after the fit. Its bandwidths are computed from the times
 the way nccl-tests does (``size / time · busbw_factor``, bytes per ns), so they are GB/s with

@@ -24,11 +24,12 @@ from pathlib import Path
 
 import pytest
 
+from etstore.app.runs import record_run
 from etstore.cli import main
 from etstore.collectives.expand import expand
 from etstore.model import Trace, deps_table, ops_table
 from etstore.query import critical_path
-from etstore.sim import record_run, simulate
+from etstore.sim import simulate
 from etstore.store import EmbeddedStore
 from etstore.testing import hand_workload
 from etstore.topology import parse_topology

@@ -20,6 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
+from etstore.app.runs import record_run
 from etstore.collectives._instances import find_collectives
 from etstore.collectives.expand import expand
 from etstore.model import Trace, deps_table
@@ -33,7 +34,7 @@ from etstore.query._rankgraph import (
 )
 from etstore.query.overlap import expansions_of, find_opportunities
 from etstore.query.split import SplitCost
-from etstore.sim import record_run, simulate
+from etstore.sim import simulate
 from etstore.store import EmbeddedStore
 from etstore.topology import parse_topology
 from etstore.workloads import transformer
@@ -287,9 +288,7 @@ def _ref_rows(
 
 def test_finders_match_the_reference_on_expanded_workloads(stored: tuple[EmbeddedStore, Trace, int]) -> None:
     store, trace, run = stored
-    got = find_opportunities(
-        store, "wx", run_id=run, kinds=("overlap", "reorder"), record=False, measure=False
-    )
+    got = find_opportunities(store, "wx", run_id=run, kinds=("overlap", "reorder"), measure=False)
     t = store.sql("SELECT rank, id, ready_ns, start_ns, end_ns FROM op_timings WHERE run_id = $r", {"r": run})
     timings = {
         (r["rank"], r["id"]): (r["ready_ns"], r["start_ns"], r["end_ns"]) for r in t.to_arrow().to_pylist()
@@ -366,9 +365,7 @@ def test_chunk_rows_are_the_reference_timelines(stored: tuple[EmbeddedStore, Tra
     before are in, the last also waiting for the rest of the expansion (docs/overlap.md)."""
     store, trace, run = stored
     free = SplitCost(overhead_us=0)
-    got = find_opportunities(
-        store, "wx", run_id=run, kinds=("chunk",), record=False, measure=False, split=free
-    )
+    got = find_opportunities(store, "wx", run_id=run, kinds=("chunk",), measure=False, split=free)
     t = store.sql(
         "SELECT rank, id, start_ns, end_ns FROM op_timings WHERE run_id = $r", {"r": run}
     ).to_arrow()

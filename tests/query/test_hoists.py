@@ -11,15 +11,16 @@ import pyarrow as pa
 import pytest
 
 from etstore import open_store
+from etstore.app.compare import compare
+from etstore.app.opportunities import find_and_record
+from etstore.app.rewrite import rewrite_stored
 from etstore.cli import main
 from etstore.errors import OptionError, RewriteError
 from etstore.model import LANE_KINDS, Trace, deps_table, ops_table
-from etstore.query.apply import rewrite_stored
 from etstore.query.hoists import find_hoists
 from etstore.query.lanes import Hoist, apply_hoists, hoist_candidates, lanes_of, op_times
 from etstore.query.overlap import find_opportunities
 from etstore.query.rewrite import check_rewrite
-from etstore.sim.compare import compare
 from etstore.sim.replay import replay
 from etstore.store.embedded import EmbeddedStore
 from etstore.testing import recorded_trace
@@ -159,7 +160,7 @@ def test_cli_overlap_rewrite_compare_realise_the_reported_gains(
 
 def test_stored_rewrite_keeps_the_recording_replayable(store: EmbeddedStore) -> None:
     store.ingest(recorded_trace(DATA / "torch_fsdp2_2r"), name="fsdp")
-    found = find_opportunities(store, "fsdp", kinds=("overlap",))
+    found = find_and_record(store, "fsdp", kinds=("overlap",))
     report = rewrite_stored(store, "fsdp", "overlap", opportunities=[1])
     out = store.load(report.trace.name)
     assert out.kind == "rewritten" and out.params["opportunities"] == [1] and out.params["parent"] == "fsdp"

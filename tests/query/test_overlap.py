@@ -50,16 +50,19 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
+from etstore.app import opportunities
+from etstore.app.compare import compare
+from etstore.app.opportunities import find_and_record
+from etstore.app.rewrite import rewrite_stored
+from etstore.app.runs import record_run
 from etstore.errors import EtstoreError, UnknownTraceError
-from etstore.query.apply import rewrite_stored
 from etstore.query.overlap import (
     OPPORTUNITIES_SCHEMA,
     explain,
     find_opportunities,
 )
 from etstore.query.split import SplitCost
-from etstore.sim import SimConfig, record_run, simulate
-from etstore.sim.compare import compare
+from etstore.sim import SimConfig, simulate
 from etstore.store import EmbeddedStore
 from etstore.testing import hand_workload
 from etstore.testing import ingest_hand_expanded as stored_expanded
@@ -100,7 +103,7 @@ def test_measured_gains_are_what_the_simulator_says_with_each_applied(store: Emb
     estimate (the send could issue 55 µs earlier) is not what the step gains: the makespan
     drops by 20,031 ns, and that is what the rewrite realises."""
     store.ingest(hand_workload(), name="hand")
-    found = find_opportunities(store, "hand", topo="ring:2")
+    found = find_and_record(store, "hand", topo="ring:2")
     assert rows(found) == [("overlap", 0, 1, 2, 20000.0), ("reorder", 0, 5, 4, 20031.0)]
     assert found["opportunity"].to_pylist() == [1, 2]
     for r in found.to_pylist():
@@ -145,8 +148,8 @@ def test_independent_compute_already_overlapped_is_no_opportunity(store: Embedde
 
 def test_recorded_rows_replace_the_traces_earlier_rows(store: EmbeddedStore) -> None:
     store.ingest(hand_workload(), name="hand")
-    find_opportunities(store, "hand", topo="ring:2")
-    find_opportunities(store, "hand", topo="ring:2", kinds=("overlap",))
+    find_and_record(store, "hand", topo="ring:2")
+    find_and_record(store, "hand", topo="ring:2", kinds=("overlap",))
     got = store.sql(
         "SELECT kind, rank, op_id, other_id, gain_ns FROM opportunities WHERE trace = 'hand' ORDER BY rank"
     ).to_pylist()
@@ -185,15 +188,17 @@ def test_explain_lists_cypher_and_sql() -> None:
     engines = {(finder, engine) for finder, engine, _ in explain()}
     assert {("overlap", "cypher"), ("overlap", "sql"), ("chunk", "cypher"), ("reorder", "sql")} <= engines
     assert all(text.strip() for _, _, text in explain())
+    recording = [q for q in opportunities.explain() if q[0] == "record"]
+    assert [e for e, _, _ in recording] == ["record", "record"] and opportunities.explain()[:-2] == explain()
 
 
 def test_errors(store: EmbeddedStore) -> None:
     with pytest.raises(UnknownTraceError, match="no trace named 'nope'"):
         find_opportunities(store, "nope")
     store.ingest(hand_workload(), name="hand")
-    find_opportunities(store, "hand", topo="ring:2")
+    find_and_record(store, "hand", topo="ring:2")
     with pytest.raises(EtstoreError, match="unknown opportunity kind 'bogus'"):
-        find_opportunities(store, "hand", kinds=("bogus",))
+        find_and_record(store, "hand", kinds=("bogus",))
     with pytest.raises(EtstoreError, match="unknown kind 'zz'"):
-        find_opportunities(store, "hand", topo="zz:2")
+        find_and_record(store, "hand", topo="zz:2")
     assert store.sql("SELECT count(*) FROM opportunities").scalar() == 2  # the earlier rows, untouched

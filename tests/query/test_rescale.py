@@ -11,11 +11,12 @@ import numpy as np
 import pyarrow.compute as pc
 import pytest
 
+from etstore.app.rescale import rescale_stored
 from etstore.cli import main
 from etstore.errors import EtstoreError
 from etstore.ingest.pytorch_et import read_pytorch_et
 from etstore.model import Trace
-from etstore.query.rescale import rescale, rescale_stored
+from etstore.query.rescale import rescale
 from etstore.sim import simulate
 from etstore.store import EmbeddedStore
 from etstore.testing import assert_trace_equal, hand_expanded

@@ -18,11 +18,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
+from etstore.app.rewrite import rewrite_stored
 from etstore.dag import cycle_members
 from etstore.errors import EtstoreError, RewriteError, UnknownTraceError
 from etstore.model import Trace, deps_table
 from etstore.query._rankgraph import chunk_consumers, rank_graphs
-from etstore.query.apply import rewrite_stored
 from etstore.query.overlap import expansions_of, find_opportunities
 from etstore.query.rewrite import check_rewrite, rewrite
 from etstore.query.split import SplitCost

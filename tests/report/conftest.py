@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from etstore.query.overlap import find_opportunities
+from etstore.app.opportunities import find_and_record
+from etstore.app.runs import record_run, record_sweep
 from etstore.query.split import SplitCost
-from etstore.sim import SimConfig, record_run, record_sweep, simulate, sweep
+from etstore.sim import SimConfig, simulate, sweep
 from etstore.store import EmbeddedStore
 from etstore.testing import RecordedStore as Recorded
 from etstore.testing import hand_workload, ingest_hand_expanded
@@ -75,8 +76,8 @@ def hand_runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[int]
         ]
         # the finders' hand-worked estimates (tests/query/test_overlap.py), as --estimates records them
         free = SplitCost(overhead_us=0)
-        find_opportunities(store, "hand", topo="ring:2", measure=False, split=free)
-        find_opportunities(store, expanded, topo="ring:2", measure=False, split=free)
+        find_and_record(store, "hand", topo="ring:2", measure=False, split=free)
+        find_and_record(store, expanded, topo="ring:2", measure=False, split=free)
     return path, runs
 
 

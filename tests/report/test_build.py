@@ -9,6 +9,7 @@ import duckdb
 import numpy as np
 import pytest
 
+from etstore.app.runs import record_run
 from etstore.errors import EtstoreError, UnknownTraceError
 from etstore.model import Trace, deps_table, ops_table
 from etstore.report import (
@@ -25,7 +26,7 @@ from etstore.report import (
     write_report,
 )
 from etstore.report._data import merge_spans, run_infos
-from etstore.sim import record_run, simulate
+from etstore.sim import simulate
 from etstore.store import EmbeddedStore
 from etstore.store.warehouse import Warehouse
 from etstore.testing import RecordedStore as Recorded

@@ -8,7 +8,7 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from etstore.sim.metrics import VIEWS
+from etstore.store.schema import VIEWS
 from etstore.testing import RecordedStore as Recorded
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "metrics.md"

@@ -8,10 +8,10 @@ from pathlib import Path
 import duckdb
 import pytest
 
+from etstore.app.calibrate import calibrate
 from etstore.app.measured import store_measured_run
 from etstore.ingest.nccl_tests import read_nccl_tests
 from etstore.report.measured import measured_busbw_figures
-from etstore.sim.calibrate import calibrate
 from etstore.store.warehouse import Warehouse
 
 ALLREDUCE = Path(__file__).resolve().parents[1] / "data" / "nccl_tests" / "superbench_nccl_allreduce.log"

@@ -1,4 +1,5 @@
-"""Calibration (etstore/sim/calibrate.py): fitting a topology's free parameters to a measured curve.
+"""Calibration: fitting a topology's free parameters to a measured curve (etstore/sim/calibrate.py),
+read from and stored in the warehouse (etstore/app/calibrate.py).
 
 Evidence: a round trip (a curve the simulator produced, written as a nccl-tests log,
 fitted from another start, gives its parameters back), the real 8-GPU A100 all-reduce
@@ -18,16 +19,17 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from etstore.app.calibrate import calibrate, load_calibration, measured_curve
 from etstore.app.measured import store_measured_run
+from etstore.app.runs import record_run, record_sweep
 from etstore.cli import main
 from etstore.errors import OptionError, SimulationError, StoreError, UnknownTraceError
 from etstore.ingest.nccl_tests import read_nccl_tests
 from etstore.model import Trace
 from etstore.report import write_report
 from etstore.report.measured import measured_busbw_figures
-from etstore.sim import SimConfig, record_run, record_sweep, simulate, sweep
+from etstore.sim import SimConfig, simulate, sweep
 from etstore.sim._lsq import column_status, nonneg_lstsq, pulled_lstsq
-from etstore.sim.calibrate import calibrate, load_calibration, measured_curve
 from etstore.sim.sweep import collective_workload
 from etstore.store import EmbeddedStore
 from etstore.store.warehouse import Warehouse

@@ -10,18 +10,11 @@ import duckdb
 import pyarrow as pa
 import pytest
 
+from etstore.app.runs import create_schema, record_run, record_sweep
 from etstore.errors import StoreError
 from etstore.model import Trace, deps_table, ops_table
-from etstore.sim import (
-    SimConfig,
-    collective_workload,
-    create_schema,
-    record_run,
-    record_sweep,
-    simulate,
-    sweep,
-)
-from etstore.sim.metrics import SCHEMA_VERSION, TABLES
+from etstore.sim import SimConfig, collective_workload, simulate, sweep
+from etstore.store.schema import SCHEMA_VERSION, TABLES
 from etstore.store.warehouse import Warehouse
 from etstore.topology import Topology
 

@@ -13,9 +13,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from etstore.app.runs import record_run
 from etstore.cli import main
 from etstore.model import Trace, ops_table
-from etstore.sim import SimConfig, record_run, simulate
+from etstore.sim import SimConfig, simulate
 from etstore.store import open_store
 from etstore.topology import Topology, parse_topology
 

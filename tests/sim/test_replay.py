@@ -323,7 +323,7 @@ def test_a_stored_recordings_replay_is_a_run_the_report_shows_measured_beside_si
 
 
 def test_compare_sets_a_recordings_measured_windows_beside_the_simulated(tmp_path: Path) -> None:
-    from etstore.sim.compare import compare
+    from etstore.app.compare import compare
     from etstore.store import open_store
 
     trace = read_pytorch_et(DATA / "torch_tp_cuda_gloo_2r", name="tp")

@@ -12,13 +12,13 @@ import pyarrow as pa
 import pytest
 
 from etstore.app.ingest_files import ingest_paths
+from etstore.app.runs import record_sweep
 from etstore.app.tuner import remove_tuner_run, store_tuner_run
 from etstore.cli import main
 from etstore.collectives.generators import generate
 from etstore.errors import StoreError, TraceFormatError, UnknownTraceError
 from etstore.ingest import read_msccl_xml
 from etstore.ingest.tuner import read_tuner_log
-from etstore.sim.metrics import record_sweep
 from etstore.sim.sweep import sweep
 from etstore.store import EmbeddedStore, Store
 from etstore.store.neo4j import Neo4jStore

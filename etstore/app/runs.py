@@ -1,6 +1,12 @@
-"""Simulation metrics in DuckDB: a documented, stable schema that dashboards can read.
+"""Simulation runs recorded in DuckDB: a documented, stable schema that dashboards can read.
 
-Tables (declared in :mod:`etstore.store.warehouse`, created when a writable store
+The simulator (:mod:`etstore.sim`) computes a :class:`~etstore.sim.SimResult` and stores
+nothing; this module writes results into a store's warehouse: one run
+(:func:`record_run`), the runs of several jobs sharing a fabric (:func:`record_jobs`), a
+sensitivity sweep's runs (:func:`record_sensitivity`) and a bus-bandwidth sweep
+(:func:`record_sweep`).
+
+Tables (declared in :mod:`etstore.store.schema`, created when a writable store
 opens and by :func:`create_schema`; every time is ns, every size bytes; reported
 rates ``algbw_gb_per_s`` / ``busbw_gb_per_s`` are GB/s with GB = 10^9 as nccl-tests prints
 them, so they join ``measurements`` like with like; ``link_util.bandwidth_gb_per_s`` is the
@@ -59,28 +65,35 @@ that version 1 stored in GB = 2^30 are rescaled to GB = 10^9 by the first writab
 
 Examples
 --------
->>> run = record_run(store.warehouse, result, trace_name="allreduce", params={"note": "x"})  # doctest: +SKIP
->>> import duckdb  # doctest: +SKIP
->>> wh = Warehouse(duckdb.connect("metrics.duckdb"))  # doctest: +SKIP
->>> create_schema(wh)  # doctest: +SKIP
+>>> import duckdb
+>>> from etstore.sim import simulate
+>>> from etstore.store.warehouse import Warehouse
+>>> from etstore.testing import p2p_trace
+>>> from etstore.topology import Topology
+>>> wh = Warehouse(duckdb.connect())  # an in-memory warehouse; a store's is store.warehouse
+>>> record_run(wh, simulate(p2p_trace(1 << 20), Topology.from_spec("ring:2")), params={"note": "x"})
+1
+>>> wh.query("SELECT trace, num_npus, total_ns FROM runs").to_pylist()
+[{'trace': 'p2p', 'num_npus': 2, 'total_ns': 20031.0}]
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from etstore.errors import QueryError, StoreError
+from etstore.sim.jobs import JobRuns, JobsResult
 from etstore.sim.result import SimResult
-from etstore.store.schema import SCHEMA_VERSION, TABLES, VIEWS
+from etstore.sim.sweep import SensitivityPoint
 from etstore.store.warehouse import Warehouse
 
-__all__ = ["SCHEMA_VERSION", "TABLES", "VIEWS", "create_schema", "record_run", "record_sweep"]
+__all__ = ["create_schema", "record_jobs", "record_run", "record_sensitivity", "record_sweep"]
 
 log = logging.getLogger(__name__)
 
@@ -209,6 +222,76 @@ def record_run(
         raise StoreError(f"cannot record simulation run of {name!r}: {exc}") from exc
     log.debug("recorded run %d of %s: %d op timings", rid, name, ops.num_rows)
     return rid
+
+
+def record_jobs(
+    warehouse: Warehouse, result: JobsResult, *, params: Mapping[str, Any] | None = None
+) -> JobRuns:
+    """Record the joint run and one run per job (:func:`~etstore.sim.jobs.simulate_jobs`), in one
+    transaction.
+
+    The joint run is the combined trace's (named ``A+B``; its ``link_util`` holds the shared
+    links); each job's run carries the job's own trace name, so ``(trace, rank, id)`` of its
+    ``op_timings`` joins the store's ``ops``, and ``params.user.job`` =
+    ``{"job": "J0", "joint_run": <id>, "placement": {"J0-0": NPU, ...}}``. The joint run's
+    ``params.user.jobs`` lists the traces and the whole placement.
+
+    Raises
+    ------
+    StoreError
+        DuckDB refuses an insert; nothing is written.
+    """
+    base = dict(params or {})
+    create_schema(warehouse)
+    combined = result.combined
+    with warehouse.transaction():
+        joint = record_run(
+            warehouse,
+            result.joint,
+            trace_name=combined.trace.name,
+            params={**base, "jobs": dict(combined.trace.params["jobs"])},
+        )
+        ids = []
+        for job, res in zip(combined.jobs, result.jobs, strict=True):
+            mine = {"job": job.label, "joint_run": joint, "placement": job.placement()}
+            ids.append(record_run(warehouse, res, trace_name=job.trace_name, params={**base, "job": mine}))
+    return JobRuns(joint, tuple(ids))
+
+
+def record_sensitivity(
+    warehouse: Warehouse,
+    trace_name: str,
+    points: Sequence[SensitivityPoint],
+    *,
+    knob: str,
+    values: Sequence[float],
+    params: Mapping[str, Any] | None = None,
+) -> list[int]:
+    """Record each point of a sensitivity sweep (:func:`~etstore.sim.sweep.sensitivity`) as a run,
+    in one transaction; the run ids follow one another from the first.
+
+    Each run's ``params.user`` holds ``params``, the point's ``perturbation`` and
+    ``sensitivity`` = ``{"knob", "value", "values", "first_run"}``, so the report finds the
+    sweep's runs from any one of them.
+
+    Raises
+    ------
+    StoreError
+        DuckDB refuses an insert; nothing is written.
+    """
+    create_schema(warehouse)
+    ids: list[int] = []
+    with warehouse.transaction():
+        first = warehouse.next_id("runs", "run_id")
+        for i, pt in enumerate(points):
+            where = {"knob": knob, "value": pt.value, "values": list(values), "first_run": first}
+            user = {**(params or {}), "perturbation": pt.perturbation.to_dict(), "sensitivity": where}
+            ids.append(
+                record_run(
+                    warehouse, pt.result, trace_name=trace_name, params=user, run_id=first if i == 0 else None
+                )
+            )
+    return ids
 
 
 def record_sweep(warehouse: Warehouse, points: pa.Table, *, params: Mapping[str, Any] | None = None) -> int:

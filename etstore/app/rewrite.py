@@ -1,8 +1,9 @@
-"""Apply opportunities to a stored trace: the rewrite, stored with its parent and lineage.
+"""Apply opportunities to a stored trace: load it, rewrite it, store the rewrite with its lineage.
 
 :func:`rewrite_stored` is what ``etstore rewrite`` runs: it reads what the finders recorded
-(``opportunities``, :mod:`etstore.query.overlap`) or runs them, rewrites
-(:mod:`etstore.query.rewrite`, pure) and stores the result.
+(``opportunities``, :mod:`etstore.app.opportunities`) or runs them
+(:mod:`etstore.query.overlap`), rewrites (:mod:`etstore.query.rewrite`, pure) and stores the
+result as a child of the trace.
 """
 
 from __future__ import annotations
@@ -16,9 +17,9 @@ import pyarrow as pa
 from etstore.errors import RewriteError
 from etstore.model import Trace
 from etstore.query.overlap import expansions_of, find_opportunities
-from etstore.query.rewrite import REWRITE_KINDS, REWRITE_OF, _rewrite, rewrite_recording
+from etstore.query.rewrite import REWRITE_KINDS, REWRITE_OF, rewrite_recording, rewrite_with_lineage
 from etstore.query.split import SplitCost
-from etstore.sim import SimConfig
+from etstore.sim.config import SimConfig
 from etstore.sim.engine import RECORDED
 from etstore.store.base import IngestReport, Store
 from etstore.topology import Topology
@@ -77,7 +78,7 @@ def _recorded_details(
             {"t": trace.name},
         ).to_arrow()
         if not recorded.num_rows or topo is not None:
-            found = find_opportunities(store, trace.name, topo=topo, kinds=("overlap",), record=False)
+            found = find_opportunities(store, trace.name, topo=topo, kinds=("overlap",))
             return [
                 {**json.loads(d), "opportunity": int(o)}
                 for d, o in zip(found["detail"].to_pylist(), found["opportunity"].to_pylist(), strict=True)
@@ -106,7 +107,7 @@ def rewrite_stored(
     A recording (PyTorch ET + Kineto) is rewritten only by ``overlap``: the opportunities
     numbered ``opportunities`` in the ``opportunities`` table (``etstore overlap`` finds and
     numbers them), else every one recorded there, else every one found now on ``topo``
-    (:func:`rewrite_recording`).
+    (:func:`~etstore.query.rewrite.rewrite_recording`).
 
     ``chunk-split`` reads the expansion lineage and orders each consumer's chunks by
     simulated arrival (:func:`~etstore.query.overlap.find_opportunities` with
@@ -126,7 +127,7 @@ def rewrite_stored(
     UnknownTraceError
         No such trace.
     RewriteError
-        As :func:`rewrite`, or ``chunk-split`` of a trace without expansion lineage.
+        As :func:`~etstore.query.rewrite.rewrite`, or ``chunk-split`` of a trace without expansion lineage.
     """
     if kind not in REWRITE_KINDS:
         raise RewriteError(f"unknown rewrite {kind!r}; expected one of {', '.join(REWRITE_KINDS)}")
@@ -160,7 +161,6 @@ def rewrite_stored(
             run_id=run_id,
             kinds=("chunk",),
             max_pieces=max_pieces,
-            record=False,
             measure=False,  # every consumer's arrival order: the rewrite splits them all
             split=split,
         )
@@ -168,7 +168,16 @@ def rewrite_stored(
             found["rank"].to_pylist(), found["other_id"].to_pylist(), found["detail"].to_pylist(), strict=True
         ):
             order[(int(r), int(other))] = [int(s) for s, _ in json.loads(detail)["chunks"]]
-    out, lineage = _rewrite(original, kind, expansions, order, max_pieces, name, only, split)
+    out, lineage = rewrite_with_lineage(
+        original,
+        kind,
+        expansions=expansions,
+        chunk_order=order,
+        max_pieces=max_pieces,
+        name=name,
+        only=only,
+        split=split,
+    )
     if only is not None:
         out = out.replace(params={**out.params, "opportunities": [int(x) for x in opportunities or ()]})
     if not out.params.get("changes"):
