@@ -162,6 +162,9 @@ COMMANDS: dict[str, Command] = {
     "rewrite": Command("analysis", "store a new trace applying overlap, reorder or chunk-split"),
     "compare": Command("analysis", "simulate two traces and record per-rank and total differences"),
     "rescale": Command("rescale", "store a trace re-scaled to another data- or tensor-parallel size"),
+    "publish": Command(
+        "publish", "publish the store's traces, runs and metrics to a Neo4j server (idempotent)"
+    ),
 }
 
 

@@ -1,0 +1,437 @@
+"""Publishing an embedded store to a Neo4j server: ``etstore publish neo4j://...``.
+
+The embedded store (DuckDB) is the truth; the server is a target it publishes to, so that
+Cypher users and dashboards elsewhere see its traces and runs. What lands there is the
+graph of the store's index (``Op`` with ``trace_id``, ``DEP``, ``MSG``, ``BECOMES``, one
+``Trace`` node per name, ``TunerStep``) plus the runs and their summaries
+(:mod:`etstore.app._publish_records`); :mod:`etstore.store._neo4j_publish` writes it.
+
+Publishing is idempotent:
+
+- a content is sent once per server, known by ``(content_hash, kind)``: the server gives it
+  its own trace id (uids ``trace_id << 40 | row`` stay unique however many stores publish
+  there), and a content another store published already is not sent again;
+- names are this store's ``Trace`` nodes (``store`` = the store's id): new ones are added,
+  changed ones updated, and with ``prune`` the ones the store no longer has are removed
+  (with the contents no name points at any more); a name another store published is refused;
+- runs are keyed by a hash of their identifying columns, so publishing again adds none.
+
+A second publish of an unchanged store writes nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Collection, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from etstore.app._publish_records import RECORD_KINDS, read_records
+from etstore.errors import QueryError, StoreError, UnknownTraceError
+from etstore.model import OPS_SCHEMA
+from etstore.progress import ProgressFn
+from etstore.store import EmbeddedStore, Store
+from etstore.store._neo4j_load import Batch, edge_batches, node_batches
+from etstore.store._neo4j_publish import Loading, RecordSet, Server
+from etstore.store.graph import GRAPH_OP_COLUMNS, TRACE_NODE_COLUMNS, uid_base
+from etstore.store.warehouse import Warehouse
+
+__all__ = ["IDENTITY_DDL", "PublishReport", "publish", "store_identity"]
+
+log = logging.getLogger(__name__)
+
+IDENTITY_DDL = "CREATE TABLE IF NOT EXISTS store_identity (store_id VARCHAR NOT NULL)"
+"""The store's id on the servers it publishes to (a UUID, written by its first publish)."""
+
+_PAGE = 1 << 18
+"""Rows read from DuckDB at a time while sending a content (then cut into statements)."""
+_OP_COLUMNS = ("uid", "trace_id", *(f.name for f in OPS_SCHEMA if f.name in GRAPH_OP_COLUMNS))
+_NAMES = (
+    "SELECT t.name, t.trace_id, t.kind, t.ranks, t.ops, t.parent, t.source FROM traces t "
+    "JOIN contents c ON c.trace_id = t.trace_id AND c.status = 'ready' ORDER BY t.name"
+)
+_CONTENTS = (
+    "SELECT trace_id, content_hash, kind, ranks, ops, deps, missing, messages FROM contents "
+    "WHERE status = 'ready' ORDER BY trace_id"
+)
+_LINEAGE = "SELECT trace_id, parent_trace_id, count(*) AS n FROM trace_lineage GROUP BY ALL"
+
+
+@dataclass
+class PublishReport:
+    """What a publish did; every count zero but ``contents_present`` means nothing changed."""
+
+    location: str
+    """The server, without credentials."""
+    store_id: str
+    """This store's id on the server (``Trace.store``, ``Run.store``, ...)."""
+    names: int = 0
+    """Names published (all of the store's, or those asked for)."""
+    contents_sent: int = 0
+    contents_present: int = 0
+    """Contents the server held already (published before, by this store or another)."""
+    ops_sent: int = 0
+    names_added: int = 0
+    names_updated: int = 0
+    names_removed: int = 0
+    contents_removed: int = 0
+    """Contents no name points at any more, removed from the server."""
+    lineage_added: int = 0
+    """Pairs of published contents whose ``BECOMES`` edges were added after both were there."""
+    swept: int = 0
+    """Contents an interrupted publish had left loading, removed."""
+    records_added: dict[str, int] = field(default_factory=dict)
+    records_removed: dict[str, int] = field(default_factory=dict)
+    seconds: float = 0.0
+
+    @property
+    def changed(self) -> bool:
+        """Whether the server was changed."""
+        counts = (
+            self.contents_sent,
+            self.names_added,
+            self.names_updated,
+            self.names_removed,
+            self.contents_removed,
+            self.lineage_added,
+            self.swept,
+        )
+        return any(counts) or any(self.records_added.values()) or any(self.records_removed.values())
+
+    def as_row(self) -> dict[str, Any]:
+        """Plain fields for a table or JSON."""
+        row = dict(vars(self))
+        row["records_added"] = dict(self.records_added)
+        row["records_removed"] = dict(self.records_removed)
+        return row
+
+
+def store_identity(store: EmbeddedStore, *, create: bool = True) -> str | None:
+    """The store's publishing id: read from ``store_identity``, else (``create`` and the store
+    writable) a new UUID written there; None when it has none and cannot get one now."""
+    wh = store.warehouse
+    try:
+        got = wh.query("SELECT min(store_id) FROM store_identity").scalar()
+    except QueryError:  # no such table: never published
+        got = None
+    if got or not create or wh.read_only:
+        return str(got) if got else None
+    with wh.transaction():
+        wh.execute(IDENTITY_DDL)
+        wh.execute(
+            "INSERT INTO store_identity SELECT uuid()::VARCHAR "
+            "WHERE NOT EXISTS (SELECT 1 FROM store_identity)"
+        )
+    return str(wh.query("SELECT min(store_id) FROM store_identity").scalar())
+
+
+def publish(
+    store: Store,
+    url: str,
+    *,
+    names: Sequence[str] | None = None,
+    prune: bool = False,
+    progress: ProgressFn | None = None,
+    batch_rows: int = 20_000,
+    single_tx_rows: int = 200_000,
+    stale_after_s: float = 120.0,
+) -> PublishReport:
+    """Publish ``store``'s traces, runs and metrics to the Neo4j server at ``url``.
+
+    Parameters
+    ----------
+    store
+        An embedded store (read-only is enough once it has published before: see
+        :func:`store_identity`).
+    url
+        ``neo4j://[user:pass@]host[:port][/database]`` (``docs/neo4j.md``).
+    names
+        Publish only these names, and the runs, comparisons and opportunities about them
+        (default: every name and every run).
+    prune
+        Also remove from the server the names and runs this store published that it no
+        longer holds.
+    progress
+        ``progress(phase, done, total)``: ``contents`` (rows sent), ``lineage``, ``names``,
+        then one phase per kind of run.
+    batch_rows, single_tx_rows, stale_after_s
+        Rows per statement; contents of up to this many nodes and edges go in one
+        transaction; a content left loading this long without a heartbeat is removed.
+
+    Returns
+    -------
+    PublishReport
+
+    Raises
+    ------
+    StoreError
+        A bad URL, an unreachable server, refused credentials, a name another store
+        published, a Neo4j store as the source, or a read-only store that never published.
+    UnknownTraceError
+        A name in ``names`` that the store does not hold.
+    """
+    started = time.perf_counter()
+    if not isinstance(store, EmbeddedStore):
+        raise StoreError(f"{store.location}: publish reads an embedded store (a directory), not a server")
+    store_id = store_identity(store)
+    if store_id is None:
+        raise StoreError(
+            f"{store.location} has not published before and is open read-only: open it writable once "
+            "(etstore publish does)"
+        )
+    wh = store.warehouse
+    local = {r["name"]: r for r in wh.query(_NAMES).to_pylist()}
+    chosen = _chosen(local, names, store.location)
+    contents = {int(r["trace_id"]): r for r in wh.query(_CONTENTS).to_pylist()}
+    needed = sorted({int(local[n]["trace_id"]) for n in chosen})
+    with Server(
+        url, batch_rows=batch_rows, single_tx_rows=single_tx_rows, stale_after_s=stale_after_s
+    ) as server:
+        report = PublishReport(server.location, store_id, names=len(chosen))
+        server.prepare(store_id, str(store.path.resolve()), [k.label for k in RECORD_KINDS])
+        report.swept = server.sweep()
+        on_server = server.traces()
+        taken = sorted(n for n in chosen if n in on_server and on_server[n].get("store") != store_id)
+        if taken:
+            raise StoreError(
+                f"{server.location} has {', '.join(map(repr, taken[:5]))}"
+                f"{' and more' if len(taken) > 5 else ''} from another store; publish other names "
+                "(--trace), or remove those there"
+            )
+        held = server.contents((contents[t]["content_hash"], contents[t]["kind"]) for t in needed)
+        ids: dict[int, int] = {}
+        lineage_from: dict[int, tuple[int, ...]] = {}
+        for t in needed:
+            got = held.get((contents[t]["content_hash"], contents[t]["kind"]))
+            if got is not None and got.status == "ready":
+                ids[t], lineage_from[t] = got.trace_id, got.lineage_from
+            elif got is not None and got.idle_ms < stale_after_s * 1000:
+                raise StoreError(
+                    f"{server.location}: {_names_of(local, t)[0]!r} is being published or removed by "
+                    "another client; retry when that finishes"
+                )
+        report.contents_present = len(ids)
+        pairs = {
+            (int(r["trace_id"]), int(r["parent_trace_id"])): int(r["n"])
+            for r in wh.query(_LINEAGE).to_pylist()
+            if int(r["trace_id"]) in needed and int(r["parent_trace_id"]) in needed
+        }
+        todo = [t for t in needed if t not in ids]
+        total = max(1, sum(_rows(contents[t], pairs, t) for t in todo))
+        sent = [0]
+
+        def step(stage: str, done: int, rows: int) -> None:
+            if progress is not None:
+                progress("contents", min(sent[0] + done, total), total)
+
+        for t in todo:
+            job, children = _loading(wh, server, t, contents[t], ids, lineage_from, pairs, store_id)
+            job.names = [
+                _trace_props(local[n], job.trace_id, store_id) for n in chosen if local[n]["trace_id"] == t
+            ]
+            server.load(job, step)
+            sent[0] += job.rows
+            ids[t] = job.trace_id
+            lineage_from[t] = tuple(job.lineage_from)
+            for c in children:
+                lineage_from[c] = (*lineage_from[c], job.trace_id)
+            report.contents_sent += 1
+            report.ops_sent += int(contents[t]["ops"])
+            for props in job.names:
+                if props["name"] in on_server:
+                    report.names_updated += 1
+                else:
+                    report.names_added += 1
+        for (c, p), n in sorted(pairs.items()):
+            if ids[p] not in lineage_from[c]:
+                server.add_lineage(
+                    ids[c], ids[p], _lineage_batches(wh, c, p, ids, n, batch_rows), n, progress
+                )
+                lineage_from[c] = (*lineage_from[c], ids[p])
+                report.lineage_added += 1
+        _sync_names(server, report, local, chosen, ids, on_server, store_id, prune, todo, progress)
+        report.contents_removed = server.collect_garbage()
+        _publish_records(
+            server, wh, report, store_id, set(chosen) if names is not None else None, prune, progress
+        )
+    report.seconds = time.perf_counter() - started
+    log.info(  # the server's location, never the URL: it may hold the password
+        "published %d names of %s to %s in %.2f s",
+        len(chosen),
+        store.location,
+        report.location,
+        report.seconds,
+    )
+    return report
+
+
+def _chosen(local: dict[str, dict[str, Any]], names: Sequence[str] | None, where: str) -> list[str]:
+    if names is None:
+        return sorted(local)
+    missing = [n for n in names if n not in local]
+    if missing:
+        known = ", ".join(sorted(local)[:10]) or "none"
+        raise UnknownTraceError(f"no trace named {missing[0]!r} in {where}; stored traces: {known}")
+    return sorted(set(names))
+
+
+def _names_of(local: dict[str, dict[str, Any]], trace_id: int) -> list[str]:
+    return sorted(n for n, r in local.items() if r["trace_id"] == trace_id) or [f"#{trace_id}"]
+
+
+def _trace_props(row: dict[str, Any], trace_id: int, store_id: str) -> dict[str, Any]:
+    """A name's ``Trace`` node on the server: the index's columns, the server's trace id, the store."""
+    props = {c: row[c] for c in TRACE_NODE_COLUMNS}
+    props["trace_id"] = trace_id
+    props["store"] = store_id
+    return props
+
+
+def _rows(content: dict[str, Any], pairs: dict[tuple[int, int], int], t: int) -> int:
+    lineage = sum(n for (c, p), n in pairs.items() if t in (c, p))
+    return int(content["ops"]) + int(content["deps"]) + int(content["messages"]) + lineage
+
+
+def _loading(
+    wh: Warehouse,
+    server: Server,
+    t: int,
+    content: dict[str, Any],
+    ids: dict[int, int],
+    lineage_from: dict[int, tuple[int, ...]],
+    pairs: dict[tuple[int, int], int],
+    store_id: str,
+) -> tuple[Loading, list[int]]:
+    """Claim content ``t`` on the server and describe its load: ops, edges, and the ``BECOMES``
+    edges to and from contents already there (those children's local ids come second)."""
+    counts = {k: int(content[k]) for k in ("ranks", "ops", "deps", "messages")}
+    sid = server.claim(content["content_hash"], content["kind"], counts)
+    ids_now = {**ids, t: sid}
+    lb, sb = uid_base(t), uid_base(sid)
+    ops = int(content["ops"])
+    name = f"#{t}"
+    stages: list[tuple[str, Any]] = [
+        ("ops", _op_batches(wh, t, sid, ops, name, server.batch_rows)),
+        ("deps", _dep_batches(wh, t, lb, sb, int(content["deps"]), server.batch_rows)),
+        ("messages", _msg_batches(wh, t, lb, sb, ops, server.batch_rows)),
+    ]
+    parents = [p for (c, p) in pairs if c == t and p in ids]
+    children = [c for (c, p) in pairs if p == t and c in ids and sid not in lineage_from[c]]
+    rows = int(content["ops"]) + int(content["deps"]) + int(content["messages"])
+    for p in parents:
+        stages.append(("lineage", _lineage_batches(wh, t, p, ids_now, pairs[(t, p)], server.batch_rows)))
+        rows += pairs[(t, p)]
+    for c in children:
+        stages.append(("lineage", _lineage_batches(wh, c, t, ids_now, pairs[(c, t)], server.batch_rows)))
+        rows += pairs[(c, t)]
+    job = Loading(sid, store_id, stages, rows, [], [ids[p] for p in parents], [ids[c] for c in children])
+    return job, children
+
+
+def _pages(total: int) -> range:
+    return range(0, max(total, 0), _PAGE)
+
+
+def _op_batches(wh: Warehouse, t: int, sid: int, ops: int, name: str, batch_rows: int) -> Iterator[Batch]:
+    lb, sb = uid_base(t), uid_base(sid)
+    cols = ", ".join(f'"{c}"' for c in _OP_COLUMNS[2:])
+    for lo in _pages(ops):
+        page = wh.query(
+            f"SELECT uid - {lb} + {sb} AS uid, {sid}::BIGINT AS trace_id, {cols} FROM trace_ops "
+            f"WHERE trace_id = {t} AND uid >= {lb + lo} AND uid < {lb + lo + _PAGE} ORDER BY uid"
+        ).to_arrow()
+        yield from node_batches(page, name, batch_rows)
+
+
+def _dep_batches(wh: Warehouse, t: int, lb: int, sb: int, deps: int, batch_rows: int) -> Iterator[Batch]:
+    for lo in _pages(deps):
+        page = wh.query(
+            f'SELECT src_uid - {lb} + {sb} AS "from", dst_uid - {lb} + {sb} AS "to", kind FROM trace_deps '
+            f"WHERE trace_id = {t} AND edge >= {lo} AND edge < {lo + _PAGE} ORDER BY edge"
+        ).to_arrow()
+        yield from edge_batches(page, "DEP", batch_rows)
+
+
+def _msg_batches(wh: Warehouse, t: int, lb: int, sb: int, ops: int, batch_rows: int) -> Iterator[Batch]:
+    for lo in _pages(ops):  # by the send's uid: pages of at most _PAGE messages
+        page = wh.query(
+            f'SELECT send_uid - {lb} + {sb} AS "from", recv_uid - {lb} + {sb} AS "to", tag, comm_size '
+            f"FROM trace_messages WHERE trace_id = {t} AND send_uid >= {lb + lo} "
+            f"AND send_uid < {lb + lo + _PAGE} ORDER BY send_uid"
+        ).to_arrow()
+        yield from edge_batches(page, "MSG", batch_rows)
+
+
+def _lineage_batches(
+    wh: Warehouse, child: int, parent: int, ids: dict[int, int], rows: int, batch_rows: int
+) -> Iterator[Batch]:
+    """``BECOMES`` edges from ``parent``'s ops to ``child``'s, in server uids."""
+    lc, sc, lp, sp = uid_base(child), uid_base(ids[child]), uid_base(parent), uid_base(ids[parent])
+    top = wh.query(f"SELECT max(uid) - {lc} + 1 FROM trace_lineage WHERE trace_id = {child}").scalar() or 0
+    for lo in _pages(int(top)):
+        page = wh.query(
+            f'SELECT parent_uid - {lp} + {sp} AS "from", uid - {lc} + {sc} AS "to" FROM trace_lineage '
+            f"WHERE trace_id = {child} AND parent_trace_id = {parent} AND uid >= {lc + lo} "
+            f"AND uid < {lc + lo + _PAGE} ORDER BY uid, parent_uid"
+        ).to_arrow()
+        yield from edge_batches(page, "BECOMES", batch_rows)
+
+
+def _sync_names(
+    server: Server,
+    report: PublishReport,
+    local: dict[str, dict[str, Any]],
+    chosen: list[str],
+    ids: dict[int, int],
+    on_server: dict[str, dict[str, Any]],
+    store_id: str,
+    prune: bool,
+    loaded: list[int],
+    progress: ProgressFn | None,
+) -> None:
+    """Bring this store's ``Trace`` nodes in step with its names, in one transaction."""
+    upserts = []
+    for n in chosen:
+        if local[n]["trace_id"] in loaded:
+            continue  # came with its content
+        want = _trace_props(local[n], ids[int(local[n]["trace_id"])], store_id)
+        have = on_server.get(n)
+        if have is None:
+            report.names_added += 1
+        elif any(have.get(k) != v for k, v in want.items()):
+            report.names_updated += 1
+        else:
+            continue
+        upserts.append(want)
+    removals = (
+        sorted(n for n, p in on_server.items() if p.get("store") == store_id and n not in local)
+        if prune
+        else []
+    )
+    report.names_removed = len(removals)
+    server.sync_names(store_id, upserts, removals)
+    if progress is not None:
+        progress("names", 1, 1)
+
+
+def _publish_records(
+    server: Server,
+    wh: Warehouse,
+    report: PublishReport,
+    store_id: str,
+    traces: Collection[str] | None,
+    prune: bool,
+    progress: ProgressFn | None,
+) -> None:
+    """Send the runs and metrics the server lacks; with ``prune``, remove the store's others."""
+    for kind in RECORD_KINDS:
+        records, every = read_records(wh, kind, traces)
+        have = server.record_keys(kind.label, [r["key"] for r in records.rows]) if records.rows else set()
+        new = RecordSet(
+            kind.label, [r for r in records.rows if r["key"] not in have], records.children, kind.links
+        )
+        server.write_records(new, store_id, progress)
+        server.relink(records, store_id)
+        report.records_added[kind.label] = len(new.rows)
+        report.records_removed[kind.label] = server.prune_records(records, store_id, every) if prune else 0
