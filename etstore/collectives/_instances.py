@@ -19,6 +19,7 @@ import pyarrow.compute as pc
 from etstore.errors import ExpansionError, OptionError, QueryError
 from etstore.ingest.comm_groups import DEFAULT_GROUP_NAMES, find_group
 from etstore.model import Trace
+from etstore.store.warehouse import read_only_config
 
 __all__ = ["Collectives", "check_chosen", "find_collectives", "select"]
 
@@ -158,13 +159,18 @@ def _members(
 
 
 def _where_mask(ops: pa.Table, rows: np.ndarray, where: str) -> np.ndarray:
-    """Which of ``rows`` satisfy the DuckDB boolean expression ``where`` (NULL counts as false)."""
+    """Which of ``rows`` satisfy the DuckDB boolean expression ``where`` (NULL counts as false).
+
+    The user's text runs in an in-memory DuckDB that may touch no file (no ``read_csv``,
+    ``COPY``, ``ATTACH``, ``INSTALL``, spilling) and cannot be reconfigured from the text:
+    the settings of a read-only warehouse (:func:`etstore.store.warehouse.read_only_config`).
+    """
     # duckdb is a heavy engine: imported only when a where predicate is given
     import duckdb
 
     cols = [c for c in ops.column_names if c not in ("attrs", "attr_order")]
     view = ops.select(cols).take(pa.array(rows)).append_column("_row", pa.array(np.arange(len(rows))))
-    con = duckdb.connect()
+    con = duckdb.connect(config=read_only_config())
     try:
         con.register("ops", view)
         got = con.sql(f"SELECT _row FROM ops WHERE ({where})").to_arrow_table()

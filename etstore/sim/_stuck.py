@@ -25,7 +25,7 @@ from etstore.sim.result import STUCK_SCHEMA
 
 __all__ = ["no_progress_error", "stuck_error"]
 
-_MAX_LINES = 10  # causes listed in the message; the rest are in .stuck
+_MAX_CAUSES = 3  # causes named in the one-line message; .stuck has every op
 
 
 def _cycle_among(never: np.ndarray, succ: np.ndarray, ptr: np.ndarray) -> list[int]:
@@ -63,7 +63,8 @@ class _Describe:
 def _reasons(
     built: Built, inp: LoopInputs, out: LoopOutput, describe: _Describe
 ) -> tuple[dict[int, tuple[str, str]], list[str]]:
-    """(state and reason per unfinished op, message lines: cycle first, then posted receives)."""
+    """(state and reason per unfinished op, the causes for the message: cycle first, then posted
+    receives)."""
     end = np.asarray(out.end)
     blocked = np.asarray(out.indeg) > 0  # some dependency never finished
     unfinished = np.flatnonzero(end < 0)
@@ -118,8 +119,8 @@ def stuck_error(trace: Trace, built: Built, inp: LoopInputs, out: LoopOutput) ->
     Returns
     -------
     SimulationError
-        Its message names the stuck time, how many trace ops never finished and up
-        to ten causes; ``.stuck`` (:data:`~etstore.sim.result.STUCK_SCHEMA`) has one
+        Its message, one line, names the stuck time, how many trace ops never finished and
+        up to three causes; ``.stuck`` (:data:`~etstore.sim.result.STUCK_SCHEMA`) has one
         row per unfinished op with its state (``posted``, ``blocked``, ``waiting``,
         ``started``) and reason.
 
@@ -144,16 +145,11 @@ def stuck_error(trace: Trace, built: Built, inp: LoopInputs, out: LoopOutput) ->
         rows["state"].append(state)
         rows["reason"].append(why if i < n0 else f"{describe(i)}: {why}")
     stuck = pa.Table.from_pydict(rows, schema=STUCK_SCHEMA)
-    shown = lines[:_MAX_LINES]
-    more = f"\n  ... and {len(lines) - _MAX_LINES} more" if len(lines) > _MAX_LINES else ""
+    causes = "; ".join(lines[:_MAX_CAUSES]) if lines else "no unmatched receive or cycle found"
+    more = f"; and {len(lines) - _MAX_CAUSES} more" if len(lines) > _MAX_CAUSES else ""
     msg = (
-        f"simulation of {trace.name!r} stuck at t={out.t:.0f} ns: {len(top_rows)} of {n0} ops never finished"
-        + (
-            "".join(f"\n  {x}" for x in shown)
-            if shown
-            else "\n  (no unmatched receive or cycle found; see .stuck)"
-        )
-        + more
+        f"simulation of {trace.name!r} stuck at t={out.t:.0f} ns: {len(top_rows)} of {n0} ops never "
+        f"finished: {causes}{more} (.stuck lists every op that never finished)"
     )
     return SimulationError(msg, stuck)
 

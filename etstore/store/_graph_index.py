@@ -23,14 +23,16 @@ import hashlib
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor, wait
+from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from etstore.errors import StoreError
 from etstore.model import OPS_SCHEMA
 from etstore.progress import ProgressFn
 from etstore.store._graph_load import discard_spool, load_spool
 from etstore.store._graph_purge import REBUILD_RATIO, delete_range, discard_graph
-from etstore.store._ladybug import LadybugGraph
+from etstore.store._ladybug import LadybugGraph, first_line
 from etstore.store.graph import (
     GRAPH_OP_COLUMNS,
     TRACE_NODE_COLUMNS,
@@ -131,8 +133,34 @@ def build(
     Raises
     ------
     StoreError
-        DuckDB or Ladybug refuses; the state stays dirty and the next build starts over.
+        DuckDB or Ladybug refuses (a full disk, say), in one line. Either the state could not
+        even be marked dirty (nothing was touched), or the build failed after: the graph
+        files are then removed (they hold nothing to keep, and their space is given back) and
+        the state stays dirty, so the next build starts over. The warehouse is unchanged.
     """
+    where = graph.path.parent
+    try:
+        _set_state(wh, dirty=True, stamps=None)
+    except StoreError as exc:
+        raise StoreError(f"{where}: the graph index cannot be built (nothing was changed): {exc}") from exc
+    try:
+        _build(wh, graph, todo, spool, progress)
+    except (RuntimeError, OSError, StoreError) as exc:
+        with suppress(Exception):  # a database that refused a checkpoint may refuse to close, too
+            graph.release()
+        with suppress(OSError):
+            discard_graph(graph.path)
+        discard_spool(spool)
+        raise StoreError(
+            f"{where}: building the graph index failed, so it stays marked to be built over by the "
+            f"next Cypher query (the store itself is unchanged): {first_line(exc)}"
+        ) from exc
+
+
+def _build(
+    wh: Warehouse, graph: LadybugGraph, todo: IndexPlan, spool: Path, progress: ProgressFn | None
+) -> None:
+    """:func:`build` once the state is marked dirty."""
     started = time.perf_counter()
     total = max(1, todo.new_ops + sum(todo.gone.values()))
     done = [0]
@@ -142,7 +170,6 @@ def build(
         if progress is not None:
             progress(f"graph index: {stage}", min(done[0], total), total)
 
-    _set_state(wh, dirty=True, stamps=None)
     if todo.rebuild:
         graph.release()
         discard_graph(graph.path)

@@ -9,7 +9,9 @@ graph in its own process (``docs/reliability.md`` says what that leaves open).
 
 from __future__ import annotations
 
+import importlib.util
 import logging
+import os
 import pickle
 import subprocess
 import sys
@@ -31,6 +33,36 @@ log = logging.getLogger(__name__)
 def sandbox_available() -> bool:
     """Whether this kernel can sandbox a read-only graph (Landlock, Linux 5.13+)."""
     return worker.landlock_abi() >= 1
+
+
+def _engine_paths() -> list[str]:
+    """The import path entries that hold Ladybug and pyarrow here, for the sandboxed process.
+
+    Why: it runs isolated (``-I``), so nothing from this process's environment, such as
+    ``PYTHONPATH=/``, reaches its import path, which is also what its sandbox lets it read
+    (:func:`etstore.store._graph_worker.restrict_files`). Where the two engines live is
+    passed instead: the very directories they were found in, however they got there.
+    """
+    out: list[str] = []
+    for module in ("ladybug", "pyarrow"):
+        with suppress(ImportError, ValueError):
+            spec = importlib.util.find_spec(module)
+            if spec is not None and spec.origin:
+                entry = str(Path(spec.origin).resolve().parent.parent)
+                if entry not in out:
+                    out.append(entry)
+    return out
+
+
+def _clean_env() -> dict[str, str]:
+    """The sandboxed process's environment: only what loading shared libraries may need."""
+    return {k: v for k, v in os.environ.items() if k in _KEPT_ENV}
+
+
+_KEPT_ENV = frozenset({"LD_LIBRARY_PATH", "LANG", "LC_ALL", "LC_CTYPE"})
+"""Variables the sandboxed process keeps: none of them widens what it may read (its sandbox
+names the directories itself), and a library found through ``LD_LIBRARY_PATH`` loads only
+from where the sandbox allows."""
 
 
 class SandboxedGraph:
@@ -72,10 +104,17 @@ class SandboxedGraph:
         """
         if not sandbox_available():
             return None
-        cmd = [sys.executable, str(Path(worker.__file__)), str(Path(graph).resolve()), str(buffer_pool_bytes)]
+        cmd = [
+            sys.executable,
+            "-I",  # isolated: no PYTHONPATH, PYTHONHOME, user site or script directory on its path
+            str(Path(worker.__file__)),
+            str(Path(graph).resolve()),
+            str(buffer_pool_bytes),
+            *_engine_paths(),
+        ]
         try:
             proc = subprocess.Popen(
-                cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+                cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_clean_env()
             )
         except OSError as exc:
             raise StoreError(f"{graph}: cannot start the read-only Cypher process: {exc}") from exc

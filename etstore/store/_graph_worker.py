@@ -9,8 +9,11 @@ own directories and the shared libraries. The restriction is the kernel's: it ho
 whatever the query text says, and no query can lift it. Threads inherit it, so it is
 applied before Ladybug or pyarrow start theirs.
 
-Run as a script (``python _graph_worker.py GRAPH BUFFER_POOL_BYTES``), not as a package
-module, so that nothing but the standard library is loaded before the sandbox closes.
+Run as a script in isolated mode with a clean environment (``python -I _graph_worker.py
+GRAPH BUFFER_POOL_BYTES [IMPORT_DIR ...]``), not as a package module, so that nothing but
+the standard library is loaded before the sandbox closes, and nothing in the caller's
+environment (``PYTHONPATH``, ``PYTHONHOME``, a user site) widens what it may read: its import
+path is the interpreter's own plus the directories the parent found Ladybug and pyarrow in.
 The parent (:mod:`etstore.store._graph_reader`) talks to it over stdin/stdout in frames:
 an 8-byte big-endian length, then the payload. Requests are pickled ``(query, params)``
 tuples; answers are one status byte (:data:`OK`, :data:`EMPTY`, :data:`ERROR`) and the
@@ -196,6 +199,7 @@ def main(argv: list[str]) -> int:
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # never outlive the parent
     inp, out = sys.stdin.buffer, sys.stdout.buffer
     graph, pool = Path(argv[1]), int(argv[2])
+    sys.path.extend(p for p in argv[3:] if p not in sys.path)  # where the engines were found
     try:
         restrict_files(_readable(graph))
     except OSError as exc:

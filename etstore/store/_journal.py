@@ -13,19 +13,24 @@ perhaps after the first one was killed before it could say anything, can say the
 already gone instead of failing as if it never existed.
 
 The file is replaced atomically (write a temporary file, then rename), so a reader
-sees the old journal or the new one, never half of one. It is not fsynced: it guards
-against a process dying (kill -9, Ctrl-C, a crash), not against the machine losing
-power, like the engines' own settings here (``synchronous=NORMAL`` for SQLite).
+sees the old journal or the new one, never half of one; neither file is opened through a
+link (:mod:`etstore.store._files`). It is not fsynced: it guards against a process dying
+(kill -9, Ctrl-C, a crash), not against the machine losing power.
 """
 
 from __future__ import annotations
 
 import json
-import os
+import logging
 from pathlib import Path
 from typing import NamedTuple
 
+from etstore.errors import StoreError
+from etstore.store._files import read_no_follow, replace_file
+
 __all__ = ["Journal", "JournalEntry"]
+
+log = logging.getLogger(__name__)
 
 _FILE = "journal.json"
 _REMOVED = "removed.json"  # names removed lately (see the module docstring)
@@ -63,9 +68,15 @@ class Journal:
 
     def read(self) -> JournalEntry | None:
         """The journal left in the directory, or None. An unreadable one still counts (as an
-        unknown write): its writer died while the engines may hold its work."""
+        unknown write): its writer died while the engines may hold its work.
+
+        Raises
+        ------
+        StoreError
+            The journal is a symbolic link.
+        """
         try:
-            text = self.path.read_text(encoding="utf-8")
+            text = read_no_follow(self.path)
         except FileNotFoundError:
             return None
         except OSError:
@@ -83,31 +94,35 @@ class Journal:
             return JournalEntry(pid=0, command="", op="open")
 
     def write(self, entry: JournalEntry) -> None:
-        """Replace the journal with ``entry`` (atomic)."""
-        tmp = self.path.with_name(f"{_FILE}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(entry._asdict()), encoding="utf-8")
-        os.replace(tmp, self.path)
+        """Replace the journal with ``entry`` (atomic).
+
+        Raises
+        ------
+        StoreError
+            It cannot be written (a full disk), in one line naming the file.
+        """
+        replace_file(self.path, json.dumps(entry._asdict()))
 
     def removed(self) -> list[str]:
-        """Names removed lately, oldest first."""
+        """Names removed lately, oldest first (none when the file is absent, unreadable or a link)."""
         try:
-            doc = json.loads((self.path.parent / _REMOVED).read_text(encoding="utf-8"))
-        except (OSError, ValueError):
+            doc = json.loads(read_no_follow(self.path.parent / _REMOVED))
+        except (OSError, ValueError, StoreError):
             return []
         return [str(n) for n in doc] if isinstance(doc, list) else []
 
     def note_removed(self, name: str) -> None:
-        """Add ``name`` to :meth:`removed` (atomic)."""
+        """Add ``name`` to :meth:`removed` (atomic). Where that cannot be written (a full disk)
+        the removal stands all the same: only an ``rm`` of the name run again then says it
+        does not exist instead of that it was removed already."""
         kept = [n for n in self.removed() if n != name][-_REMOVED_KEPT + 1 :]
-        self._write_removed([*kept, name])
-
-    def _write_removed(self, names: list[str]) -> None:
-        tmp = self.path.with_name(f"{_REMOVED}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(names), encoding="utf-8")
-        os.replace(tmp, self.path.with_name(_REMOVED))
+        try:
+            replace_file(self.path.with_name(_REMOVED), json.dumps([*kept, name]))
+        except StoreError as exc:
+            log.warning("%s (the removal of %r stands)", exc, name)
 
     def clear(self) -> None:
         """Remove the journal (idempotent)."""
         self.path.unlink(missing_ok=True)
-        for tmp in self.path.parent.glob(f"{_FILE}.*.tmp"):  # left by a writer killed mid-write
+        for tmp in self.path.parent.glob(f"{_FILE}*.tmp"):  # left by a writer killed mid-write
             tmp.unlink(missing_ok=True)

@@ -19,6 +19,7 @@ one process on one file would wait for each other.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import os
@@ -28,6 +29,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from etstore.errors import StoreError
+from etstore.store._files import open_no_follow, read_no_follow
 
 __all__ = ["DEFAULT_WAIT_S", "WAIT_ENV_VAR", "StoreLock", "WaitFn", "wait_seconds"]
 
@@ -183,30 +185,40 @@ class StoreLock:
     # ------------------------------------------------------------ phases
 
     def _open(self, name: str) -> int:
-        """Open (create) a lock file; a reader of a store it may not write opens it read-only
-        (flock works on any descriptor), or, where it does not exist, ``-1``: no writer can
-        come into a directory nobody may write."""
+        """Open (create) a lock file, never through a link (a writer truncates it); a reader of a
+        store it may not write opens it read-only (flock works on any descriptor), or, where it
+        does not exist, ``-1``: no writer can come into a directory nobody may write.
+
+        Raises
+        ------
+        StoreError
+            The lock file is a symbolic link, or a writer cannot open it.
+        """
         path = self.directory / name
         try:
-            return os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        except OSError as exc:
-            if self.write:
-                self._unlock_all()
-                raise StoreError(
-                    f"{self.directory}: cannot lock the store for writing: {exc.strerror}"
-                ) from exc
-        try:
-            return os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        except OSError:
-            return -1
+            try:
+                return open_no_follow(path, os.O_RDWR | os.O_CREAT)
+            except OSError as exc:
+                if self.write:
+                    raise StoreError(
+                        f"{self.directory}: cannot lock the store for writing: {exc.strerror}"
+                    ) from exc
+            try:
+                return open_no_follow(path, os.O_RDONLY)
+            except OSError:
+                return -1
+        except StoreError:
+            self._unlock_all()
+            raise
 
     def _take_write(self, deadline: float) -> None:
         self._door = self._open("lock")
         self._wait(self._door, fcntl.LOCK_EX, deadline, self._writer_message)
         self._room = self._open("lock.readers")
         self._wait(self._room, fcntl.LOCK_EX, deadline, self._readers_message)
-        os.ftruncate(self._door, 0)
-        os.pwrite(self._door, f"{os.getpid()} {self.what}\n".encode(), 0)
+        with contextlib.suppress(OSError):  # only for those who wait; a full disk leaves it unsaid
+            os.ftruncate(self._door, 0)
+            os.pwrite(self._door, f"{os.getpid()} {self.what}\n".encode(), 0)
 
     def _take_read(self, deadline: float) -> None:
         door = self._open("lock")
@@ -258,8 +270,8 @@ class StoreLock:
     def _writer_message(self) -> str:
         """Who holds ``lock``: the writer written in it, else readers passing through."""
         try:
-            text = (self.directory / "lock").read_text(encoding="utf-8", errors="replace").split()
-        except OSError:
+            text = read_no_follow(self.directory / "lock").split()
+        except (OSError, StoreError):
             text = []
         if len(text) >= 1 and text[0].isdigit() and _alive(int(text[0])):
             what = " ".join(text[1:]) or "etstore"

@@ -9,10 +9,12 @@ left rolled back or finished (by the store, which knows its engines) before read
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable
 from pathlib import Path
 
+from etstore.errors import StoreError
 from etstore.store._journal import Journal, JournalEntry
 from etstore.store._lock import StoreLock, WaitFn, wait_seconds
 
@@ -110,10 +112,18 @@ class Session:
             self.journal.note_removed(name)
 
     def done(self) -> None:
-        """The operation named by :meth:`doing` is committed or rolled back."""
+        """The operation named by :meth:`doing` is committed or rolled back.
+
+        Never raises: the error that matters is the operation's own. Where the journal cannot
+        be rewritten (a full disk) it goes on naming the operation until :meth:`close` removes
+        it (removing needs no space); should the process die before that, the next open does
+        what it does after any kill: it sweeps what such an ingest left, and finishes such a
+        removal (the journal naming it is a removal's commit point).
+        """
         if self.entry is not None:
             self.current = self.entry
-            self.journal.write(self.entry)
+            with contextlib.suppress(StoreError):
+                self.journal.write(self.entry)
 
     def become_reader(self) -> None:
         """A writer that has finished writing (the open that created a store for reading): remove

@@ -50,12 +50,13 @@ from etstore.store._graph_reader import SandboxedGraph
 from etstore.store._identity import choose_name, identity, may_be_stored
 from etstore.store._journal import JournalEntry
 from etstore.store._ladybug import LadybugGraph, first_line
+from etstore.store._location import check_store_directory
 from etstore.store._lock import WaitFn
 from etstore.store._session import Session
 from etstore.store.base import IngestReport, ProgressFn, Store, TraceInfo, checked_kind
 from etstore.store.catalog import Catalog, ContentRecord, NameRecord
 from etstore.store.graph import dep_edges, lineage_edges, message_edges, uid_base
-from etstore.store.listing import write_listing
+from etstore.store.listing import LISTING, write_listing
 from etstore.store.result import Result
 from etstore.store.schema import DEPS_COLUMNS, OPS_COLUMNS
 from etstore.store.warehouse import Warehouse
@@ -116,8 +117,7 @@ class EmbeddedStore:
         """Told how a build of the graph index goes, when a Cypher query has to wait for one."""
         # the warehouse and its statement count when the graph index was last found fresh
         self._fresh_at: tuple[int, int] | None = None
-        if self.path.exists() and not self.path.is_dir():
-            raise StoreError(f"{self.path}: exists and is not a store directory")
+        check_store_directory(self.path)  # a store is made only where there is none, or nothing
         creating = read_only and not any(
             (self.path / f).exists() for f in ("warehouse.duckdb", "catalog.sqlite")
         )
@@ -209,8 +209,11 @@ class EmbeddedStore:
         """
         session: Session | None = getattr(self, "session", None)  # absent if the open failed early
         if session is not None and not session.closed and session.entry is not None:
-            with contextlib.suppress(Exception):  # the listing is derived: ``ls`` opens the store without it
+            try:
                 self._write_listing()
+            except Exception:  # derived: without it ``ls`` opens the store; a stale one would lie
+                with contextlib.suppress(OSError):
+                    (self.path / LISTING).unlink(missing_ok=True)
         self._close_engines()
         if session is not None:
             session.close()
@@ -614,7 +617,13 @@ class EmbeddedStore:
                 f"the graph index of {self.location} is behind the store and cannot be built: {exc}"
             ) from exc
         try:
-            wh = Warehouse.open(self.path / "warehouse.duckdb")
+            try:
+                wh = Warehouse.open(self.path / "warehouse.duckdb")
+            except StoreError as exc:  # a full disk, say
+                raise StoreError(
+                    f"the graph index of {self.location} is behind the store and cannot be built "
+                    f"(nothing was changed): {exc}"
+                ) from exc
             graph = LadybugGraph(self._graph.path, read_only=False, engines_read_only=False)
             try:
                 todo = plan(wh, graph.path)  # another reader may have built it meanwhile

@@ -15,12 +15,15 @@ process (the open recovers it, :mod:`etstore.store._journal`), a store of anothe
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from dataclasses import fields
 from datetime import datetime
 from pathlib import Path
 
+from etstore.errors import StoreError
+from etstore.store._files import read_no_follow, replace_file
 from etstore.store._location import resolve_location, store_exists
 from etstore.store._lock import WaitFn
 from etstore.store._session import Session
@@ -41,20 +44,19 @@ def write_listing(store: Path, traces: list[TraceInfo]) -> None:
         }
         for t in traces
     ]
-    tmp = store / f"{LISTING}.tmp"
-    try:
-        tmp.write_text(json.dumps({"format": FORMAT_VERSION, "traces": rows}, default=str))
-        os.replace(tmp, store / LISTING)
-    except OSError:  # a full disk or a read-only directory: ``ls`` opens the store instead
-        tmp.unlink(missing_ok=True)
-        (store / LISTING).unlink(missing_ok=True)
+    try:  # through a new temporary file, never through a link (:mod:`etstore.store._files`)
+        replace_file(store / LISTING, json.dumps({"format": FORMAT_VERSION, "traces": rows}, default=str))
+    except StoreError:  # a full disk or a read-only directory: ``ls`` opens the store instead
+        with contextlib.suppress(OSError):
+            (store / LISTING).unlink(missing_ok=True)
 
 
 def read_listing(store: Path) -> list[TraceInfo] | None:
-    """The listing a writer left, None when there is none (or of another format)."""
+    """The listing a writer left, None when there is none, it is of another format, or it is a
+    link (never followed: ``ls`` then opens the store)."""
     try:
-        got = json.loads((store / LISTING).read_text())
-    except (OSError, ValueError):
+        got = json.loads(read_no_follow(store / LISTING))
+    except (OSError, ValueError, StoreError):
         return None
     if not isinstance(got, dict) or got.get("format") != FORMAT_VERSION:
         return None

@@ -8,6 +8,7 @@ DuckDB's errors into :class:`~etstore.errors.QueryError` (reads) and
 
 from __future__ import annotations
 
+import os
 import tempfile
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager, suppress
@@ -34,11 +35,12 @@ from etstore.store.schema import (
     TUNER_VIEWS,
     VIEWS,
 )
+from etstore.units import BUDGET_ENV_VAR, memory_budget
 
 if TYPE_CHECKING:
     import duckdb
 
-__all__ = ["Warehouse"]
+__all__ = ["Warehouse", "read_only_config"]
 
 # default group of 122,880 rows leaves a typical algorithm trace (10^4-10^5 ops)
 # below that line; this size puts it above, at a third less DuckDB time per ingest.
@@ -48,9 +50,31 @@ _ROW_GROUP_SIZE = 16384
 # A read-only warehouse is the database file itself, opened read-only at the instance level
 # (so no ATTACH of it can be writable), with every other file out of reach: COPY ... TO,
 # EXPORT DATABASE, ATTACH, read_csv/read_parquet/glob, INSTALL/LOAD and persistent secrets
-# all fail with DuckDB's PermissionException. The lock makes SET/RESET of any option fail,
-# so a query cannot turn access back on.
-_READ_ONLY_CONFIG: dict[str, Any] = {"enable_external_access": False, "lock_configuration": True}
+# all fail with DuckDB's PermissionException. No temporary directory: DuckDB would otherwise
+# spill into ``<file>.tmp/`` beside the store (it writes there whenever that directory
+# exists), so a query past the memory limit fails instead. The lock makes SET/RESET of any
+# option fail, so a query can turn none of this back.
+_READ_ONLY_CONFIG: dict[str, Any] = {
+    "enable_external_access": False,
+    "temp_directory": "",
+    "lock_configuration": True,
+}
+
+
+def read_only_config() -> dict[str, Any]:
+    """DuckDB's settings for a connection that must not touch files (a read-only warehouse,
+    a user's SQL fragment): no file access, no spilling, and the memory budget as DuckDB's
+    memory limit when ``$ETSTORE_MEMORY_BUDGET`` sets one (:func:`etstore.units.memory_budget`).
+
+    Raises
+    ------
+    UnsatisfiableError
+        ``$ETSTORE_MEMORY_BUDGET`` is set but is not a size.
+    """
+    config = dict(_READ_ONLY_CONFIG)
+    if os.environ.get(BUDGET_ENV_VAR, "").strip():
+        config["memory_limit"] = f"{memory_budget()}B"
+    return config
 
 
 def _duckdb() -> Any:
@@ -132,7 +156,7 @@ class Warehouse:
         duckdb = _duckdb()
         if read_only:
             try:
-                con = duckdb.connect(str(path), read_only=True, config=dict(_READ_ONLY_CONFIG))
+                con = duckdb.connect(str(path), read_only=True, config=read_only_config())
             except duckdb.Error as exc:
                 raise StoreError(f"{path}: cannot open the DuckDB warehouse: {_first_line(exc)}") from exc
             return cls(con, read_only=True)
@@ -169,7 +193,7 @@ class Warehouse:
             path = Path(scratch) / "warehouse.duckdb"
             cls.open(path).close()
             try:  # the open file outlives its directory entry
-                con = duckdb.connect(str(path), read_only=True, config=dict(_READ_ONLY_CONFIG))
+                con = duckdb.connect(str(path), read_only=True, config=read_only_config())
             except duckdb.Error as exc:  # pragma: no cover - a file just written opens
                 raise StoreError(f"cannot open an empty DuckDB warehouse: {_first_line(exc)}") from exc
         return cls(con, read_only=True)
@@ -225,7 +249,10 @@ class Warehouse:
             rel = self._con.sql(sql, params=dict(params) if params else None)
             table = rel.to_arrow_table() if rel is not None else pa.table({})
         except self._error as exc:
-            raise QueryError(f"SQL error: {_first_line(exc)} (query: {sql!r})") from exc
+            why = _first_line(exc)
+            if self.read_only and why.startswith("Out of Memory"):
+                why += f" (read-only SQL spills nothing to disk; {BUDGET_ENV_VAR} sets its memory limit)"
+            raise QueryError(f"SQL error: {why} (query: {sql!r})") from exc
         return Result(table, sql)
 
     def execute(self, sql: str, params: Mapping[str, Any] | None = None) -> None:
@@ -340,7 +367,10 @@ class Warehouse:
             yield
         finally:
             for name in done:
-                self._con.unregister(name)
+                # a statement that failed in a transaction aborts it, and DuckDB then refuses the
+                # unregistering too; the rollback drops the view anyway, and the first error is the one to say
+                with suppress(self._error):
+                    self._con.unregister(name)
 
     # ------------------------------------------------------------ schema
 
