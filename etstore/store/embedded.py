@@ -31,18 +31,15 @@ import os
 import time
 import weakref
 from collections.abc import Iterable, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, ClassVar
 
-import numpy as np
 import pyarrow as pa
 
-from etstore.dag import cycle_members
 from etstore.errors import QueryError, StoreError, UnknownTraceError
 from etstore.model import DEPS_SCHEMA, META_SCHEMA, OPS_SCHEMA, Trace, TraceKind
 from etstore.store import _streamed as streamed
-from etstore.store import _trace_rows as rows
+from etstore.store import _writes as writes
 from etstore.store._cypher import check_parameters
 from etstore.store._format import check_format, start_format, upgrade
 from etstore.store._graph_index import build, plan
@@ -55,7 +52,6 @@ from etstore.store._lock import WaitFn
 from etstore.store._session import Session
 from etstore.store.base import IngestReport, ProgressFn, Store, TraceInfo, checked_kind
 from etstore.store.catalog import Catalog, ContentRecord, NameRecord
-from etstore.store.graph import dep_edges, lineage_edges, message_edges, uid_base
 from etstore.store.listing import LISTING, write_listing
 from etstore.store.result import Result
 from etstore.store.schema import DEPS_COLUMNS, OPS_COLUMNS
@@ -337,33 +333,9 @@ class EmbeddedStore:
             return self._name_known(existing, name_rec, same, trace, lineage, started)
         self.session.doing("ingest", final)
         rec = ContentRecord(content_hash=digest, kind=kind.value, ranks=trace.num_ranks)
-        wh = self.warehouse
-        # Three lanes on two cores: DuckDB inserts the ops while one helper computes the edge
-        # rows and another the identity (DuckDB, numpy and hashlib release the GIL).
-        with ThreadPoolExecutor(max_workers=2) as pool:
-            hashed = pool.submit(identity, trace) if not digest else None
-            with wh.transaction():
-                catalog.claim(rec)
-                assert rec.trace_id is not None
-                base = uid_base(rec.trace_id)
-                edges = pool.submit(_edge_rows, trace, base)
-                if progress:
-                    progress("warehouse", 0, trace.num_ops)
-                rows.insert_ops(wh, trace, rec.trace_id, base)
-                deps, (msgs, unmatched_sends, unmatched_recvs), cycles = edges.result()
-                rows.insert_edges(wh, trace, rec.trace_id, deps)
-                rows.insert_messages(wh, rec.trace_id, msgs)
-                rec.ops, rec.deps, rec.missing = trace.num_ops, trace.num_deps, trace.num_missing
-                rec.messages = msgs.num_rows
-                rec.content_hash = hashed.result() if hashed is not None else digest
-                catalog.ready(rec)
-                name_rec.trace_id = rec.trace_id
-                catalog.add_name(name_rec, rec, trace.params)
-                if lineage is not None and lineage.num_rows and parent_id is not None:
-                    child = _op_keys(trace, base)
-                    rows.insert_lineage(
-                        wh, rec.trace_id, parent_id, self._lineage_rows(lineage, child, final, parent_id)
-                    )
+        cycles, unmatched_sends, unmatched_recvs = writes.write_content(
+            self.warehouse, trace, rec, name_rec, lineage, progress
+        )
         if progress:
             progress("warehouse", trace.num_ops, trace.num_ops)
         self.session.done()
@@ -407,40 +379,10 @@ class EmbeddedStore:
             catalog.claim(rec)
         assert rec.trace_id is not None
         self.session.doing("ingest", final, rec.trace_id)
-        try:
-            # each part's rows commit on their own (one transaction would hold them all in
-            # memory); the content stays ``loading``, out of every view until its name lands
-            with streamed.memory_limit(wh, "512MB"):  # else DuckDB caches up to 80% of RAM
-                staged = streamed.stage_parts(
-                    wh,
-                    first,
-                    parts,
-                    trace_id=rec.trace_id,
-                    base=uid_base(rec.trace_id),
-                    name=final,
-                    ops=ops,
-                    progress=progress,
-                )
-            known = catalog.by_identity(staged.digest, kind.value)
-            if known is None and taken:
-                choose_name(
-                    catalog.name_ids(), final, explicit=True, seq=None
-                )  # raises: other content holds it
-            if known is None:
-                for k, v in staged.counts().items():
-                    setattr(rec, k, v)
-                rec.content_hash = staged.digest
-                name_rec.trace_id = rec.trace_id
-                with wh.transaction():
-                    catalog.ready(rec)
-                    catalog.add_name(name_rec, rec, first.params)
-        except BaseException:
-            with contextlib.suppress(Exception), wh.transaction():
-                catalog.delete_content(rec.trace_id)  # else swept by the next writable open
-            raise
-        if known is not None:  # the same content is stored: drop these rows, point the name at it
-            with wh.transaction():
-                catalog.delete_content(rec.trace_id)
+        staged, known = writes.write_parts(
+            wh, first, parts, rec, name_rec, taken=taken, ops=ops, progress=progress
+        )
+        if known is not None:  # the same content is stored (these rows are gone): point the name at it
             self.session.done()
             final, same = choose_name(
                 catalog.name_ids(), wanted, explicit=name is not None, seq=known.trace_id
@@ -472,44 +414,16 @@ class EmbeddedStore:
         if same:
             n, c = self._lookup(name_rec.name)
             return IngestReport(n.info(c), created=False, seconds=time.perf_counter() - started)
-        catalog, wh = self.catalog, self.warehouse
-        tid, pid = existing.trace_id, name_rec.parent_trace_id
+        wh = self.warehouse
+        tid = existing.trace_id
         name_rec.trace_id = tid
-        others = catalog.names_of(tid)
+        others = Catalog(wh).names_of(tid)
         self.session.doing("name", name_rec.name, tid)
-        with wh.transaction():
-            catalog.add_name(name_rec, existing, trace.params)
-            if (
-                lineage is not None
-                and lineage.num_rows
-                and pid is not None
-                and catalog.lineage_users(tid, pid) == 1
-            ):
-                child = wh.query(
-                    "SELECT rank, id, uid FROM trace_ops WHERE trace_id = $t", {"t": tid}
-                ).to_arrow()
-                rows.insert_lineage(wh, tid, pid, self._lineage_rows(lineage, child, name_rec.name, pid))
+        writes.add_name(wh, existing, name_rec, trace.params, lineage)
         self.session.done()
         first = others[0].name if others else None
         return IngestReport(
             name_rec.info(existing), created=True, same_as=first, seconds=time.perf_counter() - started
-        )
-
-    def _lineage_rows(self, lineage: pa.Table, child: pa.Table, name: str, parent_id: int) -> pa.Table:
-        """``trace_lineage`` rows for a name derived from content ``parent_id`` (``child``: the
-        derived content's ``rank``, ``id``, ``uid``)."""
-        parent_ops = self.warehouse.query(
-            "SELECT rank, id, uid FROM trace_ops WHERE trace_id = $p", {"p": parent_id}
-        ).to_arrow()
-        links = lineage_edges(lineage, child, parent_ops, what=f"trace {name!r}")
-        return pa.table(
-            {
-                "rank": lineage["rank"].cast(pa.int32()),
-                "id": lineage["id"].cast(pa.uint64()),
-                "parent_id": lineage["parent_id"].cast(pa.uint64()),
-                "parent_uid": links["from"],
-                "uid": links["to"],
-            }
         )
 
     # ------------------------------------------------------------ removal
@@ -536,21 +450,8 @@ class EmbeddedStore:
     def _drop(self, name: str) -> None:
         """Remove ``name`` (and its content with its last name) in one transaction; the
         journal names the removal first, so an interrupted one is finished by the next open."""
-        catalog, wh = self.catalog, self.warehouse
-        got = catalog.name(name)
-        if got is None:
-            return
-        rec = got[0]
-        with wh.transaction():
-            catalog.drop_name(name)
-            rest = catalog.names_of(rec.trace_id)
-            if not rest:
-                catalog.delete_content(rec.trace_id)
-            elif rec.parent_trace_id is not None and not catalog.lineage_users(
-                rec.trace_id, rec.parent_trace_id
-            ):
-                rows.delete_lineage(wh, rec.trace_id, rec.parent_trace_id)
-        self.session.removing(name)
+        if writes.drop_name(self.warehouse, name):
+            self.session.removing(name)
 
     # ------------------------------------------------------------ read back
 
@@ -672,20 +573,6 @@ class EmbeddedStore:
             warehouse.close()
             self._warehouse = warehouse = Warehouse.open(self.path / "warehouse.duckdb", read_only=True)
         return warehouse.query(query, params)
-
-
-def _edge_rows(trace: Trace, base: int) -> tuple[pa.Table, tuple[pa.Table, int, int], int]:
-    """A trace's dependency rows by uid, its message pairs (with the unmatched sends and
-    receives) and how many ops lie on dependency cycles, for a content stored from ``base``."""
-    deps = dep_edges(trace, base)
-    op_pairs = (deps["from"].to_numpy() - base, deps["to"].to_numpy() - base)
-    return deps, message_edges(trace, base), len(cycle_members(trace, op_pairs))
-
-
-def _op_keys(trace: Trace, base: int) -> pa.Table:
-    """``rank``, ``id``, ``uid`` of a trace's ops stored from uid ``base``."""
-    uid = pa.array(np.arange(base, base + trace.num_ops, dtype=np.int64))
-    return pa.table({"rank": trace.ops["rank"], "id": trace.ops["id"], "uid": uid})
 
 
 _open_stores: weakref.WeakSet[EmbeddedStore] = weakref.WeakSet()
