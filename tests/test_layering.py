@@ -73,6 +73,7 @@ LAZY_ALLOWED = (
     "pandas",
     "polars",
     "rich",  # the console, tables and bars: JSON and CSV output, --help and --version never draw
+    "ray",  # optional (etstore[ray]): only --ray loads it
 )
 
 

@@ -13,6 +13,10 @@ it; it calls the floors below it.
   to the stored algorithms they ran;
 * :mod:`~etstore.app.runs` — simulation results recorded as runs (one run, jobs sharing a
   fabric, a sensitivity sweep) and bus-bandwidth sweeps;
+* :mod:`~etstore.app.fanout` — independent pieces of work run here or as Ray tasks, results
+  back in order, a failing piece reported without stopping the rest;
+* :mod:`~etstore.app.sweeps` — bus-bandwidth sweeps and what-if grids with their points on
+  such an executor (the same rows as the serial sweep);
 * :mod:`~etstore.app.compare` — two stored traces simulated and their differences recorded;
 * :mod:`~etstore.app.calibrate` — a stored measured run's curve fitted, the fit stored by name;
 * :mod:`~etstore.app.opportunities` — a stored trace's opportunities found and recorded;

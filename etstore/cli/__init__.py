@@ -139,7 +139,7 @@ COMMANDS: dict[str, Command] = {
     "topo": Command("topology", "network topologies"),
     "synth": Command("topology", "synthesize a topology-aware collective algorithm and store it"),
     "sim": Command("simulate", "replay a trace over a network; metrics into DuckDB"),
-    "sweep": Command("simulate", "busbw over sizes x algorithms x topologies, or a trace over a knob"),
+    "sweep": Command("sweep", "busbw over sizes x algorithms x topologies, or a trace over a knob"),
     "replay": Command(
         "replay", "replay a recorded PyTorch trace (ET + Kineto) as it ran; measured beside simulated"
     ),

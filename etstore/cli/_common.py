@@ -156,7 +156,19 @@ def open_to_record(args: argparse.Namespace) -> Iterator[Store | None]:
     if not args.no_record:
         with open_from_args(args) as store:
             yield store
-    elif stores.store_exists(args.store):
+    else:
+        with open_inputs(args) as store:
+            yield store
+
+
+@contextmanager
+def open_inputs(args: argparse.Namespace) -> Iterator[Store | None]:
+    """The store a command reads its inputs from, read-only; None where no store exists yet.
+
+    Why: a long command (a sweep) reads its inputs, closes the store and opens it for writing
+    only to record, so other writers wait for a write, not for the whole computation.
+    """
+    if stores.store_exists(args.store):
         with open_from_args(args, read_only=True) as store:
             yield store
     else:

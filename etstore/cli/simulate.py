@@ -4,95 +4,30 @@ the values of one what-if knob."""
 from __future__ import annotations
 
 import argparse
-import contextlib
-import dataclasses
 from typing import TYPE_CHECKING, Any
 
-import pyarrow as pa
-
-from etstore import collectives
-from etstore.app.runs import record_jobs, record_run, record_sensitivity, record_sweep
-from etstore.cli._common import add_format, open_to_record, progress, progress_to
+from etstore.app.runs import record_jobs, record_run
+from etstore.cli._common import add_format, open_to_record, progress_to
 from etstore.cli._console import styled, warn
 from etstore.cli._inputs import trace_from
 from etstore.cli._perturb_args import add_perturbation, perturbation_from
-from etstore.cli._render import render
+from etstore.cli._sim_args import add_sim_options, algo_args, sim_config
 from etstore.cli._tables import add_limit, add_table, chosen_table, one_row, print_table
 from etstore.cli._topology_args import add_topology_options, topology_from
-from etstore.collective import COLLECTIVE_NAMES
-from etstore.collectives.specs import algorithms_by_type, parse_by_type
-from etstore.collectives.stored import resolve_algorithm
 from etstore.errors import OptionError
-from etstore.sim import BUILTIN_ALGORITHMS, simulate
+from etstore.sim import simulate
 from etstore.sim.config import (
     EXPANDED_SLOTS,
-    SimConfig,
     read_comm_groups,
     read_network_config,
-    read_system_config,
 )
 from etstore.sim.jobs import JobRuns, JobsResult, job_tables, read_placement, simulate_jobs
-from etstore.sim.perturb import Perturbation, parse_knob, perturb, perturb_network
-from etstore.sim.sweep import parse_sizes, sensitivity, sensitivity_table, sweep
-from etstore.store import Store
+from etstore.sim.perturb import Perturbation, perturb, perturb_network
 
 if TYPE_CHECKING:
     from rich.console import Console
 
 __all__ = ["register"]
-
-
-def _algorithm(store: Store | None, spec: str) -> Any:
-    """A built-in name stays a name; anything else is a stored algorithm (or an error naming both)."""
-    if spec in BUILTIN_ALGORITHMS:
-        return spec
-    algo = resolve_algorithm(store, spec)
-    if isinstance(algo, str):  # a generator with chunks: the simulator takes them from --chunks
-        name, chunks = algo.partition(":")[0], algo.partition(":")[2]
-        raise OptionError(f"--algo {spec!r}: write --algo {name} --chunks {chunks} for the simulator")
-    return algo
-
-
-def _algorithms(store: Store | None, specs: list[str] | None) -> dict[str, Any] | None:
-    """``--algo ring`` (every collective it implements; ``native``/``replay``: every type) or
-    ``--algo allreduce=ring,allgather=NAME``, parsed and resolved as ``expand`` does."""
-    if not specs:
-        return None
-    out: dict[str, Any] = {}
-    for item in (p.strip() for spec in specs for p in spec.split(",") if p.strip()):
-        if "=" in item:
-            out.update({coll: _algorithm(store, algo) for coll, algo in parse_by_type(item).items()})
-            continue
-        algo = _algorithm(store, item)
-        cover = (
-            dict.fromkeys(COLLECTIVE_NAMES, algo)
-            if algo in ("native", "replay")
-            else algorithms_by_type(algo)
-        )
-        for coll, a in cover.items():
-            out.setdefault(coll, a)
-    return out
-
-
-def _config(args: argparse.Namespace) -> Any:
-    overrides: dict[str, Any] = {}
-    if args.congestion:
-        overrides["congestion"] = args.congestion
-    if args.policy:
-        overrides["scheduling_policy"] = args.policy
-    if args.hops:
-        overrides["hops"] = args.hops
-    if args.chunks is not None:
-        overrides["algorithm_chunks"] = args.chunks
-    if args.reduction_mem_accesses is not None:
-        overrides["reduction_mem_accesses"] = args.reduction_mem_accesses
-    if args.copy_mem_accesses is not None:
-        overrides["copy_mem_accesses"] = args.copy_mem_accesses
-    if getattr(args, "expanded_slots", None):  # sim only
-        overrides["expanded_slots"] = args.expanded_slots
-    if args.system_config:
-        return read_system_config(args.system_config, **overrides)
-    return dataclasses.replace(SimConfig(), **overrides)
 
 
 def _network(args: argparse.Namespace) -> tuple[Any, Any]:
@@ -141,7 +76,7 @@ def _sim(args: argparse.Namespace, console: Console) -> int:
     if len(args.trace) > 1 or args.placement:
         return _sim_jobs(args, console)
     topo, dims = _network(args)
-    config = _config(args)
+    config = sim_config(args)
     groups = read_comm_groups(args.comm_groups) if args.comm_groups else None
     perturbation = perturbation_from(args)
     topo = _perturbed_network(topo, perturbation)
@@ -149,7 +84,7 @@ def _sim(args: argparse.Namespace, console: Console) -> int:
         trace = trace_from(store, args.trace[0])
         if perturbation is not None and perturbation.changes_compute:  # a what-if of compute
             trace = perturb(trace, perturbation)
-        algorithms = _algorithms(store, args.algo)
+        algorithms = algo_args(store, args.algo)
         run_id = None
         with progress_to(console, f"sim {trace.name}") as step:
             result = simulate(
@@ -220,7 +155,7 @@ def _sim_jobs(args: argparse.Namespace, console: Console) -> int:
             "sim: --comm-groups replaces one trace's groups; with several traces each keeps its own"
         )
     topo, dims = _network(args)
-    config = _config(args)
+    config = sim_config(args)
     groups = [read_comm_groups(args.comm_groups)] if args.comm_groups else None
     placement = read_placement(args.placement) if args.placement else None
     perturbation = perturbation_from(args)
@@ -234,7 +169,7 @@ def _sim_jobs(args: argparse.Namespace, console: Console) -> int:
                     "--fail and --scale bw|lat change the shared fabric)"
                 )
             traces = [perturb(traces[0], perturbation)]
-        algorithms = _algorithms(store, args.algo)
+        algorithms = algo_args(store, args.algo)
         runs = None
         with progress_to(console, f"sim {' '.join(t.name for t in traces)}") as step:
             result = simulate_jobs(
@@ -318,163 +253,8 @@ def _collectives(result: Any, args: argparse.Namespace) -> Any:
     return result.collectives.select([c for c in shown if c in result.collectives.column_names])
 
 
-def _sweep(args: argparse.Namespace, console: Console) -> int:
-    if args.trace is not None:
-        return _sensitivity(args, console)
-    if args.knob:
-        raise OptionError("sweep --knob: name the trace to sweep (etstore sweep TRACE --knob ...)")
-    if not args.algo:
-        raise OptionError("sweep: give --algo (e.g. --algo ring,direct), or a TRACE and --knob")
-    sizes = parse_sizes(args.sizes)
-    config = _config(args)
-    topos = [topology_from(args, spec) for spec in args.topo]
-    with open_to_record(args) as store:
-        algos: dict[str, Any] = {}
-        for item in (p.strip() for spec in args.algo for p in spec.split(",") if p.strip()):
-            if item == "synth":
-                algos[item] = _synth_factory(args.synth_chunks, args.seed)
-            else:
-                algos[item] = _algorithm(store, item)
-        bar = progress(console)
-        if bar:
-            with bar:
-                task = bar.add_task("sweep", total=len(sizes) * len(algos) * len(topos))
-                points = sweep(
-                    sizes,
-                    algos,
-                    topos,
-                    collective=args.coll,
-                    config=config,
-                    progress=lambda done, _total: bar.update(task, completed=done),
-                )
-        else:
-            points = sweep(sizes, algos, topos, collective=args.coll, config=config)
-        sweep_id = None
-        if store is not None and not args.no_record:
-            sweep_id = record_sweep(store.warehouse, points, params={"algo": args.algo, "topo": args.topo})
-    if args.format != "table":  # one table: every point, each with its sweep's id (null: not recorded)
-        ids = pa.array([sweep_id] * points.num_rows, pa.int64())
-        render(points.add_column(0, "sweep_id", ids), args.format, console=console)
-        return 0
-    shown = points.select(
-        ["topology", "algorithm", "size_bytes", "time_ns", "algbw_gb_per_s", "busbw_gb_per_s"]
-    )
-    render(shown, "table", title=f"{args.coll} bus bandwidth (GB/s, GB = 10^9)", console=console)
-    if sweep_id is not None:
-        console.print(
-            f"sweep {sweep_id} recorded: SELECT * FROM sweep_points WHERE sweep_id = {sweep_id}",
-            highlight=False,
-            soft_wrap=True,
-        )
-    return 0
-
-
-def _sensitivity(args: argparse.Namespace, console: Console) -> int:
-    """``sweep TRACE --knob KNOB=V1,V2,...``: the trace once per value and topology, a run each, whose
-    ``params.user.sensitivity`` holds the knob, the value and the sweep's first run."""
-    if not args.knob:
-        raise OptionError("sweep TRACE: give --knob KNOB=V1,V2,..., e.g. slow:3=1,1.5,2 or scale:bw=0.5,1,2")
-    knob, values = parse_knob(args.knob, seed=args.seed)
-    config = _config(args)
-    topos = [topology_from(args, spec) for spec in args.topo]
-    with open_to_record(args) as store:
-        trace = trace_from(store, args.trace)
-        algorithms = _algorithms(store, args.algo)
-        bar = progress(console)
-        with bar or contextlib.nullcontext():
-            task = bar.add_task(f"sweep {trace.name}", total=len(topos) * len(values)) if bar else None
-            points = sensitivity(
-                trace,
-                topos,
-                knob,
-                values,
-                config=config,
-                algorithms=algorithms,
-                progress=(lambda done, _t: bar.update(task, completed=done)) if bar else None,
-            )
-        ids: list[int | None] = [None] * len(points)
-        if store is not None and not args.no_record:
-            ids = list(
-                record_sensitivity(
-                    store.warehouse,
-                    trace.name,
-                    points,
-                    knob=knob.name,
-                    values=values,
-                    params={"algo": args.algo or [], "argv": "sweep"},
-                )
-            )
-    rows = sensitivity_table(points, knob).add_column(0, "run_id", pa.array(ids, pa.int64()))
-    if args.format != "table":
-        render(rows, args.format, console=console)
-        return 0
-    render(rows, "table", title=f"{trace.name}: makespan per {knob.name} (ns)", console=console)
-    if ids and ids[0] is not None:
-        console.print(
-            f"runs {ids[0]}..{ids[-1]} recorded (params.user.sensitivity): etstore report {ids[0]} {ids[-1]}",
-            highlight=False,
-            soft_wrap=True,
-        )
-    return 0
-
-
-def _synth_factory(chunks: int, seed: int) -> Any:
-    def build(topo: Any, coll: str) -> Any:
-        return collectives.synthesize(topo, coll=coll, chunks_per_npu=chunks, seed=seed).trace
-
-    return build
-
-
-def _passes(text: str) -> int:
-    """A count of memory passes: a whole number, 0 or more."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise argparse.ArgumentTypeError(
-            f"expected a whole number of memory passes (0 or more), got {text!r}"
-        )
-    return value
-
-
-def _common(sp: argparse.ArgumentParser) -> None:
-    sp.add_argument(
-        "--congestion",
-        choices=("aware", "unaware"),
-        help="network model (default unaware, as ASTRA-sim's analytical backend; a run whose links are "
-        "offered more than their bandwidth prints a warning)",
-    )
-    sp.add_argument(
-        "--hops",
-        choices=("store-and-forward", "cut-through"),
-        help="how an aware message crosses a multi-hop route (default store-and-forward, as ASTRA-sim)",
-    )
-    sp.add_argument(
-        "--policy",
-        choices=("FIFO", "LIFO"),
-        help="collective priority (default LIFO, as ASTRA-sim); ready ops always issue by node id",
-    )
-    sp.add_argument("--chunks", type=int, default=None, help="chunks per rank for generated algorithms")
-    sp.add_argument(
-        "--reduction-mem-accesses",
-        type=_passes,
-        metavar="N",
-        help="memory passes of a local reduction, on every path (default 3: ASTRA-sim's native "
-        "collectives; 0 with --copy-mem-accesses 0: ASTRA-sim's custom collectives, 1 ns a step)",
-    )
-    sp.add_argument(
-        "--copy-mem-accesses",
-        type=_passes,
-        metavar="N",
-        help="memory passes of a local copy in an algorithm (default 2)",
-    )
-    sp.add_argument("--system-config", metavar="FILE", help="ASTRA-sim system config JSON")
-    sp.add_argument("--no-record", action="store_true", help="do not write metrics to the store")
-
-
 def register(sub: Any) -> None:
-    """Add ``sim`` and ``sweep`` to the subparsers ``sub``."""
+    """Add ``sim`` to the subparsers ``sub``."""
     sp = sub.add_parser("sim", help="replay a trace over a network; metrics into DuckDB")
     sp.add_argument(
         "trace",
@@ -511,43 +291,8 @@ def register(sub: Any) -> None:
         "(none; the block holds the comm slot as its node did; the default); docs/simulator.md",
     )
     add_limit(sp, 20)
-    _common(sp)
+    add_sim_options(sp)
     add_perturbation(sp)
     add_format(sp)
     add_table(sp, _SIM_TABLES, "summary")
     sp.set_defaults(handler=_sim)
-
-    sp = sub.add_parser(
-        "sweep",
-        help="busbw over sizes x algorithms x topologies, or a trace over a knob",
-        description="Bus-bandwidth curves of one collective over sizes x algorithms x topologies; or, "
-        "given a TRACE and --knob, the trace simulated once per value of a what-if knob on each "
-        "topology, a recorded run each (docs/whatif.md).",
-    )
-    sp.add_argument(
-        "trace",
-        nargs="?",
-        help="with --knob: a stored trace (or trace files) simulated once per knob value (docs/whatif.md)",
-    )
-    sp.add_argument(
-        "--knob",
-        metavar="KNOB=V1,V2,...",
-        help="what-if knob of a TRACE sweep: slow:RANKS, scale:cpu|gpu|bw|lat, degrade:LINK (factors) "
-        "or jitter (sigma, with --seed): slow:3=1,1.5,2",
-    )
-    sp.add_argument("--coll", default="allreduce", help="collective (default allreduce)")
-    sp.add_argument("--sizes", default="1KiB..1GiB:4", help="sizes: list and/or ranges A..B[:factor]")
-    sp.add_argument(
-        "--algo",
-        action="append",
-        help="algorithms (repeat or comma-separate): native, ring, direct, ..., synth, or stored names; "
-        "with a TRACE, as sim's --algo",
-    )
-    sp.add_argument("--topo", action="append", required=True, metavar="SPEC", help="topology (repeatable)")
-    sp.add_argument("--bw", type=float, default=None, help="link bandwidth GB/s (GB = 2^30) where unset")
-    sp.add_argument("--lat", type=float, default=None, help="link latency ns where unset")
-    sp.add_argument("--synth-chunks", type=int, default=1, help="chunks per NPU for 'synth' (default 1)")
-    sp.add_argument("--seed", type=int, default=0, help="seed for 'synth' and for a jitter knob")
-    _common(sp)
-    add_format(sp)
-    sp.set_defaults(handler=_sweep)

@@ -34,12 +34,20 @@ from etstore.units import parse_size
 __all__ = [
     "SENSITIVITY_SCHEMA",
     "SWEEP_SCHEMA",
+    "SensitivityPlan",
     "SensitivityPoint",
+    "SweepCell",
+    "build_cell",
     "collective_workload",
     "parse_sizes",
     "sensitivity",
+    "sensitivity_plan",
+    "sensitivity_point",
     "sensitivity_table",
     "sweep",
+    "sweep_cells",
+    "sweep_point",
+    "sweep_table",
 ]
 
 log = logging.getLogger(__name__)
@@ -161,6 +169,87 @@ def _label(spec: SweepAlgorithm) -> str:
     return getattr(spec, "__name__", "custom")
 
 
+@dataclass(frozen=True)
+class SweepCell:
+    """One (topology, algorithm) of a sweep: its sizes share the algorithm built for the topology."""
+
+    topology: Topology
+    label: str
+    algorithm: SweepAlgorithm
+
+
+def sweep_cells(
+    algorithms: Sequence[SweepAlgorithm] | Mapping[str, SweepAlgorithm], topologies: Sequence[Topology | str]
+) -> list[SweepCell]:
+    """The (topology, algorithm) cells of a sweep, topologies outermost, in the order given.
+
+    Raises
+    ------
+    TopologyError
+        A topology spec cannot be parsed.
+    """
+    items = (
+        list(algorithms.items()) if isinstance(algorithms, Mapping) else [(_label(a), a) for a in algorithms]
+    )
+    return [SweepCell(_topology(t), label, spec) for t in topologies for label, spec in items]
+
+
+def build_cell(cell: SweepCell, collective: str) -> SweepCell:
+    """``cell`` with its algorithm built: a factory (a synthesizer) run for the cell's topology."""
+    if isinstance(cell.algorithm, (str, Trace)):
+        return cell
+    t0 = time.perf_counter()
+    algo = cell.algorithm(cell.topology, collective_name(collective))
+    log.debug("algorithm %s for %s built in %.3f s", cell.label, cell.topology.name, time.perf_counter() - t0)
+    return SweepCell(cell.topology, cell.label, algo)
+
+
+def sweep_point(cell: SweepCell, size_bytes: int, collective: str, config: SimConfig) -> dict[str, Any]:
+    """One row of :data:`SWEEP_SCHEMA`: ``collective`` of ``size_bytes`` by a built cell's algorithm.
+
+    Raises
+    ------
+    SimulationError
+        The algorithm cannot run this collective on the cell's topology (the message names
+        the point).
+    """
+    coll = collective_name(collective)
+    topo, n = cell.topology, cell.topology.num_npus
+    assert isinstance(cell.algorithm, (str, Trace)), "build_cell first"
+    work = collective_workload(coll, n, int(size_bytes))
+    t0 = time.perf_counter()
+    try:
+        res = simulate(work, topo, config=config, algorithms={coll: cell.algorithm})
+    except SimulationError as exc:
+        raise SimulationError(
+            f"sweep point {topo.name} / {cell.label} / {size_bytes} B: {exc}", exc.stuck
+        ) from exc
+    wall = time.perf_counter() - t0
+    algbw = rate_gb_per_s(int(size_bytes), res.total_ns)
+    return {
+        "topology": topo.name,
+        "num_npus": n,
+        "collective": coll,
+        "algorithm": cell.label,
+        "congestion": config.congestion,
+        "size_bytes": int(size_bytes),
+        "time_ns": res.total_ns,
+        "algbw_gb_per_s": algbw,
+        "busbw_gb_per_s": algbw * busbw_factor(coll, n),
+        "events": res.events,
+        "wall_s": wall,
+    }
+
+
+def sweep_table(rows: Sequence[Mapping[str, Any]]) -> pa.Table:
+    """Rows of :func:`sweep_point` as one :data:`SWEEP_SCHEMA` table.
+
+    >>> sweep_table([]).num_rows
+    0
+    """
+    return pa.Table.from_pylist(list(rows), schema=SWEEP_SCHEMA)
+
+
 def sweep(
     sizes_bytes: Sequence[int],
     algorithms: Sequence[SweepAlgorithm] | Mapping[str, SweepAlgorithm],
@@ -205,57 +294,20 @@ def sweep(
 
     Notes
     -----
-    O(T · A · S) simulations; each is O(events log events) (see :func:`simulate`).
+    O(T · A · S) simulations; each is O(events log events) (see :func:`simulate`). The points
+    are :func:`sweep_point` of :func:`build_cell` of :func:`sweep_cells`, so a caller can run
+    them anywhere (:mod:`etstore.app.sweeps` fans them out on Ray) and get these rows.
     """
     cfg = config or SimConfig()
-    coll = collective_name(collective)
-    items = (
-        list(algorithms.items()) if isinstance(algorithms, Mapping) else [(_label(a), a) for a in algorithms]
-    )
-    topos = [_topology(t) for t in topologies]
-    rows: dict[str, list[Any]] = {f.name: [] for f in SWEEP_SCHEMA}
-    total = len(topos) * len(items) * len(sizes_bytes)
-    done = 0
-    for topo in topos:
-        n = topo.num_npus
-        for label, spec in items:
-            algo: str | Trace
-            if isinstance(spec, (str, Trace)):
-                algo = spec
-            else:
-                t0 = time.perf_counter()
-                algo = spec(topo, coll)
-                log.debug("algorithm %s for %s built in %.3f s", label, topo.name, time.perf_counter() - t0)
-            for size in sizes_bytes:
-                work = collective_workload(coll, n, int(size))
-                t0 = time.perf_counter()
-                try:
-                    res = simulate(work, topo, config=cfg, algorithms={coll: algo})
-                except SimulationError as exc:
-                    raise SimulationError(
-                        f"sweep point {topo.name} / {label} / {size} B: {exc}", exc.stuck
-                    ) from exc
-                wall = time.perf_counter() - t0
-                t = res.total_ns
-                algbw = rate_gb_per_s(int(size), t)
-                for key, value in (
-                    ("topology", topo.name),
-                    ("num_npus", n),
-                    ("collective", coll),
-                    ("algorithm", label),
-                    ("congestion", cfg.congestion),
-                    ("size_bytes", int(size)),
-                    ("time_ns", t),
-                    ("algbw_gb_per_s", algbw),
-                    ("busbw_gb_per_s", algbw * busbw_factor(coll, n)),
-                    ("events", res.events),
-                    ("wall_s", wall),
-                ):
-                    rows[key].append(value)
-                done += 1
-                if progress is not None:
-                    progress(done, total)
-    return pa.Table.from_pydict(rows, schema=SWEEP_SCHEMA)
+    cells = [build_cell(c, collective) for c in sweep_cells(algorithms, topologies)]
+    rows: list[dict[str, Any]] = []
+    total = len(cells) * len(sizes_bytes)
+    for cell in cells:
+        for size in sizes_bytes:
+            rows.append(sweep_point(cell, int(size), collective, cfg))
+            if progress is not None:
+                progress(len(rows), total)
+    return sweep_table(rows)
 
 
 @dataclass(frozen=True)
@@ -297,18 +349,56 @@ def sensitivity(
     O(topologies · values) simulations.
     """
     cfg = config or SimConfig()
-    todo = [(t, float(v), knob.at(float(v))) for t in topologies for v in values]
-    nets = [perturb_network(t, p) for t, _, p in todo]  # first: a value a topology refuses runs nothing
-    if knob.kind == "slow":  # and a rank the trace lacks
-        perturb(trace, knob.at(1.0))
     out: list[SensitivityPoint] = []
-    for (topo, value, p), net in zip(todo, nets, strict=True):
-        work = perturb(trace, p) if p.changes_compute else trace
-        res = simulate(work, net, config=cfg, algorithms=algorithms, dims=dims)
-        out.append(SensitivityPoint(topo, value, p, res))
+    todo = sensitivity_plan(trace, topologies, knob, values)
+    for plan in todo:
+        out.append(sensitivity_point(plan, trace, cfg, algorithms, dims))
         if progress is not None:
             progress(len(out), len(todo))
     return out
+
+
+@dataclass(frozen=True)
+class SensitivityPlan:
+    """One point of a sensitivity sweep before it runs: the topology as given, the value, the
+    perturbation the knob makes of it and the network it leaves."""
+
+    topology: Topology
+    value: float
+    perturbation: Perturbation
+    network: Topology
+
+
+def sensitivity_plan(
+    trace: Trace, topologies: Sequence[Topology], knob: Knob, values: Sequence[float]
+) -> list[SensitivityPlan]:
+    """The points of :func:`sensitivity`, topologies outermost, each checked before any runs.
+
+    Raises
+    ------
+    OptionError
+        A value the knob refuses (a degrade above 1, a failure that disconnects, a rank the
+        trace lacks).
+    """
+    todo = [(t, float(v), knob.at(float(v))) for t in topologies for v in values]
+    plans = [SensitivityPlan(t, v, p, perturb_network(t, p)) for t, v, p in todo]
+    if knob.kind == "slow":  # a rank the trace lacks
+        perturb(trace, knob.at(1.0))
+    return plans
+
+
+def sensitivity_point(
+    plan: SensitivityPlan,
+    trace: Trace,
+    config: SimConfig,
+    algorithms: Mapping[str, Any] | None = None,
+    dims: Sequence[int] | None = None,
+) -> SensitivityPoint:
+    """Simulate one planned point of :func:`sensitivity` (a pure function of its arguments)."""
+    p = plan.perturbation
+    work = perturb(trace, p) if p.changes_compute else trace
+    res = simulate(work, plan.network, config=config, algorithms=algorithms, dims=dims)
+    return SensitivityPoint(plan.topology, plan.value, p, res)
 
 
 def sensitivity_table(points: Sequence[SensitivityPoint], knob: Knob) -> pa.Table:
