@@ -18,15 +18,17 @@ them, so a task Ray retries after a worker died can never record twice.
 
 from __future__ import annotations
 
+import collections
 import functools
 import hashlib
+import itertools
 import logging
 import math
 import os
 import re
 import socket
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib.metadata import version
@@ -160,6 +162,56 @@ class Fanout(Generic[T]):
                     progress(i + 1, len(items))
             return out
         return _ray_map(fn, items, shared, self.workers, progress)
+
+    def stream(
+        self, fn: PieceFn, items: Iterable[Any], *, shared: Any = None, window: int | None = None
+    ) -> Iterator[Any]:
+        """``fn(item, shared)`` for each item, yielded in the items' order as each is ready, at
+        most ``window`` pieces in flight (default two per worker), so what is held at once is a
+        window of results, not all of them (rank files decoded for a streamed ingest).
+
+        Raises
+        ------
+        Exception
+            The first piece that raises, as it raised (later pieces are cancelled): a stream
+            feeds one all-or-nothing result.
+        """
+        if self.engine == "serial":
+            for item in items:
+                yield fn(item, shared)
+            return
+        yield from _ray_stream(fn, items, shared, window or 2 * self.workers)
+
+
+def _run_one(fn: PieceFn, shared: Any, item: Any) -> tuple[bool, Any]:
+    """``(True, fn(item, shared))``, or ``(False, the exception)`` to raise on the driver as it is."""
+    try:
+        return True, fn(item, shared)
+    except Exception as exc:  # re-raised by the driver, with its own class
+        return False, exc
+
+
+def _ray_stream(fn: PieceFn, items: Iterable[Any], shared: Any, window: int) -> Iterator[Any]:
+    """:meth:`Fanout.stream` on Ray: one task per item, a sliding window of them in flight."""
+    import ray  # optional: only --ray loads it
+
+    remote = ray.remote(_run_one)
+    fn_ref, shared_ref = ray.put(fn), ray.put(shared)
+    it = iter(items)
+    pending = collections.deque(
+        remote.remote(fn_ref, shared_ref, item) for item in itertools.islice(it, window)
+    )
+    try:
+        while pending:
+            ok, value = ray.get(pending.popleft())
+            if not ok:
+                raise value
+            for item in itertools.islice(it, 1):
+                pending.append(remote.remote(fn_ref, shared_ref, item))
+            yield value
+    finally:
+        for ref in pending:
+            ray.cancel(ref)
 
 
 def _ray_map(

@@ -137,3 +137,39 @@ def test_fanout_keeps_order_and_says_which_item_failed(cluster: None) -> None:
             out = fan.map(_crash_on_two, list(range(9)))
         assert [r for r in out if not isinstance(r, Failed)] == [0, 1, 9, 16, 25, 36, 49, 64]
         assert failures(out) == [Failed(2, "MemoryError: point two ran out")]
+
+
+def _square_or_refuse(item: int, _shared: Any) -> int:
+    if item == 5:
+        from etstore.errors import TraceFormatError
+
+        raise TraceFormatError(f"rank{item}.et: truncated")
+    return item * item
+
+
+@pytest.mark.parametrize("engine", [None, "local"], ids=["serial", "ray"])
+def test_stream_yields_in_order_within_its_window_and_raises_the_first_failure(
+    engine: str | None, cluster: None
+) -> None:
+    from etstore.errors import TraceFormatError
+
+    taken: list[int] = []
+
+    def items() -> Iterator[int]:
+        for i in range(9):
+            taken.append(i)
+            yield i
+
+    with fanout(engine) as fan:
+        got = []
+        stream = fan.stream(_square_or_refuse, items(), window=2)
+        for value in stream:
+            got.append(value)
+            # what was read ahead of the consumer: the window, never the whole input
+            assert len(taken) <= len(got) + 2
+            if len(got) == 3:
+                break
+        stream.close()
+        assert got == [0, 1, 4]
+        with pytest.raises(TraceFormatError, match=r"^rank5\.et: truncated$"):
+            list(fan.stream(_square_or_refuse, range(9), window=3))
