@@ -48,10 +48,10 @@ import pyarrow as pa
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from etstore.app.overlap import OPPORTUNITY_KINDS, find_opportunities  # noqa: E402
 from etstore.app.runs import record_run  # noqa: E402
 from etstore.collectives.expand import expand  # noqa: E402
 from etstore.model import Trace, deps_table  # noqa: E402
-from etstore.query.overlap import OPPORTUNITY_KINDS, find_opportunities  # noqa: E402
 from etstore.sim import simulate  # noqa: E402
 from etstore.store import EmbeddedStore  # noqa: E402
 from etstore.topology import parse_topology  # noqa: E402

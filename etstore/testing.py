@@ -445,7 +445,7 @@ def _two_ranks(rows_of: _Rows, edges: list[tuple[int, int, str]], **trace: Any) 
 def hand_workload() -> Trace:
     """A 2-rank workload whose overlap and reorder opportunities can be worked out by hand.
 
-    Both ranks identical, peer p = 1 - r (tests/query/test_overlap.py derives the timeline)::
+    Both ranks identical, peer p = 1 - r (tests/app/test_overlap.py derives the timeline)::
 
         id name            type  duration  deps
         0  fwd             COMP  10 µs     -

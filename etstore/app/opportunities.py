@@ -1,6 +1,6 @@
 """Opportunities found and recorded: what ``etstore overlap`` runs.
 
-:func:`etstore.query.overlap.find_opportunities` finds a stored trace's overlap, chunk and
+:func:`etstore.app.overlap.find_opportunities` finds a stored trace's overlap, chunk and
 reorder opportunities and measures their gains; it reads the store and writes nothing. This
 module replaces the trace's rows of DuckDB table ``opportunities``
 (:data:`~etstore.store.schema.OPPORTUNITIES_DDL`) with what was found, numbered from 1:
@@ -13,10 +13,10 @@ from collections.abc import Sequence
 
 import pyarrow as pa
 
+from etstore.app import overlap
+from etstore.app.overlap import OPPORTUNITY_KINDS, find_opportunities
 from etstore.errors import StoreError
 from etstore.progress import ProgressFn
-from etstore.query import overlap
-from etstore.query.overlap import OPPORTUNITY_KINDS, find_opportunities
 from etstore.query.split import SplitCost
 from etstore.sim.config import SimConfig
 from etstore.store.base import Store
@@ -35,7 +35,7 @@ RECORD_SQL = (
 
 def explain() -> list[tuple[str, str, str]]:
     """Every query ``etstore overlap`` runs, ``(finder, engine, text)``: the finders'
-    (:func:`etstore.query.overlap.explain`), then the recording's."""
+    (:func:`etstore.app.overlap.explain`), then the recording's."""
     return [
         *overlap.explain(),
         ("record", "sql", OPPORTUNITIES_DDL),
@@ -74,13 +74,13 @@ def find_and_record(
     measure: bool = True,
     split: SplitCost | None = None,
 ) -> pa.Table:
-    """:func:`~etstore.query.overlap.find_opportunities` (the parameters are its), then
+    """:func:`~etstore.app.overlap.find_opportunities` (the parameters are its), then
     :func:`record_opportunities`: the table found, now also the trace's rows in DuckDB.
 
     Raises
     ------
     UnknownTraceError, EtstoreError
-        As :func:`~etstore.query.overlap.find_opportunities`; nothing is written.
+        As :func:`~etstore.app.overlap.find_opportunities`; nothing is written.
     StoreError
         The store is read-only, or DuckDB refuses the rows.
     """

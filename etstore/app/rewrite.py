@@ -2,7 +2,7 @@
 
 :func:`rewrite_stored` is what ``etstore rewrite`` runs: it reads what the finders recorded
 (``opportunities``, :mod:`etstore.app.opportunities`) or runs them
-(:mod:`etstore.query.overlap`), rewrites (:mod:`etstore.query.rewrite`, pure) and stores the
+(:mod:`etstore.app.overlap`), rewrites (:mod:`etstore.query.rewrite`, pure) and stores the
 result as a child of the trace.
 """
 
@@ -14,9 +14,9 @@ from typing import Any
 
 import pyarrow as pa
 
+from etstore.app.overlap import expansions_of, find_opportunities
 from etstore.errors import RewriteError
 from etstore.model import Trace
-from etstore.query.overlap import expansions_of, find_opportunities
 from etstore.query.rewrite import REWRITE_KINDS, REWRITE_OF, rewrite_recording, rewrite_with_lineage
 from etstore.query.split import SplitCost
 from etstore.sim.config import SimConfig
@@ -110,7 +110,7 @@ def rewrite_stored(
     (:func:`~etstore.query.rewrite.rewrite_recording`).
 
     ``chunk-split`` reads the expansion lineage and orders each consumer's chunks by
-    simulated arrival (:func:`~etstore.query.overlap.find_opportunities` with
+    simulated arrival (:func:`~etstore.app.overlap.find_opportunities` with
     ``topo``/``config``/``run_id``). Every op of the result is linked to the op it
     comes from (``BECOMES`` edges; pieces to the op they split).
 

@@ -1,6 +1,6 @@
 """The finders' work on the trace itself, apart from the store's part.
 
-:mod:`etstore.query.overlap` asks the store which ranks and consumers to look at (Cypher)
+:mod:`etstore.app.overlap` asks the store which ranks and consumers to look at (Cypher)
 and turns pairs into gains (SQL); between the two, this: what the overlap and reorder
 passes free on each rank (:func:`freed_pairs`, the same passes the rewrites apply) and the
 pipelined timeline of each chunk consumer (:func:`chunk_rows`). Each is linear in the

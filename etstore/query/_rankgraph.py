@@ -5,7 +5,7 @@ and its edges. On it: a topological order, bitset reachability (what the rewrite
 asks), the overlap and reorder bypasses (in place, reporting which (communication,
 compute) pairs they free; their reachability questions are answered where edges changed,
 :mod:`etstore.query._reach`), and the chunk consumers of expanded collectives with the
-arithmetic that splits them into pieces. :mod:`etstore.query.overlap` runs these to find
+arithmetic that splits them into pieces. :mod:`etstore.app.overlap` runs these to find
 opportunities and :mod:`etstore.query.rewrite` runs the same code to apply them,
 so what is found is what gets applied.
 """
@@ -438,7 +438,7 @@ def chunk_consumers(trace: Trace, graphs: Sequence[RankGraph], expansions: pa.Ta
     outside every expansion with a predecessor in exactly one expansion whose
     writers cover at least two of the rank's output slots (``chunk_offset`` ..
     ``+ msg_chunk_cnt``). With columns ``coll_type``, ``group_pos`` and ``group_size``
-    (:func:`etstore.query.overlap.expansions_of`), a reduce-scatter's output on a rank is
+    (:func:`etstore.app.overlap.expansions_of`), a reduce-scatter's output on a rank is
     only its own share of the chunks (the others pass through it as partial sums, forwarded
     on, that no consumer may read); every other collective leaves every slot a result.
 

@@ -15,7 +15,7 @@ recording).
 
 :func:`hoist_candidates` finds, per lane, the ops held after an idle gap and the ops behind
 them that could fill it; :func:`apply_hoists` rewires the lanes. The gain of each is what
-the simulator says (:mod:`etstore.query.overlap` replays the trace with it alone applied).
+the simulator says (:mod:`etstore.app.overlap` replays the trace with it alone applied).
 """
 
 from __future__ import annotations

@@ -111,7 +111,7 @@ def rewrite(
         ``trace`` that expand each collective (the store's lineage).
     chunk_order
         ``chunk-split`` only: per ``(rank, consumer id)``, its chunk slots in arrival
-        order (from :func:`~etstore.query.overlap.find_opportunities`); default slot
+        order (from :func:`~etstore.app.overlap.find_opportunities`); default slot
         order.
     max_pieces
         ``chunk-split``: at most this many pieces per consumer (each ≥ 1 µs).

@@ -1,7 +1,7 @@
 """``etstore critical-path``: a recorded simulation run's path (``--run``), and the bar on a terminal.
 
 The run cases are worked out by hand on ``ring:2`` (50 GiB/s, 500 ns per message; a
-1 MiB message takes 500 + 1048576 / 53.687 = 20031 ns, tests/query/test_overlap.py):
+1 MiB message takes 500 + 1048576 / 53.687 = 20031 ns, tests/app/test_overlap.py):
 
 * ``hand_workload`` (etstore.testing): on each rank fwd 0–10000, the 1 MiB all-reduce
   –65100, indep –85100, apply –90100, stats –120100, send_act 120100–140131 (it lands

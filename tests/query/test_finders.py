@@ -20,6 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
+from etstore.app.overlap import expansions_of, find_opportunities
 from etstore.app.runs import record_run
 from etstore.collectives._instances import find_collectives
 from etstore.collectives.expand import expand
@@ -32,7 +33,6 @@ from etstore.query._rankgraph import (
     rank_graphs,
     reorder_rank,
 )
-from etstore.query.overlap import expansions_of, find_opportunities
 from etstore.query.split import SplitCost
 from etstore.sim import simulate
 from etstore.store import EmbeddedStore

@@ -13,13 +13,13 @@ import pytest
 from etstore import open_store
 from etstore.app.compare import compare
 from etstore.app.opportunities import find_and_record
+from etstore.app.overlap import find_opportunities
 from etstore.app.rewrite import rewrite_stored
 from etstore.cli import main
 from etstore.errors import OptionError, RewriteError
 from etstore.model import LANE_KINDS, Trace, deps_table, ops_table
 from etstore.query.hoists import find_hoists
 from etstore.query.lanes import Hoist, apply_hoists, hoist_candidates, lanes_of, op_times
-from etstore.query.overlap import find_opportunities
 from etstore.query.rewrite import check_rewrite
 from etstore.sim.replay import replay
 from etstore.store.embedded import EmbeddedStore

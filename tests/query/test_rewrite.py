@@ -1,6 +1,6 @@
 """Rewrites on the hand-built traces of test_overlap: exact edges, dependency check, simulated time.
 
-Expected makespans on ring:2 (timelines in tests/query/test_overlap.py):
+Expected makespans on ring:2 (timelines in tests/app/test_overlap.py):
 * overlap: indep runs 10000–30000 under the all-reduce; apply 65100–70100, stats
   –100100, send lands 120131, final –121131: 141131 − 20000 = 121131 ns.
 * reorder: the send issues when the all-reduce ends (65100) and lands at 85131;
@@ -18,12 +18,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
+from etstore.app.overlap import expansions_of, find_opportunities
 from etstore.app.rewrite import rewrite_stored
 from etstore.dag import cycle_members
 from etstore.errors import EtstoreError, RewriteError, UnknownTraceError
 from etstore.model import Trace, deps_table
 from etstore.query._rankgraph import chunk_consumers, rank_graphs
-from etstore.query.overlap import expansions_of, find_opportunities
 from etstore.query.rewrite import check_rewrite, rewrite
 from etstore.query.split import SplitCost
 from etstore.sim import simulate

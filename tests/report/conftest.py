@@ -56,7 +56,7 @@ def store(recorded: Recorded) -> Iterator[EmbeddedStore]:
 
 @pytest.fixture(scope="module")
 def hand_runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[int]]:
-    """tests/query/test_overlap.py's 2-rank workloads ("hand" and "expanded") with three runs
+    """tests/app/test_overlap.py's 2-rank workloads ("hand" and "expanded") with three runs
     (hand on ring:2 unaware and aware, expanded on ring:2) and the finders' opportunities recorded:
     per rank of "hand" an overlap (20 µs) and a reorder (55 µs), per rank of "expanded" a chunk (3 µs)."""
     path = tmp_path_factory.mktemp("hand") / "store"
@@ -74,7 +74,7 @@ def hand_runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[int]
             ),
             record_run(store.warehouse, simulate(store.load(expanded), ring), trace_name=expanded),
         ]
-        # the finders' hand-worked estimates (tests/query/test_overlap.py), as --estimates records them
+        # the finders' hand-worked estimates (tests/app/test_overlap.py), as --estimates records them
         free = SplitCost(overhead_us=0)
         find_and_record(store, "hand", topo="ring:2", measure=False, split=free)
         find_and_record(store, expanded, topo="ring:2", measure=False, split=free)

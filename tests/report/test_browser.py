@@ -220,7 +220,7 @@ def test_three_runs_with_opportunities_read_cleanly(
         for line in text.splitlines()
         if line.startswith(("reorder", "overlap", "chunk"))
     ]
-    # tests/query/test_overlap.py works these out by hand; largest estimated gain first
+    # tests/app/test_overlap.py works these out by hand; largest estimated gain first
     reorder = (
         "5 send_act 4 stats could be issued at 65.10 µs instead of 120.10 µs: 3 compute ops ahead of it "
         "do not feed it 55.00 µs (estimate)"

@@ -32,7 +32,7 @@ def test_rows_read_as_sentences_largest_gain_first(hand_runs: tuple[Path, list[i
     )
     assert "Trace <b>expanded</b>: 2 opportunities (chunk: 2 worth 6.00 µs), all listed below." in section
     rows = _rows(section)
-    # tests/query/test_overlap.py's hand-worked values: reorder 55 µs (issue at 65.1 µs, not 120.1),
+    # tests/app/test_overlap.py's hand-worked values: reorder 55 µs (issue at 65.1 µs, not 120.1),
     # overlap 20 µs (indep, 20 µs, behind a 55.1 µs all-reduce), chunk 3 µs (two pieces)
     assert [r[:4] + r[5:] for r in rows] == [
         ["reorder", "0", "5 send_act", "4 stats", "55.00 µs (estimate)"],

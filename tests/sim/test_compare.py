@@ -1,7 +1,7 @@
 """compare() (etstore/app/compare.py): both runs recorded, per-rank and total differences in
 ``comparisons``; compare_traces() and differences() (etstore/sim/compare.py) compute them.
 
-The hand workload (tests/query/test_overlap.py) takes 141131 ns on ring:2 and its
+The hand workload (tests/app/test_overlap.py) takes 141131 ns on ring:2 and its
 overlap rewrite 121131 ns on both ranks (indep hides under the all-reduce).
 """
 

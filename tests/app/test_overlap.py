@@ -53,14 +53,14 @@ import pytest
 from etstore.app import opportunities
 from etstore.app.compare import compare
 from etstore.app.opportunities import find_and_record
-from etstore.app.rewrite import rewrite_stored
-from etstore.app.runs import record_run
-from etstore.errors import EtstoreError, UnknownTraceError
-from etstore.query.overlap import (
+from etstore.app.overlap import (
     OPPORTUNITIES_SCHEMA,
     explain,
     find_opportunities,
 )
+from etstore.app.rewrite import rewrite_stored
+from etstore.app.runs import record_run
+from etstore.errors import EtstoreError, UnknownTraceError
 from etstore.query.split import SplitCost
 from etstore.sim import SimConfig, simulate
 from etstore.store import EmbeddedStore
