@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -191,8 +191,15 @@ def _ranks(store: Store, query: str, trace: str) -> set[int]:
     return {int(r) for r in store.cypher(query, {"trace": trace}).to_arrow()["rank"].to_pylist()}
 
 
-def _overlap_rows(store: Store, trace: Trace, timings: pa.Table) -> list[dict[str, Any]]:
-    table, _ = freed_pairs(trace, _ranks(store, OVERLAP_SEEDS_CYPHER, trace.name), "overlap")
+def _phase(progress: ProgressFn | None, phase: str) -> Callable[[int, int], None] | None:
+    return None if progress is None else (lambda done, total: progress(phase, done, total))
+
+
+def _overlap_rows(
+    store: Store, trace: Trace, timings: pa.Table, progress: ProgressFn | None = None
+) -> list[dict[str, Any]]:
+    seeds = _ranks(store, OVERLAP_SEEDS_CYPHER, trace.name)
+    table, _ = freed_pairs(trace, seeds, "overlap", _phase(progress, "overlap: ranks"))
     if table.num_rows == 0:
         return []
     with store.warehouse.registered(_etstore_pairs=table, _etstore_timings=timings):
@@ -216,8 +223,11 @@ def _opportunity_rows(kind: str, rows: list[dict[str, Any]], detail: tuple[str, 
     ]
 
 
-def _reorder_rows(store: Store, trace: Trace, timings: pa.Table) -> list[dict[str, Any]]:
-    pair_table, pred_table = freed_pairs(trace, _ranks(store, REORDER_SEEDS_CYPHER, trace.name), "reorder")
+def _reorder_rows(
+    store: Store, trace: Trace, timings: pa.Table, progress: ProgressFn | None = None
+) -> list[dict[str, Any]]:
+    seeds = _ranks(store, REORDER_SEEDS_CYPHER, trace.name)
+    pair_table, pred_table = freed_pairs(trace, seeds, "reorder", _phase(progress, "reorder: ranks"))
     if pair_table.num_rows == 0:
         return []
     with store.warehouse.registered(
@@ -267,12 +277,22 @@ def _chunk_rows(
     max_pieces: int,
     unit_ns: float,
     split: SplitCost,
+    progress: ProgressFn | None = None,
 ) -> list[dict[str, Any]]:
     if expansions.num_rows == 0:
         return []
     cands = store.cypher(CHUNK_CONSUMERS_CYPHER, {"trace": trace.name}).to_arrow()
     wanted = set(zip(cands["rank"].to_pylist(), cands["consumer_id"].to_pylist(), strict=True))
-    return chunk_rows(trace, timings, expansions, wanted, max_pieces=max_pieces, unit_ns=unit_ns, split=split)
+    return chunk_rows(
+        trace,
+        timings,
+        expansions,
+        wanted,
+        max_pieces=max_pieces,
+        unit_ns=unit_ns,
+        split=split,
+        progress=_phase(progress, "chunk: consumers"),
+    )
 
 
 def find_opportunities(
@@ -318,7 +338,8 @@ def find_opportunities(
         Measure at most this many opportunities per kind (largest estimates first; two
         simulations each).
     progress
-        Called with (phase, done, total) after each measurement.
+        Called with (phase, done, total): ``overlap: ranks``, ``reorder: ranks`` and ``chunk:
+        consumers`` as the finders go, then after each measurement.
     measure
         False: keep the finders' estimates (a quick look; not for a recording).
     split
@@ -372,13 +393,20 @@ def find_opportunities(
         unit_ns = float((config or SimConfig()).duration_unit_ns)
         expansions = expansions_of(store, trace) if "chunk" in kinds else None
         if "overlap" in kinds:
-            rows += _overlap_rows(store, tr, timings)
+            rows += _overlap_rows(store, tr, timings, progress)
         if expansions is not None:
             rows += _chunk_rows(
-                store, tr, timings, expansions, max_pieces=max_pieces, unit_ns=unit_ns, split=cost
+                store,
+                tr,
+                timings,
+                expansions,
+                max_pieces=max_pieces,
+                unit_ns=unit_ns,
+                split=cost,
+                progress=progress,
             )
         if "reorder" in kinds:
-            rows += _reorder_rows(store, tr, timings)
+            rows += _reorder_rows(store, tr, timings, progress)
         if measure and rows:
             rows = measure_gains(
                 tr,

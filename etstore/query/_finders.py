@@ -10,7 +10,7 @@ the ops it looks at, not with ops × sends.
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from typing import Any
 
 import numpy as np
@@ -32,8 +32,11 @@ from etstore.query.split import SplitCost
 __all__ = ["chunk_rows", "freed_pairs"]
 
 
-def freed_pairs(trace: Trace, ranks: Collection[int], kind: str) -> tuple[pa.Table, pa.Table]:
-    """What the ``kind`` (``overlap`` or ``reorder``) pass frees on ``ranks``.
+def freed_pairs(
+    trace: Trace, ranks: Collection[int], kind: str, progress: Callable[[int, int], None] | None = None
+) -> tuple[pa.Table, pa.Table]:
+    """What the ``kind`` (``overlap`` or ``reorder``) pass frees on ``ranks``; ``progress(done,
+    total)`` after each rank (a 6M-op trace takes tens of seconds).
 
     Returns the pairs, ``rank``, ``coll_id`` (overlap) or ``comm_id`` (reorder),
     ``compute_id``, ``compute_row`` (the compute op's row on its rank), in the pass's order;
@@ -43,8 +46,10 @@ def freed_pairs(trace: Trace, ranks: Collection[int], kind: str) -> tuple[pa.Tab
     key = "coll_id" if kind == "overlap" else "comm_id"
     cols: dict[str, list[np.ndarray]] = {"rank": [], key: [], "compute_id": [], "compute_row": []}
     into: dict[str, list[np.ndarray]] = {"rank": [], "comm_id": [], "pred_id": []}
-    for g in rank_graphs(trace, ranks) if ranks else []:
+    for done, g in enumerate(rank_graphs(trace, ranks) if ranks else [], 1):
         applied = overlap_rank(g, edges=False) if kind == "overlap" else reorder_rank(g)
+        if progress is not None:
+            progress(done, len(ranks))
         if not applied.freed:
             continue
         f = np.asarray(applied.freed, dtype=np.int64)
@@ -77,10 +82,12 @@ def chunk_rows(
     max_pieces: int,
     unit_ns: float,
     split: SplitCost,
+    progress: Callable[[int, int], None] | None = None,
 ) -> list[dict[str, Any]]:
     """The ``chunk`` rows of the consumers ``wanted`` (``(rank, id)``) that gain: each
     consumer's pieces, when each could start and end, from ``timings`` (``docs/overlap.md``,
-    *chunk*). O(V + E) for the ranks of ``wanted``, plus each consumer's slots and edges."""
+    *chunk*); ``progress(done, total)`` as consumers are looked at. O(V + E) for the ranks of
+    ``wanted``, plus each consumer's slots and edges."""
     if expansions.num_rows == 0 or not wanted:
         return []
     parent = expansions["parent_trace"][0].as_py()
@@ -91,11 +98,15 @@ def chunk_rows(
     names = trace.ops["name"]
     times: tuple[np.ndarray, np.ndarray] | None = None
     out = []
+    seen = 0
     for cc in chunk_consumers(trace, graphs, expansions):
         g = by_rank[cc.rank]
         cid = int(g.ids[cc.consumer])
         if (cc.rank, cid) not in wanted:
             continue
+        seen += 1
+        if progress is not None and (seen % 256 == 0 or seen == len(wanted)):
+            progress(seen, len(wanted))
         if times is None:
             times = op_times(trace, timings)
         start_ns, end_of = times[0], times[1][g.first : g.first + g.n]

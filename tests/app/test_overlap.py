@@ -138,6 +138,22 @@ def test_chunk_finder_on_the_expanded_trace(store: EmbeddedStore) -> None:
     assert d0["parent_trace"] == "parent"
 
 
+def test_the_finders_report_progress_by_rank_and_consumer(store: EmbeddedStore) -> None:
+    steps: list[tuple[str, int, int]] = []
+    store.ingest(hand_workload(), name="hand")
+    find_opportunities(store, "hand", topo="ring:2", measure=False, progress=lambda *s: steps.append(s))
+    assert steps == [("overlap: ranks", 1, 2), ("overlap: ranks", 2, 2)] + [
+        ("reorder: ranks", 1, 2),
+        ("reorder: ranks", 2, 2),
+    ]
+    steps.clear()
+    name = stored_expanded(store)
+    find_opportunities(
+        store, name, topo="ring:2", kinds=["chunk"], measure=False, progress=lambda *s: steps.append(s)
+    )
+    assert steps == [("chunk: consumers", 2, 2)]  # reported every 256 consumers and at the last
+
+
 def test_independent_compute_already_overlapped_is_no_opportunity(store: EmbeddedStore) -> None:
     # the same workload without the issue-order edges: nothing is serialized, nothing to find
     t = hand_workload()
