@@ -182,6 +182,21 @@ class Fanout(Generic[T]):
             return
         yield from _ray_stream(fn, items, shared, window or 2 * self.workers)
 
+    def ordered_map(self, fn: Callable[[Any], Any], items: Iterable[Any]) -> Iterator[Any]:
+        """``fn(item)`` for each item in order, as the builtin ``map`` gives it, run by this
+        executor (:meth:`stream`): the shape a reader's ``map_fn`` hook takes
+        (:func:`etstore.ingest.et_parts.read_et_parts`).
+
+        >>> with fanout() as fan:
+        ...     list(fan.ordered_map(abs, [-1, 2, -3]))
+        [1, 2, 3]
+        """
+        return self.stream(_apply, items, shared=fn)
+
+
+def _apply(item: Any, fn: Callable[[Any], Any]) -> Any:
+    return fn(item)
+
 
 def _run_one(fn: PieceFn, shared: Any, item: Any) -> tuple[bool, Any]:
     """``(True, fn(item, shared))``, or ``(False, the exception)`` to raise on the driver as it is."""
