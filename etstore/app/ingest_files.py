@@ -13,7 +13,8 @@ records it and goes on.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import os
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -22,15 +23,27 @@ from etstore.app.measured import MeasuredReport, store_measured_run
 from etstore.app.tuner import TunerReport, store_tuner_run
 from etstore.errors import EtstoreError, OptionError, StoreError
 from etstore.ingest import read_trace
+from etstore.ingest.et_parts import DecodedBatch, MapFn, read_et_parts
+from etstore.ingest.files import RankFile
 from etstore.ingest.nccl_tests import is_nccl_tests_log, read_nccl_tests
+from etstore.ingest.recognise import chakra_rank_files
 from etstore.ingest.tuner import is_tuner_log, read_tuner_log
 from etstore.store.base import IngestReport, Store
 
 __all__ = ["BatchProgressFn", "BatchStats", "OnError", "ingest_paths"]
 
+STREAM_BYTES = 64 << 20
+"""Chakra ``.et`` rank files holding at least this many bytes in all (64 MiB, about 0.7M ops at
+~96 bytes each) are stored part by part (:func:`~etstore.ingest.et_parts.read_et_parts` into
+:meth:`Store.ingest_parts <etstore.store.base.Store.ingest_parts>`): memory then holds a few
+parts of ~262k ops, not the trace (a whole read peaks near 600 bytes per op), and the decoding
+runs beside the store's writes. Smaller inputs are read whole and stored in one transaction,
+which is the faster way for them (``bench/README.md``, "Ingest at scale")."""
+
 BatchProgressFn = Callable[[str, str, int, int], None]
 """``progress(path, stage, done, total)``: stage ``read`` (rank files decoded of a Chakra ``.et``
-trace, else 0 then 1 of 1), then the store's stages."""
+trace, else 0 then 1 of 1), then the store's stages (``parts``, ops stored, for ``.et`` rank
+files of :data:`STREAM_BYTES` or more)."""
 
 OnError = Literal["raise", "skip"]
 """What a failing input does to the rest of a batch."""
@@ -67,6 +80,7 @@ def ingest_paths(
     name: str | None = None,
     on_error: OnError = "raise",
     progress: BatchProgressFn | None = None,
+    map_fn: MapFn | None = None,
 ) -> BatchStats:
     """Read and store each input in turn, each one all or nothing.
 
@@ -88,6 +102,11 @@ def ingest_paths(
         :attr:`BatchStats.skipped` and the batch goes on.
     progress
         Called as ``progress(path, stage, done, total)``.
+    map_fn
+        Decode Chakra ``.et`` rank files elsewhere (:meth:`Fanout.ordered_map
+        <etstore.app.fanout.Fanout.ordered_map>` of a Ray cluster, whose workers must see the
+        files at the same paths): every such input of two or more files is then stored part by
+        part, whatever its size.
 
     Returns
     -------
@@ -103,7 +122,8 @@ def ingest_paths(
 
     Notes
     -----
-    O(total ops + deps) columnar work, one input at a time (memory: one trace).
+    O(total ops + deps) columnar work, one input at a time (memory: one trace; for Chakra
+    ``.et`` rank files of :data:`STREAM_BYTES` or more, a few parts of it).
     Interrupts (``KeyboardInterrupt``) and programming errors always propagate;
     only :class:`~etstore.errors.EtstoreError` is subject to ``on_error``.
     """
@@ -123,7 +143,7 @@ def ingest_paths(
             elif is_tuner_log(spec):
                 tuner.append(_store_trajectory(store, spec, name, progress))
             else:
-                reports.append(_ingest_one(store, spec, name, progress))
+                reports.append(_ingest_one(store, spec, name, progress, map_fn))
         except EtstoreError as exc:
             if on_error == "raise":
                 stored = [r.trace.name for r in reports] + [m.name for m in measured]
@@ -143,8 +163,12 @@ def ingest_paths(
     )
 
 
-def _ingest_one(store: Store, spec: str, name: str | None, progress: BatchProgressFn | None) -> IngestReport:
+def _ingest_one(
+    store: Store, spec: str, name: str | None, progress: BatchProgressFn | None, map_fn: MapFn | None = None
+) -> IngestReport:
     """Read one input and store it (the store makes it all or nothing)."""
+    if chakra_rank_files(spec, min_bytes=0 if map_fn else STREAM_BYTES) is not None:
+        return _ingest_streamed(store, spec, name, progress, map_fn)
     if progress is None:
         return store.ingest(read_trace(spec, name=name), name=name)
     progress(spec, "read", 0, 1)
@@ -153,6 +177,39 @@ def _ingest_one(store: Store, spec: str, name: str | None, progress: BatchProgre
     return store.ingest(
         trace, name=name, progress=lambda stage, done, total: progress(spec, stage, done, total)
     )
+
+
+def _ingest_streamed(
+    store: Store, spec: str, name: str | None, progress: BatchProgressFn | None, map_fn: MapFn | None = None
+) -> IngestReport:
+    """Read Chakra rank files part by part into the store (:data:`STREAM_BYTES`): stage ``read``
+    (0 then 1) while the first part tells the trace's kind, then the store's ``parts``, counting
+    ops against the total estimated from the files read so far."""
+    if progress is not None:
+        progress(spec, "read", 0, 1)
+    parts = read_et_parts(spec, name=name, map_fn=None if map_fn is None else _absolute(map_fn))
+    try:
+        if progress is None:
+            return store.ingest_parts(parts, name=name)
+        progress(spec, "read", 1, 1)
+
+        def stored(stage: str, done: int, total: int) -> None:
+            progress(spec, stage, done, max(done, parts.expected_ops()) if stage == "parts" else total)
+
+        return store.ingest_parts(parts, name=name, progress=stored)
+    finally:
+        parts.close()  # a failure mid-way: stop the decoding ahead
+
+
+def _absolute(map_fn: MapFn) -> MapFn:
+    """``map_fn`` given absolute paths: a worker elsewhere does not run in this directory."""
+
+    def mapped(
+        fn: Callable[[list[RankFile]], DecodedBatch], batches: Sequence[list[RankFile]]
+    ) -> Iterable[DecodedBatch]:
+        return map_fn(fn, [[(rank, Path(os.path.abspath(path))) for rank, path in b] for b in batches])
+
+    return mapped
 
 
 def _store_log(store: Store, spec: str, name: str | None, progress: BatchProgressFn | None) -> MeasuredReport:

@@ -9,12 +9,14 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
+from etstore.app.fanout import fanout
 from etstore.app.ingest_files import BatchProgressFn, BatchStats, OnError, ingest_paths
-from etstore.cli._common import add_format, open_from_args, phase_step, progress, stored_status
+from etstore.cli._common import add_format, open_from_args, phase_step, progress, say, stored_status
 from etstore.cli._console import warn
 from etstore.cli._inputs import read_files
 from etstore.cli._render import recognised_line
 from etstore.cli._tables import add_table, chosen_table, note, print_table
+from etstore.errors import OptionError
 from etstore.store.base import IngestReport, Store
 
 if TYPE_CHECKING:
@@ -32,14 +34,23 @@ _TABLES = {
 
 def _ingest(args: argparse.Namespace, console: Console) -> int:
     on_error: OnError = "skip" if args.keep_going else "raise"
-    with open_from_args(args) as store:
+    if args.ray is not None and args.name and len(args.paths) > 1:
+        raise OptionError(
+            "ingest --ray: give the trace's directory or a quoted glob, not its files one by one"
+        )
+    with fanout(args.ray) as fan, open_from_args(args) as store:  # Ray up before the store is held
         bar = progress(console)
         with bar or contextlib.nullcontext():
             step = _bar_step(bar) if bar else None
             if args.name and len(args.paths) > 1:  # the files of one trace, as a glob of them reads
                 stats = _ingest_files(store, args.paths, args.name, step)
             else:
-                stats = ingest_paths(store, args.paths, name=args.name, on_error=on_error, progress=step)
+                map_fn = fan.ordered_map if fan.engine == "ray" else None
+                stats = ingest_paths(
+                    store, args.paths, name=args.name, on_error=on_error, progress=step, map_fn=map_fn
+                )
+        if fan.engine == "ray":
+            say(f"rank files decoded on {fan.where}")
     tables = {
         "traces": pa.Table.from_pylist([_report_row(r) for r in stats.reports]),
         "measured": pa.Table.from_pylist([m.as_row() for m in stats.measured]),
@@ -127,6 +138,14 @@ def register(sub: Any) -> None:
         "--keep-going",
         action="store_true",
         help="skip inputs that fail (listed after the summary; exit 1) instead of stopping at the first",
+    )
+    sp.add_argument(
+        "--ray",
+        nargs="?",
+        const="local",
+        metavar="ADDRESS",
+        help="decode Chakra .et rank files as Ray tasks (each worker must see the files at the same "
+        "path): alone, Ray on this machine; 'auto' or an address, a cluster (docs/scale-out.md)",
     )
     add_format(sp)
     add_table(sp, _TABLES, "traces")

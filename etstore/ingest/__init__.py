@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from etstore.ingest.algorithm_et import message_sizes, write_algorithm_et
     from etstore.ingest.chakra_json import read_chakra_json, write_chakra_json
     from etstore.ingest.et import read_et, write_et
+    from etstore.ingest.et_parts import read_et_parts
     from etstore.ingest.files import resolve_rank_files
     from etstore.ingest.kineto import read_kineto
     from etstore.ingest.msccl_writer import to_msccl_xml, write_msccl_xml
@@ -28,6 +29,7 @@ __all__ = [
     "message_sizes",
     "read_chakra_json",
     "read_et",
+    "read_et_parts",
     "read_kineto",
     "read_msccl_xml",
     "read_pytorch_et",
@@ -45,6 +47,7 @@ _LAZY = {
     "message_sizes": "etstore.ingest.algorithm_et",
     "read_chakra_json": "etstore.ingest.chakra_json",
     "read_et": "etstore.ingest.et",
+    "read_et_parts": "etstore.ingest.et_parts",
     "read_kineto": "etstore.ingest.kineto",
     "read_msccl_xml": "etstore.ingest.msccl_xml",
     "read_pytorch_et": "etstore.ingest.pytorch_et",

@@ -11,7 +11,7 @@ import pyarrow.compute as pc
 
 from etstore.proto import GlobalMetadata
 
-__all__ = ["ALGORITHM_SCHEMA", "algorithm_metadata", "algorithm_params"]
+__all__ = ["ALGORITHM_SCHEMA", "AlgorithmScan", "algorithm_metadata", "algorithm_params"]
 
 ALGORITHM_SCHEMA = "1.0.2-chakra.0.0.4"
 """The ``schema`` attribute of an algorithm file's GlobalMetadata (what collectiveapi writes)."""
@@ -62,20 +62,64 @@ def algorithm_params(ops: pa.Table, metadata: Sequence[bytes | None]) -> dict[st
 
     Notes
     -----
-    O(V) over the ops, O(R) metadata parses.
+    O(V) over the ops, O(R) metadata parses. :class:`AlgorithmScan` gives the same answer
+    for a trace read part by part.
     """
-    colls = {_collective(blob) for blob in metadata}
-    if len(colls) != 1 or None in colls or ops.num_rows == 0:
-        return None
-    if not pc.all(pc.is_in(ops["type"], pa.array(_ALGORITHM_TYPES))).as_py():
-        return None
-    comm = pc.is_in(ops["type"], pa.array(_ALGORITHM_TYPES[:2]))
-    chunks = ops["total_chunk_cnt"].filter(comm)
-    if chunks.null_count or not len(chunks):
-        return None
-    return {
-        "collective": str(next(iter(colls))),
-        "ngpus": len(metadata),
-        "nchunksperloop": int(pc.max(ops["total_chunk_cnt"]).as_py()),
-        "producer": "chakra-et",
-    }
+    scan = AlgorithmScan()
+    scan.add(ops, metadata)
+    return scan.params()
+
+
+class AlgorithmScan:
+    """:func:`algorithm_params` over a trace read in parts: :meth:`add` each part's ops and
+    its rank files' metadata, then :meth:`params`. What it keeps is a few numbers and the
+    set of collectives named, whatever the trace's size."""
+
+    def __init__(self) -> None:
+        self.collectives: set[str | None] = set()
+        self.files = 0
+        self.ops = 0
+        self.foreign_types = False  # a node that is no send, receive or local step
+        self.comm = 0  # sends and receives
+        self.comm_without_chunks = 0
+        self.max_chunks: int | None = None
+
+    @property
+    def ruled_out(self) -> bool:
+        """Whether what was added already makes the trace a workload, whatever follows."""
+        return (
+            None in self.collectives
+            or len(self.collectives) > 1
+            or self.foreign_types
+            or self.comm_without_chunks > 0
+        )
+
+    def add(self, ops: pa.Table, metadata: Sequence[bytes | None]) -> None:
+        """One part: its ops and the metadata of each of its rank files."""
+        self.collectives.update(_collective(blob) for blob in metadata)
+        self.files += len(metadata)
+        self.ops += ops.num_rows
+        if self.ruled_out or ops.num_rows == 0:
+            return
+        if not pc.all(pc.is_in(ops["type"], pa.array(_ALGORITHM_TYPES))).as_py():
+            self.foreign_types = True
+            return
+        comm = pc.is_in(ops["type"], pa.array(_ALGORITHM_TYPES[:2]))
+        chunks = ops["total_chunk_cnt"].filter(comm)
+        self.comm += len(chunks)
+        self.comm_without_chunks += chunks.null_count
+        most = pc.max(ops["total_chunk_cnt"]).as_py()
+        if most is not None:
+            self.max_chunks = most if self.max_chunks is None else max(self.max_chunks, most)
+
+    def params(self) -> dict[str, Any] | None:
+        """The algorithm's ``params`` (as :func:`algorithm_params` gives them), or None."""
+        if self.ruled_out or len(self.collectives) != 1 or self.ops == 0 or self.comm == 0:
+            return None
+        assert self.max_chunks is not None  # every send and receive has a chunk count
+        return {
+            "collective": str(next(iter(self.collectives))),
+            "ngpus": self.files,
+            "nchunksperloop": int(self.max_chunks),
+            "producer": "chakra-et",
+        }

@@ -40,7 +40,7 @@ from etstore.model import (
 )
 from etstore.proto import COLLECTIVE_COMM_TYPES, GlobalMetadata, Node
 
-__all__ = ["decode_rank", "encode_rank", "read_et", "split_missing", "write_et"]
+__all__ = ["decode_rank", "encode_rank", "read_et", "read_rank_file", "split_missing", "write_et"]
 _REEXPORTED = (_encode_py,)  # the reference encoder, which tests compare the native one with
 
 log = logging.getLogger(__name__)
@@ -440,6 +440,17 @@ def _decode_file(path: Path, rank: int) -> tuple[pa.Table, pa.Table, bytes | Non
     return (*decode_rank(data, rank, path), data)
 
 
+def read_rank_file(item: RankFile) -> _Decoded:
+    """``(ops, deps, metadata, bytes read)`` of one ``(rank, path)`` file: decoded, and refused
+    when two of its nodes share an id (:class:`TraceFormatError` naming the file)."""
+    rank, path = item
+    ops, deps, meta, data = _decode_file(path, rank)
+    dup = duplicate_ids(ops)
+    if dup is not None:
+        raise TraceFormatError(f"{path}: node id {dup[1]} appears twice on rank {dup[0]}")
+    return ops, deps, meta, len(data)
+
+
 # below this many bytes in all, ranks decode in this thread: starting workers and handing
 # results between them cost more than the native decoder saves (≈ 0.1 ms per small file)
 PARALLEL_DECODE_BYTES = 8 << 20
@@ -511,16 +522,8 @@ def read_et(
         prefix = files[0][1].name.split(".")[0] if files else "trace"
         source = ",".join(str(p) for _, p in files)
 
-    def one(item: RankFile) -> _Decoded:
-        rank, path = item
-        ops, deps, meta, data = _decode_file(path, rank)
-        dup = duplicate_ids(ops)
-        if dup is not None:
-            raise TraceFormatError(f"{path}: node id {dup[1]} appears twice on rank {dup[0]}")
-        return ops, deps, meta, len(data)
-
     ops_parts, deps_parts, meta_ranks, meta_blobs = [], [], [], []
-    for (rank, _), (ops, deps, meta, size) in zip(files, _in_order(one, files), strict=True):
+    for (rank, _), (ops, deps, meta, size) in zip(files, _in_order(read_rank_file, files), strict=True):
         ops_parts.append(ops)
         deps_parts.append(deps)
         meta_ranks.append(rank)

@@ -15,12 +15,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 from etstore.errors import TraceFormatError
+from etstore.ingest._frames import declared_size
 from etstore.ingest.files import (
     CHAKRA_ET,
     CHAKRA_JSON,
     KINETO,
     MSCCL_XML,
     PYTORCH_ET,
+    RankFile,
     candidate_files,
     resolve_rank_files,
     sniff_format,
@@ -28,7 +30,7 @@ from etstore.ingest.files import (
 )
 from etstore.model import Trace
 
-__all__ = ["read_trace"]
+__all__ = ["chakra_rank_files", "read_trace"]
 
 # format → its reader, a first-use name of etstore.ingest (whose table says where it lives)
 _READERS = {
@@ -101,6 +103,57 @@ def read_trace(
     if ranks.et:
         return _reader(PYTORCH_ET)(ranks.et, name=name, kineto=ranks.kineto or None, docs=ranks.docs)
     return _reader(KINETO)(sorted(ranks.kineto.items()), name=name, docs=ranks.docs)
+
+
+def chakra_rank_files(spec: str | Path, *, min_bytes: int = 0) -> list[RankFile] | None:
+    """The Chakra ``.et`` rank files :func:`read_trace` reads for ``spec``, when they are at
+    least two and hold ``min_bytes`` or more; None for any other input.
+
+    Parameters
+    ----------
+    spec
+        As for :func:`read_trace`.
+    min_bytes
+        Least (decompressed) bytes the files must hold in all, as far as known before
+        reading them (their sizes, a gzip file's trailer); checked before anything is
+        sniffed, so a small input costs a directory listing and a ``stat`` per file.
+
+    Returns
+    -------
+    list of (rank, path), or None
+        None too where ``spec`` is in error (no files, mixed prefixes, a rank twice):
+        :func:`read_trace` then says why.
+
+    Notes
+    -----
+    O(files) ``stat`` calls; past ``min_bytes``, each file's first 64 KiB sniffed as
+    :func:`read_trace` sniffs them.
+    """
+    found = candidate_files(spec)
+    if found is None and Path(spec).is_file():
+        return None
+    try:
+        paths = found[1] if found is not None else [p for _, p in resolve_rank_files(spec)[1]]
+        if len(paths) < 2 or _declared_bytes(paths, min_bytes) < min_bytes:
+            return None
+        if found is not None and any(_sniff_in_directory(p) in (PYTORCH_ET, KINETO) for p in paths):
+            return None
+        _, files = resolve_rank_files(spec)
+        if sniff_format(files[0][1]) != CHAKRA_ET:
+            return None
+    except (TraceFormatError, OSError):
+        return None
+    return files
+
+
+def _declared_bytes(paths: list[Path], enough: int) -> int:
+    """The files' declared sizes added up, stopping once past ``enough``."""
+    total = 0
+    for p in paths:
+        total += declared_size(p)
+        if total >= enough > 0:
+            break
+    return total
 
 
 def _sniff_in_directory(path: Path) -> str | None:
