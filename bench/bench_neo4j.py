@@ -1,11 +1,13 @@
-"""Neo4j beside the embedded store: ingest ops/s and Cypher latencies on the same trace.
+"""Neo4j beside the embedded store: what a publish costs, and Cypher latencies on the same trace.
 
-Uses the seeded synthetic trace of ``bench_ingest.py`` (written to ``bench/out`` on
-first use), ingests it into a fresh embedded store and into the Neo4j server at
-``--url`` / ``$ETSTORE_TEST_NEO4J`` (``scripts/neo4j.sh start`` prints one), then
-times a point lookup by uid and a 5-hop dependency walk on each. Prints one JSON
-line per measurement with a ``backend`` field. The bench trace is removed from the
-server afterwards; nothing else there is touched.
+Uses the seeded synthetic trace of ``bench_ingest.py`` (written to ``bench/out`` on first
+use), ingests it into a fresh embedded store (timed), publishes that store to the Neo4j
+server at ``--url`` / ``$ETSTORE_TEST_NEO4J`` (``scripts/neo4j.sh start`` prints one;
+timed: ops, edges and the lossless payload), times a reader's first SQL (its local copy
+filled from the payload), then a point lookup by uid and a 5-hop dependency walk on the
+store and on the server read through its URL. Prints one JSON line
+per measurement with a ``backend`` field. Afterwards the bench trace is removed from the
+store and the removal published (``--prune``, timed); nothing else on the server is touched.
 
     python bench/bench_neo4j.py [--ops 1000000] [--ranks 64] [--url neo4j://...] [--reps 200]
 """
@@ -25,48 +27,74 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_ingest import OUT, emit, synthetic
 
+from etstore.app.publish import publish
 from etstore.ingest import read_et, write_et
 from etstore.model import Trace
-from etstore.store import open_store
+from etstore.store import EmbeddedStore, open_store
 
 POINT = "MATCH (o:Op {uid: $u}) RETURN o.name, o.duration_micros"
 WALK = "MATCH (o:Op {uid: $u})-[:DEP*5..5]->(x:Op) RETURN count(x)"
 
 
-def measure(backend: str, store: Any, trace: Trace, reps: int) -> None:
-    """Ingest ``trace`` into ``store`` and time the two queries; emits JSON lines."""
+def queries(backend: str, store: Any, name: str, ops: int, reps: int) -> None:
+    """Time the two queries on ``store`` (uids spread over trace ``name``); emits JSON lines."""
+    base = int(store.sql("SELECT min(uid) FROM ops WHERE trace = $t", {"t": name}).scalar())
+    for metric, query, budget in (("point_lookup", POINT, "< 1 ms"), ("walk_5_hops", WALK, "< 5 ms")):
+        for i in range(10):  # warm caches and query plans
+            store.cypher(query, {"u": base + (i * 104729) % ops})
+        t0 = time.perf_counter()
+        for i in range(reps):
+            store.cypher(query, {"u": base + (i * 7919) % ops})
+        emit(
+            f"{metric}_latency",
+            (time.perf_counter() - t0) / reps * 1e3,
+            "ms",
+            ops,
+            backend=backend,
+            budget=budget,
+        )
+
+
+def measure(store: EmbeddedStore, trace: Trace, url: str, reps: int, *, embedded_queries: bool) -> None:
+    """Ingest ``trace``, publish it, time queries on both sides, remove it again."""
+    name = f"bench_{trace.num_ops}"
     t0 = time.perf_counter()
-    report = store.ingest(trace, name=f"bench_{trace.num_ops}")
+    report = store.ingest(trace, name=name)
     seconds = time.perf_counter() - t0
     emit(
         "store_ingest_rate",
         trace.num_ops / seconds,
         "ops/s",
         trace.num_ops,
-        backend=backend,
+        backend="embedded",
         seconds=round(seconds, 2),
         deps=trace.num_deps,
         messages=report.trace.messages,
     )
-    name = report.trace.name
-    base = int(store.sql("SELECT min(uid) FROM ops WHERE trace = $t", {"t": name}).scalar())
-    for metric, query, budget in (("point_lookup", POINT, "< 1 ms"), ("walk_5_hops", WALK, "< 5 ms")):
-        for i in range(10):  # warm caches and query plans
-            store.cypher(query, {"u": base + (i * 104729) % trace.num_ops})
-        t0 = time.perf_counter()
-        for i in range(reps):
-            store.cypher(query, {"u": base + (i * 7919) % trace.num_ops})
-        emit(
-            f"{metric}_latency",
-            (time.perf_counter() - t0) / reps * 1e3,
-            "ms",
-            trace.num_ops,
-            backend=backend,
-            budget=budget,
-        )
+    if embedded_queries:
+        store.index()  # the graph index built before the queries are timed, as a query would
+        queries("embedded", store, name, trace.num_ops, reps)
     t0 = time.perf_counter()
+    sent = publish(store, url, names=[name])
+    seconds = time.perf_counter() - t0
+    emit(
+        "publish_rate",
+        trace.num_ops / seconds,
+        "ops/s",
+        trace.num_ops,
+        backend="neo4j",
+        seconds=round(seconds, 2),
+        contents_sent=sent.contents_sent,
+    )
+    with open_store(url) as server:
+        t0 = time.perf_counter()
+        server.sql("SELECT count(*) FROM ops")  # a reader's first SQL fills its copy from the payload
+        emit("reader_copy_fill", time.perf_counter() - t0, "s", trace.num_ops, backend="neo4j")
+        queries("neo4j", server, name, trace.num_ops, reps)
     store.remove(name)
-    emit("remove", time.perf_counter() - t0, "s", trace.num_ops, backend=backend)
+    t0 = time.perf_counter()
+    publish(store, url, names=[], prune=True)
+    emit("publish_removal", time.perf_counter() - t0, "s", trace.num_ops, backend="neo4j")
 
 
 def main() -> int:
@@ -75,7 +103,7 @@ def main() -> int:
     ap.add_argument("--ranks", type=int, default=64)
     ap.add_argument("--reps", type=int, default=200)
     ap.add_argument("--url", default=os.environ.get("ETSTORE_TEST_NEO4J"))
-    ap.add_argument("--skip-embedded", action="store_true")
+    ap.add_argument("--skip-embedded", action="store_true", help="do not time queries on the embedded store")
     args = ap.parse_args()
     if not args.url:
         print("bench_neo4j: no server; pass --url or export ETSTORE_TEST_NEO4J=$(scripts/neo4j.sh start)")
@@ -85,16 +113,10 @@ def main() -> int:
         write_et(synthetic(args.ops, args.ranks), src / "bench")
     trace = read_et(src)
     tmp = Path(tempfile.mkdtemp(prefix="etstore-bench-"))
+    os.environ.setdefault("ETSTORE_WAREHOUSE", str(tmp / "warehouse"))  # the reader's SQL copy
     try:
-        if not args.skip_embedded:
-            with open_store(tmp / "store", write=True) as store:  # type: ignore[attr-defined]
-                measure("embedded", store, trace, args.reps)
-        os.environ.setdefault("ETSTORE_WAREHOUSE", str(tmp / "warehouse"))
-        with open_store(args.url, write=True) as store:  # type: ignore[attr-defined]
-            stale = [t.name for t in store.traces() if t.name == f"bench_{trace.num_ops}"]
-            for name in stale:
-                store.remove(name)
-            measure("neo4j", store, trace, args.reps)
+        with EmbeddedStore(tmp / "store") as store:
+            measure(store, trace, args.url, args.reps, embedded_queries=not args.skip_embedded)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return 0

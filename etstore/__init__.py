@@ -3,9 +3,10 @@
 Entry points::
 
     import etstore
-    with etstore.open_store(".etstore", write=True) as store:   # or "neo4j://user:pass@host:7687"
+    with etstore.open_store(".etstore", write=True) as store:
         report = store.ingest(etstore.read_trace("traces/"))
-    with etstore.open_store(".etstore") as store:               # read-only unless write=True
+    with etstore.open_store(".etstore") as store:   # read-only unless write=True; or a neo4j:// URL
+                                                    # to read what stores published there
         store.cypher("MATCH (o:Op) RETURN o.type, count(*)").to_pandas()
         store.sql("SELECT rank, count(*) FROM ops GROUP BY rank").to_arrow()
         etstore.critical_path(store.load(report.trace.name))

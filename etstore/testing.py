@@ -14,8 +14,9 @@ test checks). Everything here is deterministic and small enough to check on pape
   :func:`ingest_hand_expanded`).
 - :func:`rank_parts`: a trace split into consecutive rank ranges, as a streamed ingest takes it.
 - :func:`require_extension`: a C extension, or a skip (a failure under CI).
-- Stores: :class:`RecordedStore` (what a store of recorded runs holds) and
-  :func:`clear_store`.
+- Stores: :class:`RecordedStore` (what a store of recorded runs holds); servers:
+  :func:`clear_server`, :func:`serve` (a test server holding what a store published) and
+  :class:`Backend` (a store, and what it holds as a backend under test reads it).
 """
 
 from __future__ import annotations
@@ -34,16 +35,20 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from etstore.app.publish import publish
 from etstore.ingest.pytorch_et import read_pytorch_et
 from etstore.model import DEPS_SCHEMA, Trace, deps_table, ops_table
-from etstore.store import Store
+from etstore.store import EmbeddedStore, Store, open_store
+from etstore.store._neo4j_bolt import Bolt
+from etstore.store._neo4j_target import parse_url
 
 __all__ = [
     "MSCCL_HEAD",
+    "Backend",
     "ExtensionMissingError",
     "RecordedStore",
     "assert_trace_equal",
-    "clear_store",
+    "clear_server",
     "hand_expanded",
     "hand_parent",
     "hand_workload",
@@ -56,6 +61,7 @@ __all__ = [
     "recorded_trace",
     "require_extension",
     "ring_allreduce_xml",
+    "serve",
     "slot_policy_trace",
     "trace_from_nodes",
     "two_chains",
@@ -554,10 +560,57 @@ class RecordedStore:
     trace: str
 
 
-def clear_store(store: Store) -> None:
-    """Remove every trace from ``store`` (a shared test server between cases)."""
-    for t in store.traces():
-        store.remove(t.name)
+def clear_server(url: str) -> None:
+    """Delete every node and relationship of the Neo4j server at ``url`` (a test server shared
+    between cases), in transactions of 10,000 nodes; its constraints and indexes stay."""
+    bolt = Bolt(parse_url(url), read_only=False)
+    try:
+        bolt.run("MATCH (n) CALL { WITH n DETACH DELETE n } IN TRANSACTIONS OF 10000 ROWS", write=True)
+    finally:
+        bolt.close()
+
+
+class Backend:
+    """A writable embedded store, and what it holds as a backend under test reads it: the store
+    itself (``url`` None), or the Neo4j server at ``url`` it is published to (the contract
+    suite, ``tests/store/contract/``)."""
+
+    def __init__(self, kind: str, store: EmbeddedStore, url: str | None) -> None:
+        self.kind = kind
+        self.store = store
+        """Where a case writes (always embedded)."""
+        self.url = url
+        self._reader: Store | None = None
+
+    @property
+    def location(self) -> str:
+        """What ``open_store`` opens to read this backend: the directory, or the server's URL."""
+        return self.url if self.url is not None else str(self.store.path)
+
+    def read(self) -> Store:
+        """The store to read from, holding what ``store`` holds now (published first on Neo4j)."""
+        if self.url is None:
+            return self.store
+        publish(self.store, self.url, prune=True)
+        if self._reader is None:
+            self._reader = open_store(self.url)
+        return self._reader
+
+    def close(self) -> None:
+        """Close the reader and the store."""
+        if self._reader is not None:
+            self._reader.close()
+        self.store.close()
+
+
+def serve(url: str, directory: Path, traces: dict[str, Trace]) -> None:
+    """Make the test server at ``url`` hold ``traces`` (by name) and nothing else: emptied, then
+    published to from a new store in ``directory``."""
+    clear_server(url)
+    with EmbeddedStore(directory) as store:
+        for name, trace in traces.items():
+            store.ingest(trace, name=name)
+        publish(store, url)
 
 
 @cache

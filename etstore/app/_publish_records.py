@@ -213,9 +213,9 @@ def read_records(
         chosen = list(seen.values())
     wanted = {str(r["key"]) for r in chosen}
     children = []
-    for label, rel, sql in kind.children if wanted else ():
+    for label, rel, sql in kind.children:  # every kind of child, rows or none: pruning needs the shape
         by_parent: dict[str, list[dict[str, object]]] = {}
-        for row in wh.query(sql).to_pylist():
+        for row in wh.query(sql).to_pylist() if wanted else ():
             parent = str(row.pop("parent"))
             if parent in wanted:
                 by_parent.setdefault(parent, []).append(row)

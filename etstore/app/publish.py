@@ -1,10 +1,13 @@
 """Publishing an embedded store to a Neo4j server: ``etstore publish neo4j://...``.
 
 The embedded store (DuckDB) is the truth; the server is a target it publishes to, so that
-Cypher users and dashboards elsewhere see its traces and runs. What lands there is the
-graph of the store's index (``Op`` with ``trace_id``, ``DEP``, ``MSG``, ``BECOMES``, one
-``Trace`` node per name, ``TunerStep``) plus the runs and their summaries
-(:mod:`etstore.app._publish_records`); :mod:`etstore.store._neo4j_publish` writes it.
+Cypher users and dashboards elsewhere see its traces and runs, and anyone opening the
+server's URL reads them as a store (:mod:`etstore.store.neo4j`). Publishing is the one way
+data gets there. What lands there is the graph of the store's index (``Op`` with
+``trace_id``, ``DEP``, ``MSG``, ``BECOMES``, one ``Trace`` node per name, ``TunerStep``),
+each content's lossless payload (what a reader's ``load`` returns), plus the runs and their
+summaries (:mod:`etstore.app._publish_records`); :mod:`etstore.store._neo4j_publish` writes
+it. A server etstore's former Neo4j backend wrote is upgraded in place first.
 
 Publishing is idempotent:
 
@@ -32,9 +35,10 @@ from etstore.errors import QueryError, StoreError, UnknownTraceError
 from etstore.model import OPS_SCHEMA
 from etstore.progress import ProgressFn
 from etstore.store import EmbeddedStore, Store
-from etstore.store._neo4j_load import Batch, edge_batches, node_batches
+from etstore.store._neo4j_load import Batch, edge_batches, node_batches, payload_batches, payload_chunks
 from etstore.store._neo4j_publish import Loading, RecordSet, Server
 from etstore.store.graph import GRAPH_OP_COLUMNS, TRACE_NODE_COLUMNS, uid_base
+from etstore.store.schema import DEPS_COLUMNS, OPS_COLUMNS
 from etstore.store.warehouse import Warehouse
 
 __all__ = ["IDENTITY_DDL", "PublishReport", "publish", "store_identity"]
@@ -48,7 +52,8 @@ _PAGE = 1 << 18
 """Rows read from DuckDB at a time while sending a content (then cut into statements)."""
 _OP_COLUMNS = ("uid", "trace_id", *(f.name for f in OPS_SCHEMA if f.name in GRAPH_OP_COLUMNS))
 _NAMES = (
-    "SELECT t.name, t.trace_id, t.kind, t.ranks, t.ops, t.parent, t.source FROM traces t "
+    "SELECT t.name, t.trace_id, t.kind, t.ranks, t.ops, t.parent, t.source, t.params, t.created, "
+    "t.parent_trace_id FROM traces t "
     "JOIN contents c ON c.trace_id = t.trace_id AND c.status = 'ready' ORDER BY t.name"
 )
 _CONTENTS = (
@@ -79,8 +84,16 @@ class PublishReport:
     """Contents no name points at any more, removed from the server."""
     lineage_added: int = 0
     """Pairs of published contents whose ``BECOMES`` edges were added after both were there."""
+    lineage_removed: int = 0
+    """Pairs whose ``BECOMES`` edges were removed (``prune``): the store holds both contents and
+    no lineage between them any more."""
+    payloads_sent: int = 0
+    """Contents the server held without their lossless form (published by an older etstore)
+    whose payload was sent now."""
     swept: int = 0
     """Contents an interrupted publish had left loading, removed."""
+    legacy_upgraded: int = 0
+    """Contents etstore's former Neo4j backend had written there, upgraded to this form."""
     records_added: dict[str, int] = field(default_factory=dict)
     records_removed: dict[str, int] = field(default_factory=dict)
     seconds: float = 0.0
@@ -95,7 +108,10 @@ class PublishReport:
             self.names_removed,
             self.contents_removed,
             self.lineage_added,
+            self.lineage_removed,
+            self.payloads_sent,
             self.swept,
+            self.legacy_upgraded,
         )
         return any(counts) or any(self.records_added.values()) or any(self.records_removed.values())
 
@@ -151,7 +167,8 @@ def publish(
         (default: every name and every run).
     prune
         Also remove from the server the names and runs this store published that it no
-        longer holds.
+        longer holds, and the ``BECOMES`` edges between two published contents it holds
+        both of and no longer has lineage between.
     progress
         ``progress(phase, done, total)``: ``contents`` (rows sent), ``lineage``, ``names``,
         then one phase per kind of run.
@@ -167,7 +184,8 @@ def publish(
     ------
     StoreError
         A bad URL, an unreachable server, refused credentials, a name another store
-        published, a Neo4j store as the source, or a read-only store that never published.
+        published, a server as the source, a read-only store that never published, or a
+        server of etstore's former Neo4j backend whose upgrade in place fails.
     UnknownTraceError
         A name in ``names`` that the store does not hold.
     """
@@ -191,6 +209,7 @@ def publish(
         report = PublishReport(server.location, store_id, names=len(chosen))
         server.prepare(store_id, str(store.path.resolve()), [k.label for k in RECORD_KINDS])
         report.swept = server.sweep()
+        report.legacy_upgraded = server.upgrade_legacy()
         on_server = server.traces()
         taken = sorted(n for n in chosen if n in on_server and on_server[n].get("store") != store_id)
         if taken:
@@ -199,24 +218,34 @@ def publish(
                 f"{' and more' if len(taken) > 5 else ''} from another store; publish other names "
                 "(--trace), or remove those there"
             )
-        held = server.contents((contents[t]["content_hash"], contents[t]["kind"]) for t in needed)
+        held = server.contents((c["content_hash"], c["kind"]) for c in contents.values())
         ids: dict[int, int] = {}
         lineage_from: dict[int, tuple[int, ...]] = {}
-        for t in needed:
+        known: dict[int, int] = {}  # local trace id -> the server's, for every ready content there
+        for t in sorted(contents):
             got = held.get((contents[t]["content_hash"], contents[t]["kind"]))
             if got is not None and got.status == "ready":
+                known[t] = got.trace_id
+                if t not in needed:
+                    continue
                 ids[t], lineage_from[t] = got.trace_id, got.lineage_from
-            elif got is not None and got.idle_ms < stale_after_s * 1000:
+                if not got.payload:
+                    chunks = _payload_chunks(wh, t, contents[t])
+                    server.add_payload(
+                        got.trace_id, payload_batches(got.trace_id, chunks), int(contents[t]["missing"])
+                    )
+                    report.payloads_sent += 1
+            elif got is not None and t in needed and got.idle_ms < stale_after_s * 1000:
                 raise StoreError(
                     f"{server.location}: {_names_of(local, t)[0]!r} is being published or removed by "
                     "another client; retry when that finishes"
                 )
         report.contents_present = len(ids)
-        pairs = {
+        every_pair = {
             (int(r["trace_id"]), int(r["parent_trace_id"])): int(r["n"])
             for r in wh.query(_LINEAGE).to_pylist()
-            if int(r["trace_id"]) in needed and int(r["parent_trace_id"]) in needed
         }
+        pairs = {(c, p): n for (c, p), n in every_pair.items() if c in needed and p in needed}
         todo = [t for t in needed if t not in ids]
         total = max(1, sum(_rows(contents[t], pairs, t) for t in todo))
         sent = [0]
@@ -225,12 +254,13 @@ def publish(
             if progress is not None:
                 progress("contents", min(sent[0] + done, total), total)
 
+        written: dict[str, dict[str, Any]] = {}
         for t in todo:
             job, children = _loading(wh, server, t, contents[t], ids, lineage_from, pairs, store_id)
-            job.names = [
-                _trace_props(local[n], job.trace_id, store_id) for n in chosen if local[n]["trace_id"] == t
-            ]
+            known[t] = job.trace_id
+            job.names = [_trace_props(local[n], known, store_id) for n in chosen if local[n]["trace_id"] == t]
             server.load(job, step)
+            written.update((props["name"], props) for props in job.names)
             sent[0] += job.rows
             ids[t] = job.trace_id
             lineage_from[t] = tuple(job.lineage_from)
@@ -250,7 +280,9 @@ def publish(
                 )
                 lineage_from[c] = (*lineage_from[c], ids[p])
                 report.lineage_added += 1
-        _sync_names(server, report, local, chosen, ids, on_server, store_id, prune, todo, progress)
+        if prune:
+            report.lineage_removed = _drop_lineage(server, ids, known, lineage_from, every_pair)
+        _sync_names(server, report, local, chosen, known, {**on_server, **written}, store_id, prune, progress)
         report.contents_removed = server.collect_garbage()
         _publish_records(
             server, wh, report, store_id, set(chosen) if names is not None else None, prune, progress
@@ -280,10 +312,16 @@ def _names_of(local: dict[str, dict[str, Any]], trace_id: int) -> list[str]:
     return sorted(n for n, r in local.items() if r["trace_id"] == trace_id) or [f"#{trace_id}"]
 
 
-def _trace_props(row: dict[str, Any], trace_id: int, store_id: str) -> dict[str, Any]:
-    """A name's ``Trace`` node on the server: the index's columns, the server's trace id, the store."""
+def _trace_props(row: dict[str, Any], known: dict[int, int], store_id: str) -> dict[str, Any]:
+    """A name's ``Trace`` node on the server: the index's columns, the server's trace ids (its
+    content's, and its parent's content's when that is there), the store, and what the read
+    view's catalog needs besides (``params``, ``created``)."""
     props = {c: row[c] for c in TRACE_NODE_COLUMNS}
-    props["trace_id"] = trace_id
+    props["trace_id"] = known[int(row["trace_id"])]
+    parent = row["parent_trace_id"]
+    props["parent_trace_id"] = known.get(int(parent)) if parent is not None else None
+    props["params"] = row["params"] or "{}"
+    props["created"] = row["created"]
     props["store"] = store_id
     return props
 
@@ -305,7 +343,7 @@ def _loading(
 ) -> tuple[Loading, list[int]]:
     """Claim content ``t`` on the server and describe its load: ops, edges, and the ``BECOMES``
     edges to and from contents already there (those children's local ids come second)."""
-    counts = {k: int(content[k]) for k in ("ranks", "ops", "deps", "messages")}
+    counts = {k: int(content[k]) for k in ("ranks", "ops", "deps", "missing", "messages")}
     sid = server.claim(content["content_hash"], content["kind"], counts)
     ids_now = {**ids, t: sid}
     lb, sb = uid_base(t), uid_base(sid)
@@ -315,6 +353,7 @@ def _loading(
         ("ops", _op_batches(wh, t, sid, ops, name, server.batch_rows)),
         ("deps", _dep_batches(wh, t, lb, sb, int(content["deps"]), server.batch_rows)),
         ("messages", _msg_batches(wh, t, lb, sb, ops, server.batch_rows)),
+        ("payload", payload_batches(sid, _payload_chunks(wh, t, content))),
     ]
     parents = [p for (c, p) in pairs if c == t and p in ids]
     children = [c for (c, p) in pairs if p == t and c in ids and sid not in lineage_from[c]]
@@ -363,6 +402,32 @@ def _msg_batches(wh: Warehouse, t: int, lb: int, sb: int, ops: int, batch_rows: 
         yield from edge_batches(page, "MSG", batch_rows)
 
 
+def _payload_chunks(wh: Warehouse, t: int, content: dict[str, Any]) -> Iterator[tuple[str, int, bytes]]:
+    """Content ``t``'s lossless form (what ``load`` returns: every op column, deps, missing deps,
+    metadata) as payload chunks, read from DuckDB a page at a time."""
+    lb = uid_base(t)
+
+    def ops() -> Iterator[Any]:
+        for lo in _pages(int(content["ops"])):
+            yield wh.query(
+                f"SELECT {OPS_COLUMNS} FROM trace_ops WHERE trace_id = {t} "
+                f"AND uid >= {lb + lo} AND uid < {lb + lo + _PAGE} ORDER BY uid"
+            ).to_arrow()
+
+    def edges(table: str, total: int) -> Iterator[Any]:
+        for lo in _pages(total):
+            yield wh.query(
+                f"SELECT {DEPS_COLUMNS} FROM {table} WHERE trace_id = {t} "
+                f"AND edge >= {lo} AND edge < {lo + _PAGE} ORDER BY edge"
+            ).to_arrow()
+
+    yield from payload_chunks("ops", ops())
+    yield from payload_chunks("deps", edges("trace_deps", int(content["deps"])))
+    yield from payload_chunks("missing", edges("trace_missing_deps", int(content["missing"])))
+    meta = wh.query(f"SELECT rank, metadata FROM trace_meta WHERE trace_id = {t} ORDER BY rank").to_arrow()
+    yield from payload_chunks("meta", [meta])
+
+
 def _lineage_batches(
     wh: Warehouse, child: int, parent: int, ids: dict[int, int], rows: int, batch_rows: int
 ) -> Iterator[Batch]:
@@ -378,25 +443,43 @@ def _lineage_batches(
         yield from edge_batches(page, "BECOMES", batch_rows)
 
 
+def _drop_lineage(
+    server: Server,
+    ids: dict[int, int],
+    known: dict[int, int],
+    lineage_from: dict[int, tuple[int, ...]],
+    pairs: dict[tuple[int, int], int],
+) -> int:
+    """Remove the ``BECOMES`` edges between published contents that the store holds both of and
+    has no lineage between any more; returns how many pairs."""
+    local_of = {sid: t for t, sid in known.items()}
+    dropped = 0
+    for c, sid in sorted(ids.items()):
+        for sp in lineage_from[c]:
+            p = local_of.get(sp)
+            if p is not None and (c, p) not in pairs:
+                server.drop_lineage(sid, sp)
+                dropped += 1
+    return dropped
+
+
 def _sync_names(
     server: Server,
     report: PublishReport,
     local: dict[str, dict[str, Any]],
     chosen: list[str],
-    ids: dict[int, int],
-    on_server: dict[str, dict[str, Any]],
+    known: dict[int, int],
+    current: dict[str, dict[str, Any]],
     store_id: str,
     prune: bool,
-    loaded: list[int],
     progress: ProgressFn | None,
 ) -> None:
-    """Bring this store's ``Trace`` nodes in step with its names, in one transaction."""
+    """Bring this store's ``Trace`` nodes in step with its names, in one transaction (``current``:
+    each name's node on the server now, those written with their contents included)."""
     upserts = []
     for n in chosen:
-        if local[n]["trace_id"] in loaded:
-            continue  # came with its content
-        want = _trace_props(local[n], ids[int(local[n]["trace_id"])], store_id)
-        have = on_server.get(n)
+        want = _trace_props(local[n], known, store_id)
+        have = current.get(n)
         if have is None:
             report.names_added += 1
         elif any(have.get(k) != v for k, v in want.items()):
@@ -405,7 +488,7 @@ def _sync_names(
             continue
         upserts.append(want)
     removals = (
-        sorted(n for n, p in on_server.items() if p.get("store") == store_id and n not in local)
+        sorted(n for n, p in current.items() if p.get("store") == store_id and n not in local)
         if prune
         else []
     )

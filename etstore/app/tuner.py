@@ -1,13 +1,13 @@
-"""Tuner runs: a parsed trajectory into ``tuner_runs``/``tuner_steps`` and ``TunerStep`` graph nodes.
+"""Tuner runs: a parsed trajectory into ``tuner_runs``/``tuner_steps``, so ``TunerStep`` graph nodes.
 
 One file is one run: a ``tuner_runs`` row and one ``tuner_steps`` row per logged call,
 written in one warehouse transaction; the graph has one ``(:TunerStep)`` node per call so
 Cypher reaches the steps too (the embedded store's graph index derives them from the rows;
-Neo4j gets them written here). Storing the same bytes again returns the run already stored
-(the content hash decides, as for measured runs). Each step is linked to the stored
+``etstore publish`` sends them to a server). Storing the same bytes again returns the run
+already stored (the content hash decides, as for measured runs). Each step is linked to the stored
 algorithm trace its action ran (:func:`link_steps`), and its node's ``trace_id`` equals
 ``Op.trace_id`` of that trace's ops, so ``MATCH (s:TunerStep), (o:Op) WHERE
-o.trace_id = s.trace_id`` joins a step to the DAG it ran, on both backends.
+o.trace_id = s.trace_id`` joins a step to the DAG it ran, in a store and on a server.
 
 The tables are declared in :data:`~etstore.store.schema.TUNER_DDL` and documented in
 ``docs/measured.md``; the node table in :data:`~etstore.store.graph.TUNER_STEP_NODE_DDL`.
@@ -16,25 +16,20 @@ The tables are declared in :data:`~etstore.store.schema.TUNER_DDL` and documente
 from __future__ import annotations
 
 import logging
-from contextlib import suppress
 from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from etstore.collective import short_name
-from etstore.errors import EtstoreError, QueryError, StoreError, UnknownTraceError
+from etstore.errors import UnknownTraceError
 from etstore.ingest.tuner import TunerLog
 from etstore.store.base import Store
-from etstore.store.graph import TUNER_STEP_PROPERTIES
 from etstore.store.warehouse import Warehouse
 
 __all__ = ["TunerReport", "link_steps", "remove_tuner_run", "store_tuner_run"]
 
 log = logging.getLogger(__name__)
-
-_BATCH_ROWS = 5000  # steps per CREATE statement: one parameter list of this many maps
 
 
 @dataclass(frozen=True)
@@ -65,8 +60,8 @@ def store_tuner_run(store: Store, parsed: TunerLog, *, name: str | None = None) 
     Parameters
     ----------
     store
-        A writable store (embedded or Neo4j): the rows go to its warehouse, the
-        ``TunerStep`` nodes to its graph.
+        A writable store: the rows go to its warehouse, from which its graph index
+        derives the ``TunerStep`` nodes.
     parsed
         What :func:`~etstore.ingest.tuner.read_tuner_log` returned.
     name
@@ -83,55 +78,43 @@ def store_tuner_run(store: Store, parsed: TunerLog, *, name: str | None = None) 
     Raises
     ------
     StoreError
-        ``name`` is held by a file with other content, or an engine refuses the rows
-        (a read-only store); nothing is left behind in either engine.
+        ``name`` is held by a file with other content, or the engine refuses the rows
+        (a read-only store); nothing is left behind.
 
     Notes
     -----
-    O(steps + stored algorithm traces): one columnar insert per table, one bulk ``COPY``
-    of the nodes from Arrow (Ladybug; 100,000 steps in about 0.4 s) or one Cypher
-    ``UNWIND ... CREATE`` per 5,000 steps (Neo4j), one graph lookup per distinct linked trace.
+    O(steps + stored algorithm traces): one columnar insert per table; the graph index
+    loads the nodes with one bulk ``COPY`` from Arrow (100,000 steps in about 0.4 s) when
+    it next catches up.
     """
     warehouse = store.warehouse
-    nodes_written = False
-    run_id = 0
-    try:
-        with warehouse.transaction():
-            found = warehouse.query(
-                "SELECT run_id, name, rows, linked FROM tuner_runs WHERE content_hash = $h "
-                "ORDER BY run_id LIMIT 1",
-                {"h": parsed.content_hash},
-            ).to_pylist()
-            if found:
-                row = found[0]
-                return TunerReport(
-                    int(row["run_id"]),
-                    str(row["name"]),
-                    False,
-                    int(row["rows"]),
-                    int(row["linked"]),
-                    parsed.source,
-                )
-            wanted = name or parsed.name
-            clash = f"tuner run {wanted!r} already holds another file; choose another name"
-            chosen = warehouse.unused_name("tuner_runs", wanted, explicit=name is not None, clash=clash)
-            run_id = warehouse.next_id("tuner_runs", "run_id")
-            steps = link_steps(warehouse, parsed.steps)
-            linked = steps.num_rows - steps["trace"].null_count
-            warehouse.append(
-                "tuner_runs",
-                pa.Table.from_pylist(
-                    [{**parsed.run_row(), "name": chosen, "run_id": run_id, "linked": linked}]
-                ),
+    with warehouse.transaction():
+        found = warehouse.query(
+            "SELECT run_id, name, rows, linked FROM tuner_runs WHERE content_hash = $h "
+            "ORDER BY run_id LIMIT 1",
+            {"h": parsed.content_hash},
+        ).to_pylist()
+        if found:
+            row = found[0]
+            return TunerReport(
+                int(row["run_id"]),
+                str(row["name"]),
+                False,
+                int(row["rows"]),
+                int(row["linked"]),
+                parsed.source,
             )
-            warehouse.append("tuner_steps", _with_run(steps, run_id))
-            nodes_written = True
-            _create_nodes(store, steps, run_id, chosen, parsed.content_hash)
-    except BaseException:
-        if nodes_written:
-            with suppress(EtstoreError):  # the nodes of a run whose rows did not land
-                _delete_nodes(store, run_id, parsed.content_hash)
-        raise
+        wanted = name or parsed.name
+        clash = f"tuner run {wanted!r} already holds another file; choose another name"
+        chosen = warehouse.unused_name("tuner_runs", wanted, explicit=name is not None, clash=clash)
+        run_id = warehouse.next_id("tuner_runs", "run_id")
+        steps = link_steps(warehouse, parsed.steps)
+        linked = steps.num_rows - steps["trace"].null_count
+        warehouse.append(
+            "tuner_runs",
+            pa.Table.from_pylist([{**parsed.run_row(), "name": chosen, "run_id": run_id, "linked": linked}]),
+        )
+        warehouse.append("tuner_steps", _with_run(steps, run_id))
     log.debug(
         "stored tuner run %s (%d steps, %d linked) from %s", chosen, steps.num_rows, linked, parsed.source
     )
@@ -139,7 +122,8 @@ def store_tuner_run(store: Store, parsed: TunerLog, *, name: str | None = None) 
 
 
 def remove_tuner_run(store: Store, name: str) -> None:
-    """Remove tuner run ``name``: its rows and its ``TunerStep`` nodes.
+    """Remove tuner run ``name``: its rows (and so, once the graph index catches up, its
+    ``TunerStep`` nodes).
 
     Raises
     ------
@@ -150,8 +134,7 @@ def remove_tuner_run(store: Store, name: str) -> None:
 
     Notes
     -----
-    O(steps of the run). The rows go in one transaction, after the nodes: a failure
-    between the two leaves the run listed, and removing it again finishes the job.
+    O(steps of the run), in one transaction.
     """
     warehouse = store.warehouse
     found = warehouse.query(
@@ -159,8 +142,7 @@ def remove_tuner_run(store: Store, name: str) -> None:
     ).to_pylist()
     if not found:
         raise UnknownTraceError(f"no tuner run named {name!r} in {store.location}")
-    run_id, digest = int(found[0]["run_id"]), str(found[0]["content_hash"])
-    _delete_nodes(store, run_id, digest)
+    run_id = int(found[0]["run_id"])
     with warehouse.transaction():
         warehouse.execute("DELETE FROM tuner_steps WHERE run_id = $r", {"r": run_id})
         warehouse.execute("DELETE FROM tuner_runs WHERE run_id = $r", {"r": run_id})
@@ -243,58 +225,3 @@ ORDER BY p.step
 
 def _with_run(steps: pa.Table, run_id: int) -> pa.Table:
     return steps.add_column(0, "run_id", pa.array([run_id] * steps.num_rows, pa.int64()))
-
-
-def _node_table(steps: pa.Table, run_id: int, run: str, digest: str, ids: dict[str, int]) -> pa.Table:
-    """The ``TunerStep`` nodes as Arrow, columns in the order and types of
-    :data:`~etstore.store.graph.TUNER_STEP_PROPERTIES`."""
-    n = steps.num_rows
-    step = steps["step"].cast(pa.int64())
-    linked = [None if t is None else ids.get(t) for t in steps["trace"].to_pylist()]
-    given = {
-        "uid": pc.add(step, pa.scalar(run_id << 32, pa.int64())),
-        "run": pa.array([run] * n, pa.string()),
-        "run_id": pa.array([run_id] * n, pa.int64()),
-        "content_hash": pa.array([digest] * n, pa.string()),
-        "trace_id": pa.array(linked, pa.int64()),
-    }
-    return pa.table({k: given[k] if k in given else steps[k] for k in TUNER_STEP_PROPERTIES})
-
-
-def _trace_ids(store: Store, names: list[str]) -> dict[str, int]:
-    """Each linked trace's content id, as its ops carry it in ``Op.trace_id``."""
-    out: dict[str, int] = {}
-    for name in names:
-        with suppress(UnknownTraceError):
-            tid = store.info(name).trace_id
-            if tid is not None:
-                out[name] = tid
-    return out
-
-
-_CREATE = (
-    "UNWIND $rows AS r CREATE (s:TunerStep {" + ", ".join(f"{k}: r.{k}" for k in TUNER_STEP_PROPERTIES) + "})"
-)
-
-
-def _create_nodes(store: Store, steps: pa.Table, run_id: int, run: str, digest: str) -> None:
-    """One ``TunerStep`` node per step, one Cypher ``UNWIND ... CREATE`` per batch: for a store
-    whose graph is its own (Neo4j); an embedded store's graph index derives them from the rows."""
-    if getattr(store, "graph_is_derived", False):
-        return
-    linked = sorted({t for t in steps["trace"].to_pylist() if t is not None})
-    nodes = _node_table(steps, run_id, run, digest, _trace_ids(store, linked))
-    try:
-        for batch in nodes.to_batches(max_chunksize=_BATCH_ROWS):
-            store.cypher(_CREATE, {"rows": batch.to_pylist()})
-    except QueryError as exc:
-        raise StoreError(f"cannot store the tuner steps of {run!r} in the graph: {exc}") from exc
-
-
-def _delete_nodes(store: Store, run_id: int, digest: str) -> None:
-    """Delete the ``TunerStep`` nodes of one run (no edges touch them; none in a derived graph)."""
-    if getattr(store, "graph_is_derived", False):
-        return
-    store.cypher(
-        "MATCH (s:TunerStep) WHERE s.run_id = $r AND s.content_hash = $h DELETE s", {"r": run_id, "h": digest}
-    )

@@ -201,7 +201,7 @@ def _add_global_options(p: argparse.ArgumentParser, *, default: object) -> None:
     p.add_argument(
         "--store",
         default=default,
-        help=f"store directory or neo4j://user:pass@host:7687 URL "
+        help=f"store directory, or neo4j://user:pass@host:7687 to read what was published there "
         f"(default: ${_STORE_ENV_VAR} or ./{_DEFAULT_STORE})",
     )
     p.add_argument(

@@ -29,8 +29,10 @@ from etstore import store as stores  # the package; its backends load on first u
 from etstore.cli import _interrupt_command
 from etstore.cli._console import DeferredConsole
 from etstore.cli._render import FORMATS, json_text
-from etstore.errors import OptionError
+from etstore.errors import OptionError, StoreError
 from etstore.progress import ProgressFn
+from etstore.store._location import resolve_location
+from etstore.store._neo4j_target import parse_url, writes_refused
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -127,12 +129,27 @@ def _purpose(args: argparse.Namespace) -> str:
     return str(getattr(args, "command", None) or "etstore")
 
 
+def _refuse_server_writes(args: argparse.Namespace) -> None:
+    """A command that writes, given a server's URL: refused in one line before anything is
+    opened (a server holds what ``etstore publish`` sends, :mod:`etstore.store.neo4j`); one
+    that takes ``--no-record`` is told it reads the server with it."""
+    location, backend = resolve_location(args.store)
+    if backend == "neo4j":
+        hint = "; or pass --no-record to read it without recording" if hasattr(args, "no_record") else ""
+        raise StoreError(
+            f"etstore {_purpose(args)} writes; {writes_refused(parse_url(location).location)}{hint}"
+        )
+
+
 def open_from_args(args: argparse.Namespace, *, read_only: bool = False) -> Store:
     """The store ``--store`` names (default: ``$ETSTORE_STORE``, then ``./.etstore``).
 
     An embedded store waits ``--wait`` seconds for other processes (saying so on
-    stderr), and one opened for writing makes Ctrl-C stop the command at once.
+    stderr), and one opened for writing makes Ctrl-C stop the command at once. A server's
+    URL opens for reading only: a command that writes is refused in one line.
     """
+    if not read_only:
+        _refuse_server_writes(args)
     store = stores.open_store(
         args.store,
         write=not read_only,
@@ -140,7 +157,7 @@ def open_from_args(args: argparse.Namespace, *, read_only: bool = False) -> Stor
         notify=say,
         purpose=_purpose(args),
     )
-    if not read_only and isinstance(store, stores.EmbeddedStore):  # a server serializes writers itself
+    if not read_only and isinstance(store, stores.EmbeddedStore):
         _guard_interrupts(store)
     return store
 
@@ -151,9 +168,11 @@ def open_to_record(args: argparse.Namespace) -> Iterator[Store | None]:
     ``--no-record``, that store read-only, or None where no store exists yet.
 
     Why: opening a directory creates a store there; a command that records nothing
-    (``sim --no-record`` on trace files) must leave nothing behind.
+    (``sim --no-record`` on trace files) must leave nothing behind. A server's URL is read
+    with ``--no-record`` only (recording there is refused in one line that says so).
     """
     if not args.no_record:
+        _refuse_server_writes(args)
         with open_from_args(args) as store:
             yield store
     else:
@@ -168,6 +187,8 @@ def open_inputs(args: argparse.Namespace) -> Iterator[Store | None]:
     Why: a long command (a sweep) reads its inputs, closes the store and opens it for writing
     only to record, so other writers wait for a write, not for the whole computation.
     """
+    if not getattr(args, "no_record", True):  # it will record: refused before the computation
+        _refuse_server_writes(args)
     if stores.store_exists(args.store):
         with open_from_args(args, read_only=True) as store:
             yield store

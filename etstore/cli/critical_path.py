@@ -11,7 +11,7 @@ import pyarrow as pa
 
 from etstore.cli._common import add_format, open_from_args, progress_to
 from etstore.cli._tables import add_limit, add_table, chosen_table, one_row, print_table
-from etstore.errors import OptionError
+from etstore.errors import OptionError, StoreError
 from etstore.progress import ProgressFn
 from etstore.query import critical_path
 from etstore.report import critical_path_steps, schedule_critical_path
@@ -88,6 +88,16 @@ def _run_path(args: argparse.Namespace, console: Console) -> int:
         (run,) = run_infos(warehouse, [args.run])
         if args.trace is not None and args.trace != run.trace:
             raise OptionError(f"run {args.run} simulated {run.trace!r}, not {args.trace!r}")
+        if (
+            run.num_ops
+            and not warehouse.query(
+                "SELECT count(*) FROM op_timings WHERE run_id = $r", {"r": run.run_id}
+            ).scalar()
+        ):
+            raise StoreError(
+                f"run {run.run_id} has no per-op timings in {store.location}: a server's copy of "
+                "published runs holds none; read it in the store that recorded it"
+            )
         _report(step, "path", 0)
         path = schedule_critical_path(warehouse, run).drop_columns(["row"])
         _report(step, "path", 1)

@@ -103,7 +103,8 @@ def run_demo(*, store_location: str | None, console: Console, out_dir: Path) -> 
     Parameters
     ----------
     store_location
-        Store directory or ``neo4j://`` URL (``None``: ``$ETSTORE_STORE``, then ``./.etstore``).
+        Store directory (``None``: ``$ETSTORE_STORE``, then ``./.etstore``); the demo writes,
+        so a ``neo4j://`` URL is refused (publish the demo's store there instead).
     console
         Where each stage prints its heading, queries and tables.
     out_dir

@@ -53,8 +53,12 @@ def _rows(report: PublishReport) -> Rows:
         {"what": "names removed", "count": report.names_removed},
         {"what": "contents removed", "count": report.contents_removed},
         {"what": "lineage pairs added", "count": report.lineage_added},
+        {"what": "lineage pairs removed", "count": report.lineage_removed},
+        {"what": "payloads sent for contents already there", "count": report.payloads_sent},
         {"what": "interrupted publishes swept", "count": report.swept},
     ]
+    if report.legacy_upgraded:
+        rows.append({"what": "former backend contents upgraded", "count": report.legacy_upgraded})
     for label, n in report.records_added.items():
         rows.append({"what": f"{label} added", "count": n})
     for label, n in report.records_removed.items():

@@ -1,4 +1,5 @@
-"""Stores: the embedded default (Ladybug + DuckDB + catalog) and Neo4j, one interface.
+"""Stores: the embedded default (Ladybug + DuckDB + catalog), and a Neo4j server's published
+data read through the same interface.
 
 The backends, the interface and the warehouse are imported on first use (PEP 562), so
 importing the package, or a light module of it (the catalog, the lock, the listing of an

@@ -1,9 +1,9 @@
-"""The Neo4j backend's connection: one driver per store, sessions in the store's access mode,
-and statements whose engine failures become one-line :class:`StoreError` naming the server
-(never its credentials).
+"""A connection to a Neo4j server: one driver per handle, sessions in its access mode (READ for
+the read view, :mod:`etstore.store.neo4j`; WRITE for ``etstore publish``), and statements whose
+engine failures become one-line :class:`StoreError` naming the server (never its credentials).
 
 READ access mode stops every write to the graph and to the system database, but not what
-administers the server from any session: ``TERMINATE TRANSACTIONS`` (another client's ingest
+administers the server from any session: ``TERMINATE TRANSACTIONS`` (another client's publish
 among them) and procedures such as ``dbms.killConnections`` or ``db.clearQueryCaches``. So a
 read-only store's sessions also refuse, in one line, statements that administer
 (:func:`administration`); ``SHOW`` commands and read procedures pass.
@@ -12,8 +12,7 @@ read-only store's sessions also refuse, in one line, statements that administer
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
 from typing import Any
 
 from etstore.errors import QueryError, StoreError
@@ -138,24 +137,6 @@ class Bolt:
                 s.execute_write(lambda tx: tx.run(query, dict(params)).consume())
         except (neo4j.exceptions.Neo4jError, neo4j.exceptions.DriverError) as exc:
             raise StoreError(f"{self.location}: {message(exc)}") from exc
-
-    @contextmanager
-    def writer(self, single: bool, seq: int) -> Iterator[Callable[[str, Mapping[str, Any]], None]]:
-        """Run statements in one transaction (``single``), or one transaction per statement,
-        each followed by a heartbeat on content ``seq`` so no other client sweeps it as
-        abandoned. Engine failures propagate as the driver raises them."""
-        with self.session(write=True) as s:
-            if single:
-                with s.begin_transaction() as tx:
-                    yield lambda q, p: tx.run(q, dict(p)).consume()
-                    tx.commit()
-                return
-
-            def run(q: str, p: Mapping[str, Any]) -> None:
-                s.execute_write(lambda tx: tx.run(q, dict(p)).consume())
-                s.run("MATCH (c:EtstoreContent {seq: $s}) SET c.heartbeat = timestamp()", s=seq).consume()
-
-            yield run
 
 
 class _ReadSession:

@@ -47,7 +47,7 @@ def translate_cypher(query: str) -> str:
 
 def driver() -> Any:
     """The ``neo4j`` driver package."""
-    import neo4j  # about a second to import: only server stores pay for it, on first use
+    import neo4j  # about a second to import: only server readers and publishes pay for it, on first use
 
     return neo4j
 

@@ -1,18 +1,19 @@
-"""Bulk-load pieces of the Neo4j backend: batched Cypher for nodes and edges, and the payload.
+"""What ``etstore publish`` sends of a content, in the form the server keeps it: batched Cypher
+for nodes and edges, and the payload.
 
 Rows travel to the server column-wise (one list parameter per column, ``UNWIND
 range(...)``): the driver packs a list of ints far faster than a list of maps,
 and columns that are all null in a batch are left out of the statement.
 
-The *payload* is the trace's lossless columnar form (ops with raw attributes,
-deps, missing deps, meta) as zstd-compressed Arrow IPC streams, split into
-``EtstorePayload`` nodes of at most :data:`CHUNK_BYTES`; ``load`` and the
-client-side SQL warehouse read it back byte-exact, whichever client ingested.
+The *payload* is the content's lossless columnar form (ops with raw attributes, deps,
+missing deps, meta) as zstd-compressed Arrow IPC streams, split into ``Payload`` nodes of
+at most :data:`CHUNK_BYTES`; the read view (:mod:`etstore.store.neo4j`) gives it back from
+``load`` byte-exact, and fills its client-side SQL tables from it, whichever store published.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -20,7 +21,6 @@ import pyarrow.compute as pc
 
 from etstore.errors import StoreError
 from etstore.model import DEPS_SCHEMA, META_SCHEMA, OPS_SCHEMA, Trace
-from etstore.store.graph import lineage_edges, uid_base
 
 __all__ = [
     "CHUNK_BYTES",
@@ -28,10 +28,10 @@ __all__ = [
     "Batch",
     "decode_payload",
     "edge_batches",
-    "encode_payload",
-    "lineage_links",
     "node_batches",
-    "uid_table",
+    "payload_batches",
+    "payload_chunks",
+    "trace_payload",
 ]
 
 CHUNK_BYTES = 4 << 20
@@ -103,66 +103,85 @@ def edge_batches(edges: pa.Table, rel: str, batch_rows: int) -> Iterator[Batch]:
         yield query, params, stop - start
 
 
-def encode_payload(
-    trace: Trace | None, extra: Mapping[str, pa.Table] | None = None
-) -> list[tuple[str, int, bytes]]:
-    """The trace's tables (none for ``None``) and the ``extra`` tables by name (lineage rows,
-    ``lineage@<parent seq>``) as (table, part, bytes) chunks of compressed Arrow IPC."""
+class _Sink:
+    """A write-only file that keeps what was written until it is taken (:func:`payload_chunks`)."""
+
+    def __init__(self) -> None:
+        self.buffer = bytearray()
+        self.closed = False
+
+    def write(self, data: Any) -> int:
+        self.buffer += bytes(data)
+        return len(data)
+
+    def flush(self) -> None:
+        """Nothing to flush: the bytes stay in :attr:`buffer`."""
+
+    def close(self) -> None:
+        self.closed = True
+
+    def take(self, size: int) -> bytes:
+        """The first ``size`` bytes written and not yet taken."""
+        out = bytes(self.buffer[:size])
+        del self.buffer[:size]
+        return out
+
+
+def payload_chunks(table: str, pages: Iterable[pa.Table]) -> Iterator[tuple[str, int, bytes]]:
+    """One payload table (``ops``, ``deps``, ``missing`` or ``meta``) as ``(table, part, bytes)``
+    chunks of one zstd-compressed Arrow IPC stream, cut at :data:`CHUNK_BYTES` as it is written.
+
+    ``pages`` are the table's rows in order, a page at a time, cast to the table's schema here;
+    memory holds one page and one chunk, whatever the table's size. A table of no rows is one
+    small chunk (the stream's schema), so every table is present. O(rows).
+    """
+    schema = PAYLOAD_TABLES[table]
+    sink = _Sink()
+    part = 0
     options = pa.ipc.IpcWriteOptions(compression="zstd")
-    chunks: list[tuple[str, int, bytes]] = []
-    tables: dict[str, pa.Table] = {name: getattr(trace, name) for name in PAYLOAD_TABLES} if trace else {}
-    tables.update(extra or {})
-    for name, table in tables.items():
-        sink = pa.BufferOutputStream()
-        with pa.ipc.new_stream(sink, table.schema, options=options) as writer:
-            writer.write_table(table, max_chunksize=1 << 16)
-        data = sink.getvalue().to_pybytes()
-        for part, off in enumerate(range(0, max(len(data), 1), CHUNK_BYTES)):
-            chunks.append((name, part, data[off : off + CHUNK_BYTES]))
-    return chunks
+    with pa.ipc.new_stream(sink, schema, options=options) as writer:
+        for page in pages:
+            writer.write_table(page.select(schema.names).cast(schema), max_chunksize=1 << 16)
+            while len(sink.buffer) >= CHUNK_BYTES:
+                yield table, part, sink.take(CHUNK_BYTES)
+                part += 1
+    while sink.buffer or part == 0:
+        yield table, part, sink.take(CHUNK_BYTES)
+        part += 1
+
+
+def trace_payload(trace: Trace) -> Iterator[tuple[str, int, bytes]]:
+    """Every payload table of an in-memory ``trace`` (:func:`payload_chunks`)."""
+    for name in PAYLOAD_TABLES:
+        yield from payload_chunks(name, [getattr(trace, name)])
+
+
+def payload_batches(trace_id: int, chunks: Iterable[tuple[str, int, bytes]]) -> Iterator[Batch]:
+    """One ``CREATE (:Payload ...)`` statement per chunk of content ``trace_id`` (each counts as
+    no row: progress and the one-transaction choice count nodes and edges)."""
+    for table, part, data in chunks:
+        yield (
+            "CREATE (:Payload {trace_id: $t, table: $table, part: $part, data: $data})",
+            {"t": trace_id, "table": table, "part": part, "data": data},
+            0,
+        )
 
 
 def decode_payload(chunks: Sequence[tuple[str, int, bytes]], where: str) -> dict[str, pa.Table]:
-    """Invert :func:`encode_payload` (lineage tables are present only if they were stored);
-    ``where`` names the trace in errors."""
+    """Invert :func:`payload_chunks`: each payload table from its chunks; ``where`` names the
+    trace in errors."""
     parts: dict[str, list[tuple[int, bytes]]] = {}
     for name, part, data in chunks:
         parts.setdefault(name, []).append((part, data))
     missing = [name for name in PAYLOAD_TABLES if name not in parts]
     if missing:
-        raise StoreError(f"{where}: the stored payload lacks its {missing[0]} table; re-ingest the trace")
+        raise StoreError(f"{where}: the stored payload lacks its {missing[0]} table; publish the trace again")
     tables: dict[str, pa.Table] = {}
-    for name, pieces in parts.items():
-        data = b"".join(d for _, d in sorted(pieces))
+    for name, schema in PAYLOAD_TABLES.items():
+        data = b"".join(d for _, d in sorted(parts[name]))
         try:
             table = pa.ipc.open_stream(pa.py_buffer(data)).read_all()
         except pa.ArrowInvalid as exc:
             raise StoreError(f"{where}: the stored {name} payload is damaged: {exc}") from exc
-        tables[name] = table.cast(PAYLOAD_TABLES[name]) if name in PAYLOAD_TABLES else table
+        tables[name] = table.cast(schema)
     return tables
-
-
-def uid_table(ops: pa.Table, seq: int) -> pa.Table:
-    """``rank``, ``id``, ``uid`` of content ``seq``'s ops (its payload's ``ops``, in uid order)."""
-    base = uid_base(seq)
-    return pa.table(
-        {"rank": ops["rank"], "id": ops["id"], "uid": pa.array(range(base, base + ops.num_rows), pa.int64())}
-    )
-
-
-def lineage_links(lineage: pa.Table, child: pa.Table, parent: pa.Table, what: str) -> pa.Table:
-    """Lineage rows with uids (``child`` and ``parent`` from :func:`uid_table`): ``from``/``to``
-    for the ``BECOMES`` edges plus the columns of the SQL ``lineage`` table, which the payload
-    keeps so every client's warehouse gets them."""
-    links = lineage_edges(lineage, child, parent, what=what)
-    return pa.table(
-        {
-            "from": links["from"],
-            "to": links["to"],
-            "rank": lineage["rank"].cast(pa.int32()),
-            "id": lineage["id"].cast(pa.uint64()),
-            "parent_id": lineage["parent_id"].cast(pa.uint64()),
-            "parent_uid": links["from"],
-            "uid": links["to"],
-        }
-    )

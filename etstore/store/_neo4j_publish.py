@@ -4,22 +4,26 @@
 in the graph schema of the embedded store's index (:mod:`etstore.store.graph`) plus a few
 bookkeeping and run nodes (``docs/neo4j.md``, "Publishing to Neo4j"):
 
-- ``(:Content {content_hash, kind, trace_id, ranks, ops, deps, messages, status, lineage_from,
-  heartbeat})``: one published content. ``trace_id`` is the server's id for it, given out by
-  the counter the Neo4j backend also uses (``EtstoreCounter 'trace_seq'``), so uids
-  (``trace_id << 40 | row``) are unique across every store that publishes here.
-  ``lineage_from`` lists the parent contents whose ``BECOMES`` edges reach it.
-- ``(:Trace {name, trace_id, kind, ranks, ops, parent, source, store})``: one per published
-  name, owned by the store (``store``) that published it.
+- ``(:Content {content_hash, kind, trace_id, ranks, ops, deps, missing, messages, status,
+  lineage_from, heartbeat, payload})``: one published content. ``trace_id`` is the server's id
+  for it, given out by one counter (``EtstoreCounter 'trace_seq'``, the former backend's too),
+  so uids (``trace_id << 40 | row``) are unique across every store that publishes here.
+  ``lineage_from`` lists the parent contents whose ``BECOMES`` edges reach it; ``payload``
+  says its ``Payload`` nodes are all there.
+- ``(:Payload {trace_id, table, part, data})``: the content's lossless form in chunks
+  (:func:`~etstore.store._neo4j_load.payload_chunks`), what a reader's ``load`` returns.
+- ``(:Trace {name, trace_id, kind, ranks, ops, parent, source, store, params, created,
+  parent_trace_id})``: one per published name, owned by the store (``store``) that published it.
 - ``(:Store {store_id, location})``: a store that publishes here.
 - run nodes keyed by ``key`` (a hash of the local row), each with child rows
-  (:meth:`Server.write_records`).
+  (:meth:`Server.write_records`; their shapes: :mod:`etstore.store._neo4j_records`).
 
 A content is written while its ``Content`` node says ``loading`` (its ops carry its
 ``trace_id`` but no ``Trace`` node names it, so queries that join through ``Trace`` do not
 see it) and flips to ``ready`` in the transaction that creates its ``Trace`` nodes. A failed
 load is removed at once; one whose client died is swept by the next publish once its
 heartbeat is ``stale_after_s`` old. A content no ``Trace`` node names any more is removed.
+This is the only writer of a server; :mod:`etstore.store.neo4j` reads what it wrote.
 """
 
 from __future__ import annotations
@@ -32,9 +36,9 @@ from typing import Any
 
 from etstore.errors import StoreError
 from etstore.progress import ProgressFn
+from etstore.store import _neo4j_migrate
 from etstore.store._neo4j_bolt import Bolt
-from etstore.store._neo4j_catalog import SCHEMA as BACKEND_SCHEMA
-from etstore.store._neo4j_dialect import driver, message
+from etstore.store._neo4j_dialect import driver, message, plain
 from etstore.store._neo4j_load import Batch
 from etstore.store._neo4j_target import parse_url
 from etstore.store.graph import UID_SHIFT, uid_base
@@ -43,13 +47,13 @@ __all__ = ["Children", "Loading", "RecordSet", "Server", "ServerContent"]
 
 log = logging.getLogger(__name__)
 
-_SHARED = [s for s in BACKEND_SCHEMA if "(o:Op)" in s or "(t:Trace)" in s or "EtstoreCounter" in s]
-"""The backend's constraints on ``Op``, ``Trace`` and the id counter: the same names and
-definitions, so a server holding both stays consistent."""
-assert len(_SHARED) == 5, "the backend's Op, Trace and counter constraints moved"
-
 _SCHEMA = [
-    *_SHARED,
+    "CREATE CONSTRAINT etstore_op_uid IF NOT EXISTS FOR (o:Op) REQUIRE o.uid IS UNIQUE",
+    "CREATE INDEX etstore_op_trace_id IF NOT EXISTS FOR (o:Op) ON (o.trace_id)",
+    "CREATE CONSTRAINT etstore_trace_node_name IF NOT EXISTS FOR (t:Trace) REQUIRE t.name IS UNIQUE",
+    "CREATE INDEX etstore_trace_node_id IF NOT EXISTS FOR (t:Trace) ON (t.trace_id)",
+    "CREATE CONSTRAINT etstore_counter IF NOT EXISTS FOR (c:EtstoreCounter) REQUIRE c.name IS UNIQUE",
+    "CREATE INDEX etstore_pub_payload IF NOT EXISTS FOR (p:Payload) ON (p.trace_id)",
     "CREATE CONSTRAINT etstore_pub_content IF NOT EXISTS "
     "FOR (c:Content) REQUIRE (c.content_hash, c.kind) IS UNIQUE",
     "CREATE CONSTRAINT etstore_pub_content_id IF NOT EXISTS FOR (c:Content) REQUIRE c.trace_id IS UNIQUE",
@@ -80,6 +84,7 @@ class ServerContent:
     status: str
     lineage_from: tuple[int, ...]
     idle_ms: int  # since its last heartbeat
+    payload: bool  # its Payload nodes are all there (not so for a content an older etstore published)
 
 
 @dataclass
@@ -190,19 +195,25 @@ class Server:
         rows = self.run(
             "UNWIND $keys AS x MATCH (c:Content {content_hash: x.h, kind: x.k}) "
             "RETURN c.content_hash AS h, c.kind AS k, c.trace_id AS t, c.status AS s, "
-            "coalesce(c.lineage_from, []) AS l, timestamp() - coalesce(c.heartbeat, 0) AS idle",
+            "coalesce(c.lineage_from, []) AS l, timestamp() - coalesce(c.heartbeat, 0) AS idle, "
+            "coalesce(c.payload, false) AS p",
             {"keys": keys},
         )
         return {
             (r["h"], r["k"]): ServerContent(
-                int(r["t"]), r["s"], tuple(int(x) for x in r["l"]), int(r["idle"])
+                int(r["t"]), r["s"], tuple(int(x) for x in r["l"]), int(r["idle"]), bool(r["p"])
             )
             for r in rows
         }
 
     def traces(self) -> dict[str, dict[str, Any]]:
-        """Every ``Trace`` node's properties by name (another store's and the backend's too)."""
-        return {r["t"]["name"]: dict(r["t"]) for r in self.run("MATCH (t:Trace) RETURN t")}
+        """Every ``Trace`` node's properties by name, as plain values (another store's too)."""
+        return {r["t"]["name"]: plain(dict(r["t"])) for r in self.run("MATCH (t:Trace) RETURN t")}
+
+    def upgrade_legacy(self) -> int:
+        """Upgrade what etstore's former Neo4j backend wrote here to this form
+        (:func:`etstore.store._neo4j_migrate.upgrade`); returns the contents upgraded."""
+        return _neo4j_migrate.upgrade(self.bolt)
 
     def claim(self, content_hash: str, kind: str, counts: Mapping[str, int]) -> int:
         """A new ``loading`` content and its server trace id, in one transaction.
@@ -280,7 +291,7 @@ class Server:
         """The commit point of a content: ``ready``, its lineage recorded, its names' ``Trace`` nodes."""
         tx.run(
             "MATCH (c:Content {trace_id: $t, status: 'loading'}) SET c.status = 'ready', "
-            "c.lineage_from = $l, c.heartbeat = timestamp() "
+            "c.lineage_from = $l, c.heartbeat = timestamp(), c.payload = true "
             "WITH c UNWIND $children AS k MATCH (x:Content {trace_id: k}) "
             "SET x.lineage_from = x.lineage_from + [$t]",
             {"t": job.trace_id, "l": job.lineage_from, "children": job.children},
@@ -330,6 +341,35 @@ class Server:
                 progress("lineage", min(done, rows), rows)
         self.bolt.write_tx(mark, {"c": child, "p": parent})
 
+    def drop_lineage(self, child: int, parent: int) -> None:
+        """Remove the ``BECOMES`` edges from content ``parent`` to content ``child`` (in bounded
+        transactions), then ``parent`` from the child's ``lineage_from``."""
+        self.run(
+            "MATCH (a:Op {trace_id: $p})-[r:BECOMES]->(b:Op) WHERE b.trace_id = $c "
+            "CALL { WITH r DELETE r } IN TRANSACTIONS OF 10000 ROWS",
+            {"p": parent, "c": child},
+        )
+        self.run(
+            "MATCH (c:Content {trace_id: $c}) SET c.lineage_from = [x IN c.lineage_from WHERE x <> $p]",
+            {"c": child, "p": parent},
+        )
+
+    def add_payload(self, trace_id: int, batches: Iterable[Batch], missing: int) -> None:
+        """The ``Payload`` nodes of ready content ``trace_id``, published by an etstore that sent
+        none: any left by an interrupted attempt are removed first, the chunks written one
+        transaction each, then ``payload`` (and the ``missing`` count) set on the content, after
+        which readers use them."""
+        self.run(
+            "MATCH (p:Payload {trace_id: $t}) CALL { WITH p DELETE p } IN TRANSACTIONS OF 10 ROWS",
+            {"t": trace_id},
+        )
+        for q, params, _n in batches:
+            self.bolt.write_tx(q, params)
+        self.run(
+            "MATCH (c:Content {trace_id: $t}) SET c.payload = true, c.missing = $m",
+            {"t": trace_id, "m": missing},
+        )
+
     # ------------------------------------------------------------ names and removal
 
     def sync_names(self, store: str, upserts: list[dict[str, Any]], removals: list[str]) -> None:
@@ -346,8 +386,8 @@ class Server:
                 ).consume()
 
     def purge(self, trace_id: int) -> None:
-        """Remove content ``trace_id``: its ops with their edges (in bounded transactions), then
-        its node (last, so an interrupted purge is found again by :meth:`sweep`)."""
+        """Remove content ``trace_id``: its ops with their edges (in bounded transactions) and its
+        payload, then its node (last, so an interrupted purge is found again by :meth:`sweep`)."""
         lo = uid_base(trace_id)
         self.run(
             "MATCH (c:Content {trace_id: $t}) SET c.status = 'deleting', c.heartbeat = timestamp()",
@@ -357,6 +397,10 @@ class Server:
             "MATCH (o:Op) WHERE o.uid >= $lo AND o.uid < $hi "
             "CALL { WITH o DETACH DELETE o } IN TRANSACTIONS OF 10000 ROWS",
             {"lo": lo, "hi": lo + (1 << UID_SHIFT)},
+        )
+        self.run(
+            "MATCH (p:Payload {trace_id: $t}) CALL { WITH p DELETE p } IN TRANSACTIONS OF 10 ROWS",
+            {"t": trace_id},
         )
         self.run(
             "MATCH (x:Content) WHERE $t IN x.lineage_from "

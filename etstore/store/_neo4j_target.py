@@ -1,4 +1,4 @@
-"""Where a Neo4j store is: its URL, credentials and the client-side warehouse directory.
+"""Where a Neo4j server is: its URL, credentials and the client-side warehouse directory.
 
 Credentials come from the URL (``neo4j://user:pass@host:7687``) or from
 ``NEO4J_USERNAME``/``NEO4J_USER`` and ``NEO4J_PASSWORD``; the printable
@@ -16,12 +16,19 @@ from urllib.parse import unquote, urlsplit
 
 from etstore.errors import StoreError
 
-__all__ = ["NEO4J_SCHEMES", "WAREHOUSE_ENV", "Neo4jTarget", "default_warehouse", "parse_url"]
+__all__ = [
+    "NEO4J_SCHEMES",
+    "WAREHOUSE_ENV",
+    "Neo4jTarget",
+    "default_warehouse",
+    "parse_url",
+    "writes_refused",
+]
 
 WAREHOUSE_ENV = "ETSTORE_WAREHOUSE"
 """Environment variable naming the directory of the client-side DuckDB warehouse."""
 NEO4J_SCHEMES = ("neo4j", "neo4j+s", "neo4j+ssc", "bolt", "bolt+s", "bolt+ssc")
-"""URL schemes that select the Neo4j backend."""
+"""URL schemes that name a Neo4j server (read through :mod:`etstore.store.neo4j`)."""
 
 
 @dataclass(frozen=True)
@@ -85,3 +92,12 @@ def default_warehouse(target: Neo4jTarget) -> Path:
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
     slug = re.sub(r"[^A-Za-z0-9.]+", "_", target.location.split("://", 1)[1])
     return cache / "etstore" / "neo4j" / slug
+
+
+def writes_refused(location: str) -> str:
+    """The one line every write through a server's URL is refused with (``location`` is the
+    printable one, :attr:`Neo4jTarget.location`): a server holds what ``etstore publish`` sends."""
+    return (
+        f"{location} is read-only: a server holds what etstore publish sends it; ingest, remove and "
+        f"record into a store directory (--store DIR), then run etstore publish {location}"
+    )

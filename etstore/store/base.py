@@ -120,8 +120,9 @@ class Store(Protocol):
         StoreError
             The store is read-only, ``name`` is taken by different content, the kind
             or a dependency kind is unknown, lineage comes without a parent, the
-            lineage names absent ops, another client is ingesting the same content
-            (server stores), or an engine fails (nothing is left behind).
+            lineage names absent ops, or an engine fails (nothing is left behind);
+            a Neo4j server's reader refuses every ingest (data reaches a server by
+            ``etstore publish``).
         UnknownTraceError
             ``parent`` is not a stored trace.
 
@@ -176,8 +177,7 @@ class Store(Protocol):
         -----
         The embedded store holds one part at a time plus about 24 bytes per send and
         receive; its graph loads table by table from files it spools inside the store,
-        each table with a buffer pool sized from its rows. The Neo4j backend gathers the
-        parts into one trace first.
+        each table with a buffer pool sized from its rows.
         """
         ...
 

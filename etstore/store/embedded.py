@@ -32,7 +32,7 @@ import time
 import weakref
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import pyarrow as pa
 
@@ -93,9 +93,6 @@ class EmbeddedStore:
     interrupted writer left is swept by the next open, a read-only one included, before it
     reads.
     """
-
-    graph_is_derived: ClassVar[bool] = True
-    """The graph is an index built from the warehouse: nothing writes it but the index."""
 
     def __init__(
         self,

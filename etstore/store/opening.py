@@ -24,15 +24,16 @@ def open_store(
     notify: Callable[[str], None] | None = None,
     purpose: str = "",
 ) -> Store:
-    """Open a store: a directory (embedded) or a ``neo4j://`` / ``bolt://`` URL; read-only
-    unless ``write=True``.
+    """Open a store: a directory (embedded), or a ``neo4j://`` / ``bolt://`` URL (what stores
+    published to that server, read only); read-only unless ``write=True``.
 
     Parameters
     ----------
     location
         A store directory or a server URL; default ``$ETSTORE_STORE``, then ``./.etstore``.
     write
-        Open for writing (ingest, remove, record runs). An embedded store then has this
+        Open for writing (ingest, remove, record runs): a directory only, since a server holds
+        what ``etstore publish`` sends it. An embedded store then has this
         handle as its only writer until it is closed: leaving its ``with`` block, ``close()``,
         or, for a handle dropped without either, when it is garbage-collected or the
         interpreter exits. Other processes' commands wait for it meanwhile.
@@ -43,7 +44,7 @@ def open_store(
         An embedded store: how long to wait for another process's write (seconds; default
         ``$ETSTORE_WAIT``, then 300), a function told once in one line whom it waits for,
         and what this process is doing (shown to processes that wait for it). A server
-        serializes writers itself and ignores them.
+        ignores them.
 
     Returns
     -------
@@ -57,7 +58,8 @@ def open_store(
     OptionError
         ``write=True`` together with ``read_only=True``.
     StoreError
-        The URL scheme is unknown, or the store cannot be opened.
+        The URL scheme is unknown, a server URL with ``write=True`` (one line saying to
+        write a store directory and publish it), or the store cannot be opened.
 
     Notes
     -----

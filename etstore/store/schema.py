@@ -1,7 +1,8 @@
 """Every table and view the DuckDB warehouse holds: the one place etstore's SQL schema is written.
 
-Both backends (the embedded store's ``warehouse.duckdb`` and the Neo4j backend's
-client-side copy) create this schema at open (:class:`~etstore.store.warehouse.Warehouse`):
+Both the embedded store's ``warehouse.duckdb`` and the client-side copy of what was published
+to a Neo4j server (:mod:`etstore.store._mirror`) create this schema at open
+(:class:`~etstore.store.warehouse.Warehouse`):
 
 ``ops``, ``deps``, ``missing_deps``, ``meta``, ``messages``, ``lineage``, ``traces``
     the stored traces: each content once in ``trace_ops`` ... keyed by ``trace_id``
@@ -328,12 +329,13 @@ the way nccl-tests does (``size / time · busbw_factor``, bytes per ns), so they
 GB = 10^9, the one unit of every reported rate: they compare directly with ``measurements``
 and with the simulator's ``collectives`` and ``sweep_points``."""
 
-MIRROR_STATE_DDL = (
+MIRROR_STATE_DDL: tuple[str, ...] = (
     "CREATE TABLE IF NOT EXISTS _etstore_mirror_contents "
-    "(trace_id BIGINT PRIMARY KEY, content_hash VARCHAR, lineage VARCHAR, server VARCHAR)"
+    "(trace_id BIGINT PRIMARY KEY, content_hash VARCHAR, lineage VARCHAR, server VARCHAR)",
+    "CREATE TABLE IF NOT EXISTS _etstore_mirror_records (fingerprint VARCHAR, server VARCHAR)",
 )
-"""DDL of the Neo4j backend's bookkeeping in its client-side copy: which server content each
-local content is (created by that backend only)."""
+"""DDL of the bookkeeping in a Neo4j server's client-side copy (:mod:`etstore.store._mirror`):
+which server content each local content is, and which published records its run tables hold."""
 
 # Appends of at least one row group go straight to the database file at commit
 # instead of through the WAL and a checkpoint (a second full write). DuckDB's

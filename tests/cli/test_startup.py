@@ -22,7 +22,7 @@ from etstore.cli._render import Rows, json_text, render
 from etstore.errors import StoreError
 from etstore.store.listing import list_traces
 from etstore.store.upgrade import upgrade_store
-from etstore.testing import clear_store
+from etstore.testing import clear_server, serve
 from etstore.workloads import transformer
 
 FORMAT1_STORE = Path(__file__).parents[1] / "store" / "data" / "format1-store.tar.xz"
@@ -336,26 +336,23 @@ def test_plain_rows_align_numbers_right_and_text_left() -> None:
     assert buf.getvalue() == arrow.getvalue()
 
 
-def test_ls_of_a_server_lists_what_the_server_store_lists(
+def test_ls_of_a_server_lists_what_was_published_there(
     neo4j_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("ETSTORE_WAREHOUSE", str(tmp_path / "warehouse"))  # the child's too
     small = transformer(ranks=2, layers=1, tp=1)
-    with store.Neo4jStore(neo4j_url, stale_after_s=0) as s:
-        clear_store(s)
-        s.ingest(small, name="small")
+    serve(neo4j_url, tmp_path / "published", {"small": small})
     try:
         out, loaded = _run("--store", neo4j_url, "ls", "--format", "json", watch=("neo4j",))
-        with store.Neo4jStore(neo4j_url, read_only=True) as s:
+        with store.open_store(neo4j_url) as s:
             listed = [t.as_row() for t in s.traces()]
-        assert "neo4j" in loaded  # a server's listing is the server store's own
+        assert "neo4j" in loaded  # a server's listing is read from the server
         assert json.loads(out) == json.loads(json_text(listed))
         assert [(r["name"], r["ops"], r["deps"]) for r in listed] == [
             ("small", small.num_ops, small.num_deps)
         ]
     finally:
-        with store.Neo4jStore(neo4j_url, stale_after_s=0) as s:
-            clear_store(s)
+        clear_server(neo4j_url)
 
 
 def test_the_command_hides_pandas_from_pyarrow_and_answers_the_same(tmp_path: Path) -> None:

@@ -7,7 +7,7 @@
   existed) and keeps to ``$ETSTORE_MEMORY_BUDGET`` (it took DuckDB's 80% of RAM).
 - ``expand --where`` text runs in a DuckDB that may touch no file (it could ``read_csv``).
 - A read-only Neo4j session refuses what administers the server (``TERMINATE TRANSACTIONS``
-  killed another client's ingest; ``dbms.killConnections``, ``db.clearQueryCaches``).
+  killed another client's publish; ``dbms.killConnections``, ``db.clearQueryCaches``).
 - A store on a read-only file system answers ``ls``, ``sql``, ``show``, ``export`` and Cypher.
 """
 
@@ -29,8 +29,9 @@ from etstore.collectives.expand import expand
 from etstore.errors import QueryError
 from etstore.store import EmbeddedStore, open_store
 from etstore.store._graph_reader import sandbox_available
-from etstore.store.neo4j import Neo4jStore
-from etstore.testing import clear_store, trace_from_nodes, two_rank_allreduce
+from etstore.store._neo4j_bolt import Bolt
+from etstore.store._neo4j_target import parse_url
+from etstore.testing import clear_server, serve, trace_from_nodes, two_rank_allreduce
 from etstore.workloads import transformer
 
 SECRET = "hunter2-not-for-queries"
@@ -214,12 +215,9 @@ def test_a_store_on_a_read_only_file_system_can_be_read(
 @pytest.fixture
 def server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, neo4j_url: str) -> Iterator[str]:
     monkeypatch.setenv("ETSTORE_WAREHOUSE", str(tmp_path / "warehouse"))
-    with Neo4jStore(neo4j_url, stale_after_s=0) as s:
-        clear_store(s)
-        s.ingest(trace_from_nodes(*two_rank_allreduce()), name="t")
+    serve(neo4j_url, tmp_path / "published", {"t": trace_from_nodes(*two_rank_allreduce())})
     yield neo4j_url
-    with Neo4jStore(neo4j_url, stale_after_s=0) as s:
-        clear_store(s)
+    clear_server(neo4j_url)
 
 
 NEO4J_ADMIN = [
@@ -259,13 +257,15 @@ def test_neo4j_read_sessions_still_read_and_show(server: str) -> None:
 
 
 def test_a_neo4j_reader_cannot_kill_another_clients_write(server: str) -> None:
-    """A write transaction held open by another client survives every reader's attempt to end it."""
+    """A write transaction held open by another client (a publish) survives every reader's attempt
+    to end it."""
     held = threading.Event()
     finish = threading.Event()
     outcome: list[object] = []
 
     def writer() -> None:
-        with Neo4jStore(server) as w, w._bolt.session(write=True) as session:
+        bolt = Bolt(parse_url(server), read_only=False)
+        with bolt.session(write=True) as session:
             tx = session.begin_transaction()
             try:
                 tx.run("CREATE (:EtstoreProbe {at: timestamp()})").consume()
@@ -276,6 +276,7 @@ def test_a_neo4j_reader_cannot_kill_another_clients_write(server: str) -> None:
                 outcome.append("committed")
             except Exception as exc:  # terminated: what the reader must not be able to do
                 outcome.append(exc)
+        bolt.close()
 
     thread = threading.Thread(target=writer)
     thread.start()

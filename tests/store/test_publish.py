@@ -1,7 +1,8 @@
-"""``etstore publish``: an embedded store published to a real Neo4j server, read back with Cypher.
+"""``etstore publish``: an embedded store published to a real Neo4j server, read back through the
+server's URL (Cypher on the graph, SQL on the client-side copy of traces and runs).
 
 The server is the test server (``ETSTORE_TEST_NEO4J``), emptied before each case; what it
-holds is compared with the store's own graph index, query by query.
+holds is compared with the store's own graph index and tables, query by query.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from etstore.app._publish_records import RECORD_KINDS
 from etstore.app.ingest_files import ingest_paths
 from etstore.app.publish import publish, store_identity
 from etstore.app.runs import record_run
@@ -22,9 +24,11 @@ from etstore.collectives.stored import expand_stored
 from etstore.errors import StoreError, UnknownTraceError
 from etstore.sim import simulate
 from etstore.store import EmbeddedStore, open_store
-from etstore.store._neo4j_bolt import Bolt
 from etstore.store._neo4j_publish import Server
+from etstore.store._neo4j_records import SHAPES
 from etstore.store._neo4j_target import parse_url
+from etstore.store.graph import TUNER_STEP_PROPERTIES
+from etstore.testing import clear_server
 from etstore.topology import Topology
 from etstore.workloads import transformer
 
@@ -54,22 +58,33 @@ EXPANDED = (
 )
 
 
-def _empty(url: str) -> None:
-    bolt = Bolt(parse_url(url), read_only=False)
-    try:
-        bolt.run("MATCH (n) CALL { WITH n DETACH DELETE n } IN TRANSACTIONS OF 10000 ROWS", write=True)
-    finally:
-        bolt.close()
+# the published tables a reader's SQL copy holds, each as the store holds it (in one order)
+TABLES = {
+    "runs": "run_id",
+    "rank_breakdown": "run_id, rank",
+    "comparisons": "comparison_id, rank NULLS FIRST",
+    "opportunities": "trace, opportunity",
+    "measured_runs": "run_id",
+    "measurements": "run_id, line, in_place",
+    "tuner_runs": "run_id",
+}
+# what of a tuner step is published (the rest of its row stays in the store)
+STEP_COLUMNS = ", ".join(
+    [
+        "run_id",
+        "trace",
+        *(c for c in TUNER_STEP_PROPERTIES if c not in ("uid", "run", "content_hash", "trace_id")),
+    ]
+)
 
 
 @pytest.fixture
 def server(neo4j_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    """The test server, emptied before and after (every node: published graphs and backend
-    stores alike; the backend's cases count every ``Op`` on the server)."""
+    """The test server, emptied before and after."""
     monkeypatch.setenv("ETSTORE_WAREHOUSE", str(tmp_path / "server-warehouse"))
-    _empty(neo4j_url)
+    clear_server(neo4j_url)
     yield neo4j_url
-    _empty(neo4j_url)
+    clear_server(neo4j_url)
 
 
 def _filled(path: Path) -> EmbeddedStore:
@@ -124,6 +139,8 @@ def test_published_graph_and_runs_match_the_store_and_republishing_changes_nothi
     with _filled(tmp_path / "store") as store:
         local = _counts(store)
         runs = store.sql("SELECT trace, total_ns FROM runs ORDER BY run_id").to_pylist()
+        tables = {t: store.sql(f"SELECT * FROM {t} ORDER BY {o}").to_pylist() for t, o in TABLES.items()}
+        steps = store.sql(f"SELECT {STEP_COLUMNS} FROM tuner_steps ORDER BY run_id, step").to_pylist()
         ranks = store.sql("SELECT count(*) FROM rank_breakdown").scalar()
         measured = store.sql("SELECT count(*) FROM measurements").scalar()
         report = publish(store, server, progress=lambda phase, done, total: phases.append(phase))
@@ -146,8 +163,13 @@ def test_published_graph_and_runs_match_the_store_and_republishing_changes_nothi
         assert not again.changed, again
         assert again.contents_present == 4 and not any(again.records_added.values())
     assert _server_state(server) == before  # the same nodes and relationships, not one property changed
-    with open_store(server) as remote:  # the Neo4j backend, read-only, reads the published graph
+    with open_store(server) as remote:  # the server read through its URL: the published graph and runs
         assert _counts(remote) == local
+        for table, order in TABLES.items():  # the SQL copy holds the published runs as the store does
+            assert remote.sql(f"SELECT * FROM {table} ORDER BY {order}").to_pylist() == tables[table], table
+        assert (
+            remote.sql(f"SELECT {STEP_COLUMNS} FROM tuner_steps ORDER BY run_id, step").to_pylist() == steps
+        )
         got = remote.cypher(
             "MATCH (r:Run)-[:OF]->(t:Trace) RETURN r.trace AS trace, r.total_ns AS total_ns, "
             "t.trace_id = r.trace_id AS linked ORDER BY r.run_id"
@@ -216,7 +238,9 @@ def test_a_publish_killed_midway_leaves_nothing_visible(
                 publish(store, server, single_tx_rows=0)  # ops committed batch by batch
             with open_store(server) as remote:  # a failure removes what it wrote
                 assert (
-                    remote.cypher("MATCH (n) WHERE n:Op OR n:Trace OR n:Content RETURN count(n)").scalar()
+                    remote.cypher(
+                        "MATCH (n) WHERE n:Op OR n:Trace OR n:Content OR n:Payload RETURN count(n)"
+                    ).scalar()
                     == 0
                 )
             m.setattr(Server, "purge", lambda self, trace_id: None)  # a client that dies cleans nothing
@@ -342,3 +366,10 @@ def test_small_pages_and_batches_give_the_same_graph(
         assert report.contents_sent == 4
     with open_store(server) as remote:
         assert _counts(remote) == local
+
+
+def test_what_publish_sends_is_what_a_reader_reads_back() -> None:
+    """One protocol: every kind of record publish sends has the shape the reader's copy reads."""
+    sent = [(k.label, [(label, rel) for label, rel, _sql in k.children]) for k in RECORD_KINDS]
+    read = [(s.label, [(c.label, c.rel) for c in s.children]) for s in SHAPES]
+    assert sent == read

@@ -22,9 +22,8 @@ from etstore.cli import main
 from etstore.errors import QueryError, StoreError
 from etstore.store import EmbeddedStore, open_store
 from etstore.store._graph_reader import SandboxedGraph, sandbox_available
-from etstore.store.neo4j import Neo4jStore
 from etstore.store.warehouse import Warehouse
-from etstore.testing import clear_store, trace_from_nodes, two_rank_allreduce
+from etstore.testing import clear_server, serve, trace_from_nodes, two_rank_allreduce
 
 SECRET = "hunter2-not-for-queries"
 
@@ -310,12 +309,9 @@ def test_write_flag_still_writes(capsys: pytest.CaptureFixture[str], filled: Pat
 @pytest.fixture
 def server(work: Path, monkeypatch: pytest.MonkeyPatch, neo4j_url: str) -> Iterator[str]:
     monkeypatch.setenv("ETSTORE_WAREHOUSE", str(work / "warehouse"))
-    with Neo4jStore(neo4j_url, stale_after_s=0) as s:
-        clear_store(s)
-        s.ingest(trace_from_nodes(*two_rank_allreduce()), name="t")
+    serve(neo4j_url, work / "published", {"t": trace_from_nodes(*two_rank_allreduce())})
     yield neo4j_url
-    with Neo4jStore(neo4j_url, stale_after_s=0) as s:
-        clear_store(s)
+    clear_server(neo4j_url)
 
 
 NEO4J_CYPHER = [
@@ -364,5 +360,5 @@ def test_neo4j_read_only_sql(
     _one_line_error(capsys.readouterr().err)
     assert not list((work / "cwd").iterdir())
     assert _state(capsys, server) == before == ([("t", OPS, DEPS)], (OPS, DEPS, 1), OPS)
-    with open_store(server, write=True) as s:  # the local copy still serves a writable store
+    with open_store(server) as s:  # the local copy still serves the next reader
         assert s.sql("SELECT count(*) FROM ops").scalar() == OPS

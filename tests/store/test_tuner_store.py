@@ -12,6 +12,7 @@ import pyarrow as pa
 import pytest
 
 from etstore.app.ingest_files import ingest_paths
+from etstore.app.publish import publish
 from etstore.app.runs import record_sweep
 from etstore.app.tuner import remove_tuner_run, store_tuner_run
 from etstore.cli import main
@@ -20,10 +21,9 @@ from etstore.errors import StoreError, TraceFormatError, UnknownTraceError
 from etstore.ingest import read_msccl_xml
 from etstore.ingest.tuner import read_tuner_log
 from etstore.sim.sweep import sweep
-from etstore.store import EmbeddedStore, Store
-from etstore.store.neo4j import Neo4jStore
+from etstore.store import EmbeddedStore, Store, open_store
 from etstore.store.warehouse import Warehouse
-from etstore.testing import clear_store
+from etstore.testing import clear_server
 
 ROOT = Path(__file__).resolve().parents[2]
 CSV = ROOT / "examples" / "tuner" / "nccl_tuner_4r.csv"
@@ -326,28 +326,30 @@ def test_a_step_linked_to_a_second_name_reaches_the_shared_content(tmp_path: Pat
 # ---------------------------------------------------------------- Neo4j
 
 
-@pytest.fixture
-def neo4j_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, neo4j_url: str) -> Iterator[Neo4jStore]:
+def test_published_steps_join_the_dags_they_ran_on_the_server(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, neo4j_url: str
+) -> None:
     monkeypatch.setenv("ETSTORE_WAREHOUSE", str(tmp_path / "warehouse"))
-    with Neo4jStore(neo4j_url, stale_after_s=0) as s:
-        clear_store(s)
-        s.cypher("MATCH (t:TunerStep) DELETE t")
-        yield s
-        s.cypher("MATCH (t:TunerStep) DELETE t")
-        clear_store(s)
-
-
-def test_neo4j_cypher_joins_steps_to_the_dags_they_ran(neo4j_store: Neo4jStore) -> None:
-    _algorithms(neo4j_store)
-    stats = ingest_paths(neo4j_store, [CSV])
-    assert [(t.rows, t.linked) for t in stats.tuner] == [(12, 5)]
-    got = neo4j_store.cypher(_BY_TRACE).to_pylist()
-    assert got == [
-        {"trace": "ring_allreduce_4r", "steps": 1, "pairs": 120},
-        {"trace": "tree-allreduce-4r-1c", "steps": 4, "pairs": 240},
-    ]
-    remove_tuner_run(neo4j_store, "nccl_tuner_4r")
-    assert neo4j_store.cypher("MATCH (s:TunerStep) RETURN count(s)").scalar() == 0
+    clear_server(neo4j_url)
+    try:
+        with EmbeddedStore(tmp_path / "store") as store:
+            _algorithms(store)
+            stats = ingest_paths(store, [CSV])
+            assert [(t.rows, t.linked) for t in stats.tuner] == [(12, 5)]
+            publish(store, neo4j_url)
+            with open_store(neo4j_url) as server:
+                assert server.cypher(_BY_TRACE).to_pylist() == [
+                    {"trace": "ring_allreduce_4r", "steps": 1, "pairs": 120},
+                    {"trace": "tree-allreduce-4r-1c", "steps": 4, "pairs": 240},
+                ]
+                assert server.sql("SELECT count(*) FROM tuner_steps").scalar() == 12
+            remove_tuner_run(store, "nccl_tuner_4r")
+            publish(store, neo4j_url, prune=True)
+            with open_store(neo4j_url) as server:
+                assert server.cypher("MATCH (s:TunerStep) RETURN count(s)").scalar() == 0
+                assert server.sql("SELECT count(*) FROM tuner_runs").scalar() == 0
+    finally:
+        clear_server(neo4j_url)
 
 
 # ---------------------------------------------------------------- docs/measured.md

@@ -1,4 +1,11 @@
-"""The contract suite runs unchanged against every backend that is reachable here.
+"""The contract suite: what a store answers, the same on every backend that is reachable here.
+
+Data always enters through an embedded store (``backend.store``): a Neo4j server holds what
+``etstore publish`` sends, nothing else. ``backend.read()`` gives the store the reading
+assertions run on: for ``embedded`` the same store, for ``neo4j`` the test server opened by
+its URL after the store was published to it (with ``prune``, so it holds exactly what the
+store holds). Contracts about writing (ingest errors, atomicity, streamed parts) take the
+embedded ``store`` fixture only.
 
 The Neo4j cases need ``ETSTORE_TEST_NEO4J=neo4j://user:pass@127.0.0.1:7687``;
 ``make test`` sets it by starting ``scripts/neo4j.sh`` whenever Java and Maven exist.
@@ -11,30 +18,24 @@ from pathlib import Path
 
 import pytest
 
-from etstore.store import Store, open_store
-from etstore.testing import clear_store
+from etstore.store import EmbeddedStore
+from etstore.testing import Backend, clear_server
 
 BACKENDS = ["embedded", "neo4j"]
 
 
 @pytest.fixture(params=BACKENDS)
-def backend_location(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Where the backend under test lives: a fresh directory, or the test server (emptied)."""
-    if request.param == "embedded":
-        return str(tmp_path / "store")
-    url = str(request.getfixturevalue("neo4j_url"))  # the server's URL, or a skip saying why
-    monkeypatch.setenv("ETSTORE_WAREHOUSE", str(tmp_path / "warehouse"))
-    from etstore.store.neo4j import Neo4jStore
-
-    with Neo4jStore(url, stale_after_s=0) as s:  # also sweeps what a failed test left loading
-        clear_store(s)
-    return url
-
-
-@pytest.fixture
-def backend_store(backend_location: str) -> Iterator[Store]:
-    s = open_store(backend_location, write=True)
+def backend(
+    request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Backend]:
+    """A fresh store, and for ``neo4j`` the test server emptied (or a skip saying why there is none)."""
+    url = None
+    if request.param == "neo4j":
+        url = str(request.getfixturevalue("neo4j_url"))
+        monkeypatch.setenv("ETSTORE_WAREHOUSE", str(tmp_path / "warehouse"))
+        clear_server(url)
+    b = Backend(request.param, EmbeddedStore(tmp_path / "store"), url)
     try:
-        yield s
+        yield b
     finally:
-        s.close()
+        b.close()

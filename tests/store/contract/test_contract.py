@@ -1,4 +1,4 @@
-"""Store contract: what every backend must do, with the same answers."""
+"""Store contract: what every backend must answer, the same; what a store must do when written."""
 
 from __future__ import annotations
 
@@ -10,24 +10,39 @@ import pytest
 from etstore.errors import QueryError, StoreError, UnknownTraceError
 from etstore.ingest import read_et, write_et
 from etstore.query import critical_path
-from etstore.store import Store
+from etstore.store import EmbeddedStore
+from etstore.testing import Backend
 from etstore.workloads import transformer
 
 
-def test_ingest_counts_and_idempotence(backend_store: Store, custom_allreduce: Path) -> None:
+def test_ingest_counts_and_idempotence(backend: Backend, custom_allreduce: Path) -> None:
     trace = read_et(custom_allreduce)
-    first = backend_store.ingest(trace)
+    first = backend.store.ingest(trace)
     assert first.created and first.trace.ops == 280 and first.trace.ranks == 8
     # ring: each rank sends 14 messages (7 reduce-scatter + 7 all-gather steps... as written upstream)
     sends = int(pc.sum(pc.equal(trace.ops["type"], "COMM_SEND_NODE")).as_py())
     assert first.trace.messages == sends and first.unmatched_sends == 0 and first.unmatched_recvs == 0
-    again = backend_store.ingest(read_et(custom_allreduce))
+    again = backend.store.ingest(read_et(custom_allreduce))
     assert not again.created and again.trace.name == first.trace.name
-    assert [t.name for t in backend_store.traces()] == ["custom_allreduce"]
+    store = backend.read()
+    assert [t.name for t in store.traces()] == ["custom_allreduce"]
+    info = store.info("custom_allreduce")
+    local = first.trace
+    assert (info.kind, info.ops, info.deps, info.missing, info.messages, info.ranks, info.content_hash) == (
+        local.kind,
+        local.ops,
+        local.deps,
+        local.missing,
+        local.messages,
+        local.ranks,
+        local.content_hash,
+    )
+    assert (info.source, dict(info.params), info.parent) == (local.source, dict(local.params), None)
 
 
-def test_cypher_and_sql_agree(backend_store: Store, rt_template: Path) -> None:
-    backend_store.ingest(read_et(rt_template))
+def test_cypher_and_sql_agree(backend: Backend, rt_template: Path) -> None:
+    backend.store.ingest(read_et(rt_template))
+    backend_store = backend.read()
     n = backend_store.cypher(
         "MATCH (t:Trace {name: $t}), (o:Op) WHERE o.trace_id = t.trace_id RETURN count(o) AS n",
         {"t": "chakra_trace"},
@@ -42,9 +57,10 @@ def test_cypher_and_sql_agree(backend_store: Store, rt_template: Path) -> None:
     assert rows == [{"rank": r, "ct": "ALL_REDUCE", "size": 1048576} for r in range(8)]
 
 
-def test_message_edges_cross_ranks(backend_store: Store) -> None:
+def test_message_edges_cross_ranks(backend: Backend) -> None:
     trace = transformer(ranks=4, layers=1, tp=1)
-    backend_store.ingest(trace)
+    backend.store.ingest(trace)
+    backend_store = backend.read()
     rows = backend_store.cypher(
         "MATCH (t:Trace {name: $t}), (s:Op)-[:MSG]->(r:Op) WHERE s.trace_id = t.trace_id "
         "RETURN s.rank AS src, r.rank AS dst ORDER BY src",
@@ -59,10 +75,10 @@ def test_message_edges_cross_ranks(backend_store: Store) -> None:
     assert hops == [{"rank": 1, "name": "embedding"}]
 
 
-def test_load_and_export_round_trip(backend_store: Store, feeder: Path, tmp_path: Path) -> None:
+def test_load_and_export_round_trip(backend: Backend, feeder: Path, tmp_path: Path) -> None:
     trace = read_et(feeder)
-    backend_store.ingest(trace)
-    back = backend_store.load("feeder_tests_trace")
+    backend.store.ingest(trace)
+    back = backend.read().load("feeder_tests_trace")
     assert back.ops.equals(trace.ops) and back.deps.equals(trace.deps) and back.missing.equals(trace.missing)
     (path,) = write_et(back, tmp_path / "out")
     assert path.read_bytes() == feeder.read_bytes()
@@ -70,19 +86,24 @@ def test_load_and_export_round_trip(backend_store: Store, feeder: Path, tmp_path
     assert cp.length_micros == critical_path(trace).length_micros > 0
 
 
-def test_remove_and_unknown_trace(backend_store: Store, rt_template: Path) -> None:
-    backend_store.ingest(read_et(rt_template))
-    backend_store.remove("chakra_trace")
+def test_remove_and_unknown_trace(backend: Backend, rt_template: Path) -> None:
+    backend.store.ingest(read_et(rt_template))
+    assert [t.name for t in backend.read().traces()] == ["chakra_trace"]
+    backend.store.remove("chakra_trace")
+    backend_store = backend.read()
     assert backend_store.traces() == []
     assert backend_store.sql("SELECT count(*) FROM ops").scalar() == 0
     assert backend_store.cypher("MATCH (o:Op) RETURN count(o)").scalar() == 0
     with pytest.raises(UnknownTraceError, match="no trace named 'chakra_trace'"):
         backend_store.load("chakra_trace")
+    with pytest.raises(UnknownTraceError, match="no trace named 'chakra_trace'"):
+        backend_store.info("chakra_trace")
     with pytest.raises(UnknownTraceError):
-        backend_store.remove("nope")
+        backend.store.remove("nope")
 
 
-def test_bad_queries_raise_query_error(backend_store: Store) -> None:
+def test_bad_queries_raise_query_error(backend: Backend) -> None:
+    backend_store = backend.read()
     with pytest.raises(QueryError, match="Cypher"):
         backend_store.cypher("MATCH (o:Op RETURN o")
     with pytest.raises(QueryError, match="SQL"):
@@ -91,21 +112,21 @@ def test_bad_queries_raise_query_error(backend_store: Store) -> None:
         backend_store.sql("SELECT nosuch FROM ops")
 
 
-def test_interrupted_ingest_leaves_nothing(backend_store: Store, rt_template: Path) -> None:
+def test_interrupted_ingest_leaves_nothing(store: EmbeddedStore, rt_template: Path) -> None:
     def boom(stage: str, done: int, total: int) -> None:
         raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        backend_store.ingest(read_et(rt_template), progress=boom)
-    assert backend_store.traces() == []
-    assert backend_store.sql("SELECT count(*) FROM ops").scalar() == 0
-    assert backend_store.cypher("MATCH (o:Op) RETURN count(o)").scalar() == 0
-    assert backend_store.ingest(read_et(rt_template)).created
+        store.ingest(read_et(rt_template), progress=boom)
+    assert store.traces() == []
+    assert store.sql("SELECT count(*) FROM ops").scalar() == 0
+    assert store.cypher("MATCH (o:Op) RETURN count(o)").scalar() == 0
+    assert store.ingest(read_et(rt_template)).created
 
 
-def test_name_conflicts(backend_store: Store, rt_template: Path, custom_allreduce: Path) -> None:
-    backend_store.ingest(read_et(rt_template), name="x")
+def test_name_conflicts(store: EmbeddedStore, rt_template: Path, custom_allreduce: Path) -> None:
+    store.ingest(read_et(rt_template), name="x")
     with pytest.raises(StoreError, match="already named 'x'"):
-        backend_store.ingest(read_et(custom_allreduce), name="x")
-    auto = backend_store.ingest(read_et(custom_allreduce).replace(name="x"))
+        store.ingest(read_et(custom_allreduce), name="x")
+    auto = store.ingest(read_et(custom_allreduce).replace(name="x"))
     assert auto.trace.name == "x-2"

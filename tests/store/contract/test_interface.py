@@ -1,4 +1,5 @@
-"""The interface itself: context manager, the warehouse and its schema, kind checks, batch ingest."""
+"""The interface itself: context manager, the warehouse and its schema (every backend); kind
+checks and batch ingest (the embedded store: the one written)."""
 
 from __future__ import annotations
 
@@ -12,9 +13,10 @@ from etstore.app.ingest_files import ingest_paths
 from etstore.errors import OptionError, StoreError, TraceFormatError
 from etstore.ingest import read_et
 from etstore.model import DepKind, Trace, TraceKind, deps_table, ops_table
-from etstore.store import Store, open_store
+from etstore.store import EmbeddedStore, Store, open_store
 from etstore.store.schema import COMPARISONS_DDL, TABLES, TRACE_TABLES, VIEWS
 from etstore.store.warehouse import Warehouse
+from etstore.testing import Backend
 
 
 def _tiny(name: str = "tiny", kind: str = "workload") -> Trace:
@@ -22,8 +24,9 @@ def _tiny(name: str = "tiny", kind: str = "workload") -> Trace:
     return Trace(ops, deps=deps_table([0], [1], [2]), name=name, kind=kind)
 
 
-def test_store_is_a_context_manager_with_a_warehouse(backend_location: str) -> None:
-    with open_store(backend_location, write=True) as store:
+def test_store_is_a_context_manager_with_a_warehouse(backend: Backend) -> None:
+    backend.read()  # nothing published yet: the server is empty
+    with open_store(backend.location) as store:
         assert isinstance(store, Store)
         wh = store.warehouse
         assert isinstance(wh, Warehouse)
@@ -35,40 +38,40 @@ def test_store_is_a_context_manager_with_a_warehouse(backend_location: str) -> N
             store.warehouse = wh  # type: ignore[misc]
 
 
-def test_unknown_kinds_are_refused(backend_store: Store) -> None:
+def test_unknown_kinds_are_refused(store: EmbeddedStore) -> None:
     with pytest.raises(StoreError, match="unknown kind 'weird'"):
-        backend_store.ingest(_tiny(kind="weird"))
+        store.ingest(_tiny(kind="weird"))
     bad = _tiny()
     bad = replace(bad, deps=bad.deps.set_column(3, "kind", pa.array(["maybe"])))
     with pytest.raises(StoreError, match="dependency kind 'maybe'"):
-        backend_store.ingest(bad)
-    assert backend_store.traces() == []
-    report = backend_store.ingest(_tiny(kind=TraceKind.ALGORITHM))
+        store.ingest(bad)
+    assert store.traces() == []
+    report = store.ingest(_tiny(kind=TraceKind.ALGORITHM))
     assert report.trace.kind == "algorithm" and type(report.trace.kind) is str
-    assert backend_store.sql("SELECT kind FROM traces").scalar() == "algorithm"
-    assert backend_store.sql("SELECT kind FROM deps").scalar() == DepKind.DATA.value
+    assert store.sql("SELECT kind FROM traces").scalar() == "algorithm"
+    assert store.sql("SELECT kind FROM deps").scalar() == DepKind.DATA.value
 
 
 def test_batch_raise_names_the_file_and_what_landed(
-    backend_store: Store, rt_template: Path, tmp_path: Path
+    store: EmbeddedStore, rt_template: Path, tmp_path: Path
 ) -> None:
     bad = tmp_path / "bad.0.et"
     bad.write_bytes(b"")
     with pytest.raises(TraceFormatError) as err:
-        ingest_paths(backend_store, [rt_template, bad])
+        ingest_paths(store, [rt_template, bad])
     assert str(err.value).startswith(str(bad))
     assert "stored before this failure: chakra_trace" in str(err.value)
-    assert [t.name for t in backend_store.traces()] == ["chakra_trace"]
+    assert [t.name for t in store.traces()] == ["chakra_trace"]
 
 
 def test_batch_skip_goes_on(
-    backend_store: Store, rt_template: Path, custom_allreduce: Path, tmp_path: Path
+    store: EmbeddedStore, rt_template: Path, custom_allreduce: Path, tmp_path: Path
 ) -> None:
     bad = tmp_path / "bad.0.et"
     bad.write_bytes(b"")
     seen: list[tuple[str, str]] = []
     stats = ingest_paths(
-        backend_store,
+        store,
         [rt_template, bad, custom_allreduce, rt_template],
         on_error="skip",
         progress=lambda path, stage, _done, _total: seen.append((path, stage)),
@@ -81,11 +84,11 @@ def test_batch_skip_goes_on(
     assert (str(bad), "read") in seen and (str(custom_allreduce), "read") in seen
 
 
-def test_batch_options(backend_store: Store, rt_template: Path) -> None:
+def test_batch_options(store: EmbeddedStore, rt_template: Path) -> None:
     with pytest.raises(OptionError, match="one trace"):
-        ingest_paths(backend_store, [rt_template, rt_template], name="x")
+        ingest_paths(store, [rt_template, rt_template], name="x")
     with pytest.raises(OptionError, match="on_error"):
-        ingest_paths(backend_store, [rt_template], on_error="ignore")  # type: ignore[arg-type]
-    stats = ingest_paths(backend_store, [rt_template], name="named")
+        ingest_paths(store, [rt_template], on_error="ignore")  # type: ignore[arg-type]
+    stats = ingest_paths(store, [rt_template], name="named")
     assert stats.reports[0].trace.name == "named"
-    assert backend_store.traces()[0].name == "named"
+    assert store.traces()[0].name == "named"

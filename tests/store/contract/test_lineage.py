@@ -9,7 +9,8 @@ import pytest
 
 from etstore.collectives.generators import generate
 from etstore.errors import StoreError, UnknownTraceError
-from etstore.store import Store
+from etstore.store import EmbeddedStore
+from etstore.testing import Backend
 from etstore.workloads import transformer
 
 
@@ -24,17 +25,19 @@ def _ring_lineage(algo_ops: pa.Table, parent_id: int) -> pa.Table:
     )
 
 
-def test_becomes_edges_and_lineage_table(backend_store: Store) -> None:
+def test_becomes_edges_and_lineage_table(backend: Backend) -> None:
     parent = transformer(ranks=2, layers=1, tp=1)
-    backend_store.ingest(parent)
+    backend.store.ingest(parent)
     coll_id = 8  # grad_allreduce_L0 on both ranks (hand-checked: 10 ops per rank, the 9th)
     assert parent.ops["name"][coll_id].as_py() == "grad_allreduce_L0"
     algo = generate("ring", coll="allreduce", ranks=2, chunks=1)
     per_rank = {r: int(pc.sum(pc.equal(algo.ops["rank"], r)).as_py()) for r in (0, 1)}
-    report = backend_store.ingest(
+    report = backend.store.ingest(
         algo, name="derived", parent="transformer", lineage=_ring_lineage(algo.ops, coll_id)
     )
     assert report.trace.parent == "transformer"
+    backend_store = backend.read()
+    assert backend_store.info("derived").parent == "transformer"
     rows = backend_store.cypher(
         "MATCH (p:Trace {name: $p}), (c:Op)-[:BECOMES]->(x:Op) WHERE c.trace_id = p.trace_id "
         "RETURN c.rank AS rank, c.name AS name, count(x) AS n ORDER BY rank",
@@ -46,28 +49,30 @@ def test_becomes_edges_and_lineage_table(backend_store: Store) -> None:
         "AND parent_id = 8"
     ).scalar()
     assert n == algo.num_ops
-    backend_store.remove("derived")
+    backend.store.remove("derived")
+    backend_store = backend.read()
     assert backend_store.cypher("MATCH ()-[b:BECOMES]->() RETURN count(b)").scalar() == 0
     assert backend_store.sql("SELECT count(*) FROM lineage").scalar() == 0
 
 
-def test_bad_lineage_stores_nothing(backend_store: Store) -> None:
-    backend_store.ingest(transformer(ranks=2, layers=1, tp=1))
+def test_bad_lineage_stores_nothing(store: EmbeddedStore) -> None:
+    store.ingest(transformer(ranks=2, layers=1, tp=1))
     algo = generate("ring", coll="allreduce", ranks=2, chunks=1)
     with pytest.raises(StoreError, match="parent op 99"):
-        backend_store.ingest(algo, name="derived", parent="transformer", lineage=_ring_lineage(algo.ops, 99))
+        store.ingest(algo, name="derived", parent="transformer", lineage=_ring_lineage(algo.ops, 99))
     with pytest.raises(UnknownTraceError, match="no trace named 'nope'"):
-        backend_store.ingest(algo, name="derived", parent="nope", lineage=_ring_lineage(algo.ops, 8))
+        store.ingest(algo, name="derived", parent="nope", lineage=_ring_lineage(algo.ops, 8))
     with pytest.raises(StoreError, match="without a parent"):
-        backend_store.ingest(algo, name="derived", lineage=_ring_lineage(algo.ops, 8))
-    assert [t.name for t in backend_store.traces()] == ["transformer"]
-    assert backend_store.sql("SELECT count(*) FROM ops WHERE trace = 'derived'").scalar() == 0
-    assert backend_store.cypher("MATCH (o:Op) RETURN count(o)").scalar() == 20
+        store.ingest(algo, name="derived", lineage=_ring_lineage(algo.ops, 8))
+    assert [t.name for t in store.traces()] == ["transformer"]
+    assert store.sql("SELECT count(*) FROM ops WHERE trace = 'derived'").scalar() == 0
+    assert store.cypher("MATCH (o:Op) RETURN count(o)").scalar() == 20
 
 
-def test_reingesting_a_loaded_trace_is_a_no_op(backend_store: Store) -> None:
-    # null slots come back from the engines with other bytes than they went in with
-    first = backend_store.ingest(transformer(ranks=4, layers=2, tp=2))
-    again = backend_store.ingest(backend_store.load(first.trace.name))
+def test_reingesting_a_loaded_trace_is_a_no_op(backend: Backend) -> None:
+    # null slots come back from the engines (and the server's payload) with other bytes than
+    # they went in with: the content's identity must not see them
+    first = backend.store.ingest(transformer(ranks=4, layers=2, tp=2))
+    again = backend.store.ingest(backend.read().load(first.trace.name))
     assert not again.created and again.trace.name == first.trace.name
-    assert [t.name for t in backend_store.traces()] == ["transformer"]
+    assert [t.name for t in backend.read().traces()] == ["transformer"]

@@ -1,4 +1,5 @@
-"""A trace stored part by part (rank ranges) is the trace stored whole, on every backend."""
+"""A trace stored part by part (rank ranges) is the trace stored whole (the embedded store: the
+one written; what a server reads back is what publish sends of it, the same as of any trace)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from etstore.dag import match_messages
 from etstore.errors import StoreError
 from etstore.ingest import read_et
 from etstore.model import Trace
-from etstore.store import Store
+from etstore.store import EmbeddedStore
 from etstore.testing import rank_parts
 
 
@@ -23,7 +24,7 @@ def _same_tables(a: Trace, b: Trace) -> None:
         assert getattr(a, name).combine_chunks().equals(getattr(b, name).combine_chunks()), name
 
 
-def test_parts_store_the_whole_trace(backend_store: Store, custom_allreduce: Path) -> None:
+def test_parts_store_the_whole_trace(store: EmbeddedStore, custom_allreduce: Path) -> None:
     trace = read_et(custom_allreduce)
     # rank 0's receives dropped: its peers' sends to it stay unmatched, as a whole ingest reports
     ops = trace.ops
@@ -41,7 +42,7 @@ def test_parts_store_the_whole_trace(backend_store: Store, custom_allreduce: Pat
     trace = trace.replace(ops=ops.filter(pa.array(keep)), deps=deps.filter(pa.array(ok)))
     expected = match_messages(trace)
     assert expected.unmatched_sends > 0
-    report = backend_store.ingest_parts(rank_parts(trace, [1, 3, 6]), name="parts")
+    report = store.ingest_parts(rank_parts(trace, [1, 3, 6]), name="parts")
     info = report.trace
     assert report.created and (info.ops, info.deps, info.ranks) == (trace.num_ops, trace.num_deps, 8)
     assert info.messages == len(expected.send_row)
@@ -49,16 +50,16 @@ def test_parts_store_the_whole_trace(backend_store: Store, custom_allreduce: Pat
         expected.unmatched_sends,
         expected.unmatched_recvs,
     )
-    _same_tables(backend_store.load("parts"), trace)
-    base = backend_store.sql("SELECT min(uid) FROM ops WHERE trace = 'parts'").scalar()
-    got = backend_store.sql(
+    _same_tables(store.load("parts"), trace)
+    base = store.sql("SELECT min(uid) FROM ops WHERE trace = 'parts'").scalar()
+    got = store.sql(
         "SELECT send_uid - $b AS s, recv_uid - $b AS r, tag FROM messages WHERE trace = 'parts' ORDER BY s",
         {"b": base},
     ).to_arrow()
     assert got["s"].to_pylist() == expected.send_row.tolist()
     assert got["r"].to_pylist() == expected.recv_row.tolist()
     edges, deps_n = (
-        backend_store.cypher(
+        store.cypher(
             f"MATCH (t:Trace {{name: 'parts'}}), (a:Op)-[:{rel}]->(b:Op) WHERE a.trace_id = t.trace_id "
             "RETURN count(*)"
         ).scalar()
@@ -66,26 +67,26 @@ def test_parts_store_the_whole_trace(backend_store: Store, custom_allreduce: Pat
     )
     assert (edges, deps_n) == (len(expected.send_row), trace.num_deps)
     # the same content whole: one more name, nothing stored twice (the identity is the same)
-    again = backend_store.ingest(trace, name="whole")
+    again = store.ingest(trace, name="whole")
     assert again.created and again.same_as == "parts"
-    assert backend_store.ingest_parts(rank_parts(trace, [5]), name="parts").created is False
+    assert store.ingest_parts(rank_parts(trace, [5]), name="parts").created is False
 
 
-def test_synthesized_parts_match_the_trace(backend_store: Store) -> None:
+def test_synthesized_parts_match_the_trace(store: EmbeddedStore) -> None:
     r = synthesize("mesh2d:3x3", coll="allreduce", chunks_per_npu=2, trials=1, seed=0)
-    report = backend_store.ingest_parts(r.trace_parts(max_ops=40), name="synth")
+    report = store.ingest_parts(r.trace_parts(max_ops=40), name="synth")
     assert report.trace.ops == r.num_ops and report.trace.deps == r.trace.num_deps
-    _same_tables(backend_store.load("synth"), r.trace)
-    assert backend_store.ingest(r.trace, name="synth-whole").same_as == "synth"
+    _same_tables(store.load("synth"), r.trace)
+    assert store.ingest(r.trace, name="synth-whole").same_as == "synth"
 
 
-def test_one_part_is_a_whole_ingest(backend_store: Store, custom_allreduce: Path) -> None:
+def test_one_part_is_a_whole_ingest(store: EmbeddedStore, custom_allreduce: Path) -> None:
     trace = read_et(custom_allreduce)
-    report = backend_store.ingest_parts(iter([trace]))
+    report = store.ingest_parts(iter([trace]))
     assert report.trace.name == trace.name and report.trace.ops == trace.num_ops
 
 
-def test_ranks_without_ops_and_empty_parts(backend_store: Store) -> None:
+def test_ranks_without_ops_and_empty_parts(store: EmbeddedStore) -> None:
     # ops on ranks 0 and 2, metadata also on rank 1 (which has no op): cut anywhere, even into
     # a part of metadata alone, or an empty part, it is the trace stored whole
     whole = synthesize("ring:3", coll="allgather", trials=1, seed=0).trace
@@ -97,10 +98,10 @@ def test_ranks_without_ops_and_empty_parts(backend_store: Store) -> None:
     empty = rank_parts(trace, [0])[0]  # no rank below 0: every table empty
     parts = [*rank_parts(trace, [1, 2]), empty]
     assert parts[1].num_ops == 0 and parts[1].meta.num_rows == 1
-    report = backend_store.ingest_parts(parts, name="gappy")
+    report = store.ingest_parts(parts, name="gappy")
     assert report.trace.ops == trace.num_ops and report.trace.ranks == 2
-    _same_tables(backend_store.load("gappy"), trace)
-    assert backend_store.ingest(trace, name="whole").same_as == "gappy"
+    _same_tables(store.load("gappy"), trace)
+    assert store.ingest(trace, name="whole").same_as == "gappy"
 
 
 def _failing(parts: list[Trace]) -> Iterator[Trace]:
@@ -111,7 +112,7 @@ def _failing(parts: list[Trace]) -> Iterator[Trace]:
 
 @pytest.mark.parametrize("case", ["overlap", "order", "kind", "schema", "empty", "producer"])
 def test_bad_parts_leave_nothing(
-    backend_store: Store, custom_allreduce: Path, tmp_path: Path, case: str
+    store: EmbeddedStore, custom_allreduce: Path, tmp_path: Path, case: str
 ) -> None:
     trace = read_et(custom_allreduce)
     a, b, c = rank_parts(trace, [3, 6])
@@ -136,9 +137,9 @@ def test_bad_parts_leave_nothing(
         "producer": "producer failed",
     }[case]
     with pytest.raises(err, match=match):
-        backend_store.ingest_parts(parts, name="bad")  # type: ignore[arg-type]
-    assert backend_store.traces() == []
-    assert backend_store.sql("SELECT count(*) FROM trace_ops").scalar() == 0
-    assert backend_store.cypher("MATCH (o:Op) RETURN count(o)").scalar() == 0
-    if Path(backend_store.location).is_dir():
-        assert not list(Path(backend_store.location).glob("spool-*"))
+        store.ingest_parts(parts, name="bad")  # type: ignore[arg-type]
+    assert store.traces() == []
+    assert store.sql("SELECT count(*) FROM trace_ops").scalar() == 0
+    assert store.cypher("MATCH (o:Op) RETURN count(o)").scalar() == 0
+    if Path(store.location).is_dir():
+        assert not list(Path(store.location).glob("spool-*"))

@@ -9,6 +9,7 @@ import pytest
 from etstore.errors import QueryError, StoreError
 from etstore.ingest import read_et
 from etstore.store import Store, open_store
+from etstore.testing import Backend
 from etstore.workloads import transformer
 
 # transformer(ranks=4, layers=1, tp=1): a ring of 4 sends, one per rank (hand-checked: 10 ops per rank)
@@ -19,8 +20,9 @@ def _rows(store: Store, query: str, **params: object) -> list[tuple[object, ...]
     return sorted(store.cypher(query, params))
 
 
-def test_readme_cypher_examples(backend_store: Store) -> None:
-    backend_store.ingest(transformer(ranks=4, layers=1, tp=1), name="workload")
+def test_readme_cypher_examples(backend: Backend) -> None:
+    backend.store.ingest(transformer(ranks=4, layers=1, tp=1), name="workload")
+    backend_store = backend.read()
     res = backend_store.cypher(
         "MATCH (t:Trace {name: $t}), (s:Op)-[:MSG]->(r:Op) WHERE s.trace_id = t.trace_id "
         "RETURN s.rank, r.rank, count(*)",
@@ -47,8 +49,9 @@ def test_readme_cypher_examples(backend_store: Store) -> None:
     ]
 
 
-def test_point_lookup_and_walk(backend_store: Store) -> None:
-    backend_store.ingest(transformer(ranks=2, layers=2, tp=1))
+def test_point_lookup_and_walk(backend: Backend) -> None:
+    backend.store.ingest(transformer(ranks=2, layers=2, tp=1))
+    backend_store = backend.read()
     uid = backend_store.sql("SELECT uid FROM ops WHERE rank = 1 AND id = 0").scalar()
     op = backend_store.cypher(
         "MATCH (o:Op {uid: $u}) RETURN o.rank AS rank, o.id AS id, o.name AS name", {"u": uid}
@@ -65,8 +68,9 @@ def test_point_lookup_and_walk(backend_store: Store) -> None:
     assert reach == sql_reach > 0
 
 
-def test_ladybug_label_spelling(backend_store: Store) -> None:
-    backend_store.ingest(transformer(ranks=4, layers=1, tp=1))
+def test_ladybug_label_spelling(backend: Backend) -> None:
+    backend.store.ingest(transformer(ranks=4, layers=1, tp=1))
+    backend_store = backend.read()
     rows = backend_store.cypher(
         "MATCH (t:Trace {name: $t}), (a:Op)-[r]->(b:Op) WHERE a.trace_id = t.trace_id "
         "AND a.name <> 'label(r)' "
@@ -80,10 +84,11 @@ def test_ladybug_label_spelling(backend_store: Store) -> None:
     ]
 
 
-def test_read_only_mode(backend_store: Store, backend_location: str, rt_template: Path) -> None:
-    backend_store.ingest(read_et(rt_template))
-    backend_store.close()
-    with open_store(backend_location, read_only=True) as ro:
+def test_read_only_mode(backend: Backend, rt_template: Path) -> None:
+    backend.store.ingest(read_et(rt_template))
+    backend.read()
+    backend.store.close()
+    with open_store(backend.location, read_only=True) as ro:
         assert [t.name for t in ro.traces()] == ["chakra_trace"]
         assert ro.cypher("MATCH (o:Op) RETURN count(o)").scalar() == 8
         assert ro.sql("SELECT count(*) FROM ops").scalar() == 8
@@ -94,6 +99,9 @@ def test_read_only_mode(backend_store: Store, backend_location: str, rt_template
             ro.remove("chakra_trace")
         with pytest.raises(QueryError, match="Cypher"):
             ro.cypher("MATCH (o:Op) SET o.name = 'changed'")
-    with open_store(backend_location, write=True) as rw:
-        names = rw.cypher("MATCH (o:Op) RETURN DISTINCT o.name AS name").to_pylist()
+    if backend.url is not None:  # a server is never opened for writing: its data comes by publish
+        with pytest.raises(StoreError, match=r"read-only: .*then run etstore publish"):
+            open_store(backend.location, write=True)
+    with open_store(backend.location) as again:
+        names = again.cypher("MATCH (o:Op) RETURN DISTINCT o.name AS name").to_pylist()
         assert {"name": "changed"} not in names and len(names) > 0

@@ -1,4 +1,5 @@
-"""``list_runs``: one list of a store's simulations, measured runs and tuner runs (both backends)."""
+"""``list_runs``: one list of a store's simulations, measured runs and tuner runs (as every backend
+reads them: on a server, the runs published there)."""
 
 from __future__ import annotations
 
@@ -12,8 +13,8 @@ from etstore.errors import OptionError
 from etstore.ingest.nccl_tests import read_nccl_tests
 from etstore.ingest.tuner import read_tuner_log
 from etstore.sim import collective_workload, simulate
-from etstore.store import Store
 from etstore.store.runs import RUN_KINDS, list_runs
+from etstore.testing import Backend
 from etstore.topology import Topology
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -21,11 +22,12 @@ LOG = ROOT / "tests" / "data" / "nccl_tests" / "superbench_nccl_allreduce.log"
 TUNER = ROOT / "examples" / "tuner" / "nccl_tuner_4r.csv"
 
 
-def test_runs_of_every_kind_in_one_list(backend_store: Store) -> None:
-    assert list_runs(backend_store).num_rows == 0  # a new store: the tables exist, empty
+def test_runs_of_every_kind_in_one_list(backend: Backend) -> None:
+    assert list_runs(backend.read()).num_rows == 0  # a new store: the tables exist, empty
     res = simulate(collective_workload("allreduce", 8, 1 << 20), Topology.ring(8))
-    run_id = record_run(backend_store.warehouse, res, trace_name="ar8")
-    ingest_paths(backend_store, [str(LOG), str(TUNER)])
+    run_id = record_run(backend.store.warehouse, res, trace_name="ar8")
+    ingest_paths(backend.store, [str(LOG), str(TUNER)])
+    backend_store = backend.read()
     runs = list_runs(backend_store).to_pylist()
     assert [(r["kind"], r["name"]) for r in runs] == [
         ("sim", "ar8"),

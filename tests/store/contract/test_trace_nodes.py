@@ -7,8 +7,8 @@ rewritten, so a string equal to a trace name stays that string.
 from __future__ import annotations
 
 from etstore.collectives.stored import expand_stored
-from etstore.store import Store
 from etstore.store.graph import TRACE_NODE_COLUMNS
+from etstore.testing import Backend
 from etstore.workloads import transformer
 
 _PER_NAME = (
@@ -17,10 +17,12 @@ _PER_NAME = (
 )
 
 
-def test_two_names_of_one_content_are_two_nodes_over_one_graph(backend_store: Store) -> None:
+def test_two_names_of_one_content_are_two_nodes_over_one_graph(backend: Backend) -> None:
     trace = transformer(ranks=2, layers=1, tp=1)
-    a = backend_store.ingest(trace, name="a").trace
-    b = backend_store.ingest(trace, name="b").trace
+    backend.store.ingest(trace, name="a")
+    backend.store.ingest(trace, name="b")
+    backend_store = backend.read()
+    a, b = backend_store.info("a"), backend_store.info("b")
     assert a.trace_id is not None and b.trace_id == a.trace_id
     assert backend_store.cypher(_PER_NAME).to_pylist() == [
         {"name": "a", "id": a.trace_id, "n": trace.num_ops},
@@ -40,10 +42,11 @@ def test_two_names_of_one_content_are_two_nodes_over_one_graph(backend_store: St
     }
 
 
-def test_a_string_equal_to_a_trace_name_is_not_rewritten(backend_store: Store) -> None:
+def test_a_string_equal_to_a_trace_name_is_not_rewritten(backend: Backend) -> None:
     trace = transformer(ranks=2, layers=1, tp=1)
-    backend_store.ingest(trace, name="a")
-    backend_store.ingest(trace, name="b")
+    backend.store.ingest(trace, name="a")
+    backend.store.ingest(trace, name="b")
+    backend_store = backend.read()
     assert backend_store.cypher("RETURN 'b' AS x").scalar() == "b"
     got = backend_store.cypher("RETURN $x AS x, $xs AS xs", {"x": "b", "xs": ["a", "b"]}).to_pylist()
     assert got == [{"x": "b", "xs": ["a", "b"]}]
@@ -51,29 +54,36 @@ def test_a_string_equal_to_a_trace_name_is_not_rewritten(backend_store: Store) -
     assert backend_store.cypher("MATCH (t:Trace {name: 'b'}) RETURN t.name").scalar() == "b"
 
 
-def test_removing_one_of_two_names_removes_its_node_only(backend_store: Store) -> None:
+def test_removing_one_of_two_names_removes_its_node_only(backend: Backend) -> None:
     trace = transformer(ranks=2, layers=1, tp=1)
-    kept = backend_store.ingest(trace, name="a").trace
-    backend_store.ingest(trace, name="b")
-    backend_store.remove("b")
+    backend.store.ingest(trace, name="a")
+    backend.store.ingest(trace, name="b")
+    kept = backend.read().info("a")
+    backend.store.remove("b")
+    backend_store = backend.read()
     assert backend_store.cypher(_PER_NAME).to_pylist() == [
         {"name": "a", "id": kept.trace_id, "n": trace.num_ops}
     ]
-    backend_store.ingest(trace, name="c")
-    backend_store.remove("a")  # the first name, which the ops were stored under
-    assert backend_store.cypher(_PER_NAME).to_pylist() == [
+    backend.store.ingest(trace, name="c")
+    backend.store.remove("a")  # the first name, which the ops were stored under
+    assert backend.read().cypher(_PER_NAME).to_pylist() == [
         {"name": "c", "id": kept.trace_id, "n": trace.num_ops}
     ]
-    backend_store.remove("c")  # the last name: the ops go with it
+    backend.store.remove("c")  # the last name: the ops go with it
+    backend.read()
     assert backend_store.cypher("MATCH (t:Trace) RETURN count(t)").scalar() == 0
     assert backend_store.cypher("MATCH (o:Op) RETURN count(o)").scalar() == 0
 
 
-def test_a_derived_trace_node_names_its_parent(backend_store: Store) -> None:
-    backend_store.ingest(transformer(ranks=2, layers=1, tp=1), name="w")
-    expanded = expand_stored(backend_store, "w", "ring").report.trace
-    rows = backend_store.cypher(
-        "MATCH (t:Trace {name: $n}) RETURN t.parent AS parent, t.kind AS kind, t.ops AS ops",
-        {"n": expanded.name},
-    ).to_pylist()
+def test_a_derived_trace_node_names_its_parent(backend: Backend) -> None:
+    backend.store.ingest(transformer(ranks=2, layers=1, tp=1), name="w")
+    expanded = expand_stored(backend.store, "w", "ring").report.trace
+    rows = (
+        backend.read()
+        .cypher(
+            "MATCH (t:Trace {name: $n}) RETURN t.parent AS parent, t.kind AS kind, t.ops AS ops",
+            {"n": expanded.name},
+        )
+        .to_pylist()
+    )
     assert rows == [{"parent": "w", "kind": "expanded", "ops": expanded.ops}]
