@@ -33,9 +33,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from etstore.app.expand import expand_stored  # noqa: E402
 from etstore.app.overlap import OPPORTUNITY_KINDS, find_opportunities  # noqa: E402
 from etstore.app.runs import record_run  # noqa: E402
-from etstore.collectives.stored import expand_stored  # noqa: E402
 from etstore.ingest import read_trace  # noqa: E402
 from etstore.sim import simulate  # noqa: E402
 from etstore.store import EmbeddedStore  # noqa: E402

@@ -11,11 +11,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from etstore.app.calibrate import calibrate
+from etstore.app.expand import resolve_algorithm
 from etstore.cli._common import add_format, open_to_record
 from etstore.cli._console import styled
 from etstore.cli._render import render
 from etstore.cli._tables import add_table, chosen_table, one_row, print_table
-from etstore.collectives.stored import resolve_algorithm
 from etstore.errors import OptionError, UnknownTraceError
 from etstore.model import Trace
 from etstore.sim import BUILTIN_ALGORITHMS, SimConfig

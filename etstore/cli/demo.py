@@ -22,6 +22,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from etstore.app.compare import Comparison, compare
+from etstore.app.expand import expand_stored
 from etstore.app.opportunities import find_and_record
 from etstore.app.rewrite import rewrite_stored
 from etstore.cli._console import styled
@@ -30,7 +31,6 @@ from etstore.cli.analysis import hoist_table
 from etstore.collectives.check import check_algorithm
 from etstore.collectives.generators import GENERATORS, generate
 from etstore.collectives.specs import parse_generator
-from etstore.collectives.stored import expand_stored
 from etstore.errors import ConfigError
 from etstore.ingest import read_trace
 from etstore.ingest.export import export_trace

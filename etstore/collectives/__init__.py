@@ -10,7 +10,7 @@ of ``docs/algorithms.md``, whoever produced it: the MSCCL-IR reader
   binary tree, all-to-all direct;
 * :func:`synthesize` — TACOS-style synthesis for a topology, with a lower bound;
 * :func:`expand` — replace a workload's collective nodes by an algorithm's per-rank ops
-  (:mod:`etstore.collectives.stored` does it against a store; it is not imported
+  (:mod:`etstore.app.expand` does it against a store; it is not imported
   here, so that importing this package does not open the store layer).
 
 Writers (MSCCL-IR XML, ASTRA-sim custom-collective ``.et``) live with the other

@@ -19,7 +19,7 @@ import pyarrow.compute as pc
 from etstore.errors import ExpansionError, OptionError, QueryError
 from etstore.ingest.comm_groups import DEFAULT_GROUP_NAMES, find_group
 from etstore.model import Trace
-from etstore.store.warehouse import read_only_config
+from etstore.sandbox import read_only_config
 
 __all__ = ["Collectives", "check_chosen", "find_collectives", "select"]
 
@@ -163,7 +163,7 @@ def _where_mask(ops: pa.Table, rows: np.ndarray, where: str) -> np.ndarray:
 
     The user's text runs in an in-memory DuckDB that may touch no file (no ``read_csv``,
     ``COPY``, ``ATTACH``, ``INSTALL``, spilling) and cannot be reconfigured from the text:
-    the settings of a read-only warehouse (:func:`etstore.store.warehouse.read_only_config`).
+    the settings of a read-only warehouse (:func:`etstore.sandbox.read_only_config`).
     """
     # duckdb is a heavy engine: imported only when a where predicate is given
     import duckdb

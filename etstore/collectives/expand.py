@@ -15,7 +15,7 @@ workload with ragged numpy gathers; no Python loop runs per op or per node.
 Phases, one module each: selection of instances (``_instances``), algorithm
 instantiation (here, cached per spec and group size), placement of the new ops
 (``_placement``), rewiring of dependencies (``_rewire``), then lineage and the
-per-instance summary (here). Storing an expansion is :mod:`etstore.collectives.stored`.
+per-instance summary (here). Storing an expansion is :mod:`etstore.app.expand`.
 """
 
 from __future__ import annotations

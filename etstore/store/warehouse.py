@@ -8,7 +8,6 @@ DuckDB's errors into :class:`~etstore.errors.QueryError` (reads) and
 
 from __future__ import annotations
 
-import os
 import tempfile
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager, suppress
@@ -18,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import pyarrow as pa
 
 from etstore.errors import QueryError, StoreError
+from etstore.sandbox import read_only_config
 from etstore.store._identity import choose_name
 from etstore.store.result import Result
 from etstore.store.schema import (
@@ -35,7 +35,7 @@ from etstore.store.schema import (
     TUNER_VIEWS,
     VIEWS,
 )
-from etstore.units import BUDGET_ENV_VAR, memory_budget
+from etstore.units import BUDGET_ENV_VAR
 
 if TYPE_CHECKING:
     import duckdb
@@ -46,35 +46,6 @@ __all__ = ["Warehouse", "read_only_config"]
 # below that line; this size puts it above, at a third less DuckDB time per ingest.
 # DuckDB does not persist the size, so every open attaches with it.
 _ROW_GROUP_SIZE = 16384
-
-# A read-only warehouse is the database file itself, opened read-only at the instance level
-# (so no ATTACH of it can be writable), with every other file out of reach: COPY ... TO,
-# EXPORT DATABASE, ATTACH, read_csv/read_parquet/glob, INSTALL/LOAD and persistent secrets
-# all fail with DuckDB's PermissionException. No temporary directory: DuckDB would otherwise
-# spill into ``<file>.tmp/`` beside the store (it writes there whenever that directory
-# exists), so a query past the memory limit fails instead. The lock makes SET/RESET of any
-# option fail, so a query can turn none of this back.
-_READ_ONLY_CONFIG: dict[str, Any] = {
-    "enable_external_access": False,
-    "temp_directory": "",
-    "lock_configuration": True,
-}
-
-
-def read_only_config() -> dict[str, Any]:
-    """DuckDB's settings for a connection that must not touch files (a read-only warehouse,
-    a user's SQL fragment): no file access, no spilling, and the memory budget as DuckDB's
-    memory limit when ``$ETSTORE_MEMORY_BUDGET`` sets one (:func:`etstore.units.memory_budget`).
-
-    Raises
-    ------
-    UnsatisfiableError
-        ``$ETSTORE_MEMORY_BUDGET`` is set but is not a size.
-    """
-    config = dict(_READ_ONLY_CONFIG)
-    if os.environ.get(BUDGET_ENV_VAR, "").strip():
-        config["memory_limit"] = f"{memory_budget()}B"
-    return config
 
 
 def _duckdb() -> Any:

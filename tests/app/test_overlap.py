@@ -142,7 +142,9 @@ def test_the_finders_report_progress_by_rank_and_consumer(store: EmbeddedStore) 
     steps: list[tuple[str, int, int]] = []
     store.ingest(hand_workload(), name="hand")
     find_opportunities(store, "hand", topo="ring:2", measure=False, progress=lambda *s: steps.append(s))
-    assert steps == [("overlap: ranks", 1, 2), ("overlap: ranks", 2, 2)] + [
+    assert steps == [
+        ("overlap: ranks", 1, 2),
+        ("overlap: ranks", 2, 2),
         ("reorder: ranks", 1, 2),
         ("reorder: ranks", 2, 2),
     ]

@@ -16,7 +16,7 @@ import duckdb
 import ladybug
 import pytest
 
-from etstore.collectives.stored import expand_stored
+from etstore.app.expand import expand_stored
 from etstore.errors import StoreError
 from etstore.store import EmbeddedStore
 from etstore.store import _graph_index as graph_index

@@ -14,11 +14,11 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from etstore.app.expand import expand_stored
 from etstore.app.ingest_files import ingest_paths
 from etstore.app.publish import publish
 from etstore.app.runs import record_run
 from etstore.cli import main
-from etstore.collectives.stored import expand_stored
 from etstore.errors import StoreError
 from etstore.ingest import read_et
 from etstore.model import Trace, ops_table

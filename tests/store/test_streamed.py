@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from etstore.collectives.stored import expand_stored
+from etstore.app.expand import expand_stored
 from etstore.collectives.synth import synthesize
 from etstore.dag import match_messages
 from etstore.store import EmbeddedStore

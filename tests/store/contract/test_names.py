@@ -11,8 +11,8 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from etstore.app.expand import expand_stored
 from etstore.collectives.generators import generate
-from etstore.collectives.stored import expand_stored
 from etstore.errors import QueryError, StoreError, TraceFormatError, UnknownTraceError
 from etstore.ingest import read_chakra_json, read_et, write_chakra_json
 from etstore.ingest.msccl_writer import to_msccl_xml

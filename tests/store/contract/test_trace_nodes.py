@@ -6,7 +6,7 @@ rewritten, so a string equal to a trace name stays that string.
 
 from __future__ import annotations
 
-from etstore.collectives.stored import expand_stored
+from etstore.app.expand import expand_stored
 from etstore.store.graph import TRACE_NODE_COLUMNS
 from etstore.testing import Backend
 from etstore.workloads import transformer
