@@ -8,6 +8,8 @@ DuckDB's errors into :class:`~etstore.errors.QueryError` (reads) and
 
 from __future__ import annotations
 
+import contextlib
+import shutil
 import tempfile
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager, suppress
@@ -82,7 +84,7 @@ class Warehouse:
     Not thread-safe: one thread at a time may use a warehouse.
     """
 
-    __slots__ = ("_con", "_depth", "_error", "_statements", "read_only")
+    __slots__ = ("_con", "_depth", "_error", "_spill", "_statements", "read_only")
 
     def __init__(
         self, con: duckdb.DuckDBPyConnection, *, read_only: bool = False, statements: list[int] | None = None
@@ -92,6 +94,7 @@ class Warehouse:
         self.read_only = read_only
         self._error: type[Exception] = _duckdb().Error
         self._depth = 0  # open transaction() blocks; only the outermost one talks to DuckDB
+        self._spill: str | None = None  # a read-only warehouse's private spill directory (close removes it)
 
     @classmethod
     def open(
@@ -125,12 +128,19 @@ class Warehouse:
             ...) or the metrics tables are of a newer schema version.
         """
         duckdb = _duckdb()
-        if read_only:
+        if read_only:  # spills go to a directory of this process's own, never beside the store
+            spill: str | None = None
+            with contextlib.suppress(OSError):  # no writable temporary directory: nothing spills
+                spill = tempfile.mkdtemp(prefix="etstore-sql-")
             try:
-                con = duckdb.connect(str(path), read_only=True, config=read_only_config())
+                con = duckdb.connect(str(path), read_only=True, config=read_only_config(spill))
             except duckdb.Error as exc:
+                if spill is not None:
+                    shutil.rmtree(spill, ignore_errors=True)
                 raise StoreError(f"{path}: cannot open the DuckDB warehouse: {_first_line(exc)}") from exc
-            return cls(con, read_only=True)
+            warehouse = cls(con, read_only=True)
+            warehouse._spill = spill
+            return warehouse
         try:
             con = duckdb.connect()
         except duckdb.Error as exc:  # pragma: no cover - an in-memory database always opens
@@ -184,8 +194,11 @@ class Warehouse:
         return self._statements[0]
 
     def close(self) -> None:
-        """Close the connection (idempotent)."""
+        """Close the connection (idempotent), and remove what it spilled."""
         self._con.close()
+        if self._spill is not None:
+            shutil.rmtree(self._spill, ignore_errors=True)
+            self._spill = None
 
     def __enter__(self) -> Warehouse:
         return self
@@ -222,7 +235,7 @@ class Warehouse:
         except self._error as exc:
             why = _first_line(exc)
             if self.read_only and why.startswith("Out of Memory"):
-                why += f" (read-only SQL spills nothing to disk; {BUDGET_ENV_VAR} sets its memory limit)"
+                why += f" ({BUDGET_ENV_VAR} sets read-only SQL's memory limit)"
             raise QueryError(f"SQL error: {why} (query: {sql!r})") from exc
         return Result(table, sql)
 

@@ -3,8 +3,9 @@
 
 - The Cypher sandbox starts isolated with a clean environment: ``PYTHONPATH=/`` no longer
   widens what it may read (it let ``LOAD FROM '/etc/passwd'`` print the file).
-- Read-only SQL spills nothing to disk (it wrote into ``warehouse.duckdb.tmp/`` when that
-  existed) and keeps to ``$ETSTORE_MEMORY_BUDGET`` (it took DuckDB's 80% of RAM).
+- Read-only SQL never writes beside the store (it wrote into ``warehouse.duckdb.tmp/`` when
+  that existed): it spills into a private temporary directory, removed on close, and keeps to
+  ``$ETSTORE_MEMORY_BUDGET`` (it took DuckDB's 80% of RAM), so it runs out of core.
 - ``expand --where`` text runs in a DuckDB that may touch no file (it could ``read_csv``).
 - A read-only Neo4j session refuses what administers the server (``TERMINATE TRANSACTIONS``
   killed another client's publish; ``dbms.killConnections``, ``db.clearQueryCaches``).
@@ -18,6 +19,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -94,29 +96,37 @@ def test_the_environment_does_not_widen_the_cypher_sandbox(
 # ------------------------------------------------------------------ 5b: read-only SQL's memory
 
 
-def test_read_only_sql_spills_nothing_and_keeps_to_the_budget(
-    filled: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+def test_read_only_sql_spills_outside_the_store_and_keeps_to_the_budget(
+    filled: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
-    spill = filled / "warehouse.duckdb.tmp"
-    spill.mkdir()  # DuckDB's own spill directory: it writes there whenever it exists
+    """A query larger than the budget runs out of core: DuckDB spills into a directory of the
+    process's own under the system's temporary directory, removed when the store closes; never
+    into ``warehouse.duckdb.tmp/`` beside the store (DuckDB's default whenever it exists)."""
+    beside = filled / "warehouse.duckdb.tmp"
+    beside.mkdir()
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(temp))
+    tempfile.tempdir = None  # read $TMPDIR again
     monkeypatch.setenv("ETSTORE_MEMORY_BUDGET", "64MiB")
     settings = "SELECT current_setting('memory_limit') AS m, current_setting('temp_directory') AS t"
-    big_sort = "SELECT count(*) FROM (SELECT r FROM range(30000000) t(r) ORDER BY hash(r))"  # ~240 MB
-    with open_store(filled) as s:
-        assert s.sql(settings).to_pylist() == [{"m": "64.0 MiB", "t": ""}]
-        with pytest.raises(QueryError, match=r"Out of Memory.*ETSTORE_MEMORY_BUDGET") as got:
-            s.sql(big_sort)
-        assert "\n" not in str(got.value)
-        with pytest.raises(QueryError, match="locked"):
-            s.sql("SET temp_directory = '/tmp'")
-    assert not list(spill.iterdir())
-    capsys.readouterr()
-    assert main(["--store", str(filled), "sql", big_sort]) == 1
-    assert "Out of Memory" in _one_line(capsys.readouterr().err)
-    assert not list(spill.iterdir())
-    monkeypatch.delenv("ETSTORE_MEMORY_BUDGET")  # no budget set: DuckDB's own limit, still no spilling
-    with open_store(filled) as s:
-        assert s.sql(settings).to_pylist()[0]["t"] == ""
+    big_sort = "SELECT count(*) AS n FROM (SELECT r FROM range(30000000) t(r) ORDER BY hash(r))"  # ~240 MB
+    try:
+        with open_store(filled) as s:
+            got = s.sql(settings).to_pylist()[0]
+            assert got["m"] == "64.0 MiB" and Path(got["t"]).parent == temp
+            assert s.sql(big_sort).to_pylist() == [{"n": 30_000_000}]  # four times the budget
+            with pytest.raises(QueryError, match="locked"):
+                s.sql("SET temp_directory = '/tmp'")
+            with pytest.raises(QueryError, match="locked"):
+                s.sql("SET memory_limit = '8GB'")
+        assert not list(beside.iterdir()) and not list(temp.iterdir())  # the spill is gone
+        capsys.readouterr()
+        assert main(["--store", str(filled), "sql", big_sort, "--format", "csv"]) == 0
+        assert capsys.readouterr().out.split() == ["n", "30000000"]
+        assert not list(beside.iterdir()) and not list(temp.iterdir())
+    finally:
+        tempfile.tempdir = None
 
 
 # ------------------------------------------------------------------ 5c: expand --where
