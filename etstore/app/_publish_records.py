@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Collection
 from dataclasses import dataclass
 
-from etstore.store._neo4j_publish import Children, RecordSet
+from etstore.store._neo4j_runs import Children, RecordSet
 from etstore.store.graph import TUNER_STEP_PROPERTIES
 from etstore.store.warehouse import Warehouse
 
@@ -40,9 +40,12 @@ class RecordKind:
     traces: tuple[str, ...] = ()  # columns naming the traces a record is about (publish --trace)
 
 
+# MERGE, not CREATE: it locks both ends before it looks again, so two publishers linking one
+# record at once make one relationship
 _OF_TRACE = (
     "UNWIND $keys AS k MATCH (n:{label} {{key: k}}) WHERE NOT (n)-[:{rel}]->(:Trace) "
-    "MATCH (t:Trace {{name: n.{column}, store: $store}}) CREATE (n)-[:{rel}]->(t) SET n.trace_id = t.trace_id"
+    "MATCH (t:Trace {{name: n.{column}, store: $store}}) MERGE (n)-[:{rel}]->(t) "
+    "ON CREATE SET n.trace_id = t.trace_id"
 )
 
 _SWEEPS = """SELECT sweep_id, count(*) AS points,
@@ -111,9 +114,9 @@ RECORD_KINDS: tuple[RecordKind, ...] = (
         ),
         links=(
             "UNWIND $keys AS k MATCH (n:Comparison {key: k}) WHERE NOT (n)-[:A]->() "
-            "MATCH (r:Run {key: n.run_a_key}) CREATE (n)-[:A]->(r)",
+            "MATCH (r:Run {key: n.run_a_key}) MERGE (n)-[:A]->(r)",
             "UNWIND $keys AS k MATCH (n:Comparison {key: k}) WHERE NOT (n)-[:B]->() "
-            "MATCH (r:Run {key: n.run_b_key}) CREATE (n)-[:B]->(r)",
+            "MATCH (r:Run {key: n.run_b_key}) MERGE (n)-[:B]->(r)",
         ),
         traces=("trace_a", "trace_b"),
     ),

@@ -19,16 +19,18 @@ Publishing is idempotent:
   (with the contents no name points at any more); a name another store published is refused;
 - runs are keyed by a hash of their identifying columns, so publishing again adds none.
 
-A second publish of an unchanged store writes nothing.
+A second publish of an unchanged store writes nothing. Publishers may race: a content is
+claimed through a uniqueness constraint, and one that loses waits for the winner's copy and
+uses it; runs are merged on their key (``docs/neo4j.md``, "Several publishers").
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from etstore.app._publish_records import RECORD_KINDS, read_records
 from etstore.errors import QueryError, StoreError, UnknownTraceError
@@ -36,7 +38,8 @@ from etstore.model import OPS_SCHEMA
 from etstore.progress import ProgressFn
 from etstore.store import EmbeddedStore, Store
 from etstore.store._neo4j_load import Batch, edge_batches, node_batches, payload_batches, payload_chunks
-from etstore.store._neo4j_publish import Loading, RecordSet, Server
+from etstore.store._neo4j_publish import Loading, Server, ServerContent, Stages
+from etstore.store._neo4j_runs import RecordSet, prune_records, record_keys, relink, write_records
 from etstore.store.graph import GRAPH_OP_COLUMNS, TRACE_NODE_COLUMNS, uid_base
 from etstore.store.schema import DEPS_COLUMNS, OPS_COLUMNS
 from etstore.store.warehouse import Warehouse
@@ -44,6 +47,8 @@ from etstore.store.warehouse import Warehouse
 __all__ = ["IDENTITY_DDL", "PublishReport", "publish", "store_identity"]
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 IDENTITY_DDL = "CREATE TABLE IF NOT EXISTS store_identity (store_id VARCHAR NOT NULL)"
 """The store's id on the servers it publishes to (a UUID, written by its first publish)."""
@@ -152,6 +157,7 @@ def publish(
     batch_rows: int = 20_000,
     single_tx_rows: int = 200_000,
     stale_after_s: float = 120.0,
+    wait_s: float = 600.0,
 ) -> PublishReport:
     """Publish ``store``'s traces, runs and metrics to the Neo4j server at ``url``.
 
@@ -175,6 +181,9 @@ def publish(
     batch_rows, single_tx_rows, stale_after_s
         Rows per statement; contents of up to this many nodes and edges go in one
         transaction; a content left loading this long without a heartbeat is removed.
+    wait_s
+        How long to wait for another publisher that is sending a content this store holds
+        too (its copy is then used) before giving up.
 
     Returns
     -------
@@ -184,8 +193,9 @@ def publish(
     ------
     StoreError
         A bad URL, an unreachable server, refused credentials, a name another store
-        published, a server as the source, a read-only store that never published, or a
-        server of etstore's former Neo4j backend whose upgrade in place fails.
+        published, a server as the source, a read-only store that never published, another
+        publisher still sending a content this store holds after ``wait_s``, or a server of
+        etstore's former Neo4j backend whose upgrade in place fails.
     UnknownTraceError
         A name in ``names`` that the store does not hold.
     """
@@ -204,7 +214,7 @@ def publish(
     contents = {int(r["trace_id"]): r for r in wh.query(_CONTENTS).to_pylist()}
     needed = sorted({int(local[n]["trace_id"]) for n in chosen})
     with Server(
-        url, batch_rows=batch_rows, single_tx_rows=single_tx_rows, stale_after_s=stale_after_s
+        url, batch_rows=batch_rows, single_tx_rows=single_tx_rows, stale_after_s=stale_after_s, wait_s=wait_s
     ) as server:
         report = PublishReport(server.location, store_id, names=len(chosen))
         server.prepare(store_id, str(store.path.resolve()), [k.label for k in RECORD_KINDS])
@@ -222,25 +232,12 @@ def publish(
         ids: dict[int, int] = {}
         lineage_from: dict[int, tuple[int, ...]] = {}
         known: dict[int, int] = {}  # local trace id -> the server's, for every ready content there
-        for t in sorted(contents):
+        for t in sorted(contents):  # one another client is loading waits for its claim (below)
             got = held.get((contents[t]["content_hash"], contents[t]["kind"]))
             if got is not None and got.status == "ready":
                 known[t] = got.trace_id
-                if t not in needed:
-                    continue
-                ids[t], lineage_from[t] = got.trace_id, got.lineage_from
-                if not got.payload:
-                    chunks = _payload_chunks(wh, t, contents[t])
-                    server.add_payload(
-                        got.trace_id, payload_batches(got.trace_id, chunks), int(contents[t]["missing"])
-                    )
-                    report.payloads_sent += 1
-            elif got is not None and t in needed and got.idle_ms < stale_after_s * 1000:
-                raise StoreError(
-                    f"{server.location}: {_names_of(local, t)[0]!r} is being published or removed by "
-                    "another client; retry when that finishes"
-                )
-        report.contents_present = len(ids)
+                if t in needed:
+                    _present(wh, server, report, t, contents[t], got, ids, lineage_from)
         every_pair = {
             (int(r["trace_id"]), int(r["parent_trace_id"])): int(r["n"])
             for r in wh.query(_LINEAGE).to_pylist()
@@ -256,7 +253,13 @@ def publish(
 
         written: dict[str, dict[str, Any]] = {}
         for t in todo:
-            job, children = _loading(wh, server, t, contents[t], ids, lineage_from, pairs, store_id)
+            counts = {k: int(contents[t][k]) for k in ("ranks", "ops", "deps", "missing", "messages")}
+            sid = server.claim(contents[t]["content_hash"], contents[t]["kind"], counts)
+            if isinstance(sid, ServerContent):  # another publisher's, sent meanwhile
+                known[t] = sid.trace_id
+                _present(wh, server, report, t, contents[t], sid, ids, lineage_from)
+                continue
+            job, children = _loading(wh, t, sid, contents[t], ids, lineage_from, pairs, store_id, batch_rows)
             known[t] = job.trace_id
             job.names = [_trace_props(local[n], known, store_id) for n in chosen if local[n]["trace_id"] == t]
             server.load(job, step)
@@ -275,11 +278,9 @@ def publish(
                     report.names_added += 1
         for (c, p), n in sorted(pairs.items()):
             if ids[p] not in lineage_from[c]:
-                server.add_lineage(
-                    ids[c], ids[p], _lineage_batches(wh, c, p, ids, n, batch_rows), n, progress
-                )
+                batches = _bound(_lineage_batches, wh, c, p, dict(ids), n, batch_rows)
+                report.lineage_added += server.add_lineage(ids[c], ids[p], batches, n, progress)
                 lineage_from[c] = (*lineage_from[c], ids[p])
-                report.lineage_added += 1
         if prune:
             report.lineage_removed = _drop_lineage(server, ids, known, lineage_from, every_pair)
         _sync_names(server, report, local, chosen, known, {**on_server, **written}, store_id, prune, progress)
@@ -308,8 +309,29 @@ def _chosen(local: dict[str, dict[str, Any]], names: Sequence[str] | None, where
     return sorted(set(names))
 
 
-def _names_of(local: dict[str, dict[str, Any]], trace_id: int) -> list[str]:
-    return sorted(n for n, r in local.items() if r["trace_id"] == trace_id) or [f"#{trace_id}"]
+def _present(
+    wh: Warehouse,
+    server: Server,
+    report: PublishReport,
+    t: int,
+    content: dict[str, Any],
+    got: ServerContent,
+    ids: dict[int, int],
+    lineage_from: dict[int, tuple[int, ...]],
+) -> None:
+    """Use ready content ``got`` on the server for local content ``t``: its id and lineage, and
+    its payload sent when an older etstore published it without."""
+    ids[t], lineage_from[t] = got.trace_id, got.lineage_from
+    report.contents_present += 1
+    if not got.payload:
+        chunks = _bound(_payload_chunks, wh, t, content)
+        batches = lambda: payload_batches(got.trace_id, chunks())  # noqa: E731
+        report.payloads_sent += server.add_payload(got.trace_id, batches, int(content["missing"]))
+
+
+def _bound(fn: Callable[..., Iterator[T]], *args: Any) -> Callable[[], Iterator[T]]:
+    """``fn(*args)`` to be read afresh each time (a transaction the server rolled back reruns)."""
+    return lambda: fn(*args)
 
 
 def _trace_props(row: dict[str, Any], known: dict[int, int], store_id: str) -> dict[str, Any]:
@@ -333,37 +355,37 @@ def _rows(content: dict[str, Any], pairs: dict[tuple[int, int], int], t: int) ->
 
 def _loading(
     wh: Warehouse,
-    server: Server,
     t: int,
+    sid: int,
     content: dict[str, Any],
     ids: dict[int, int],
     lineage_from: dict[int, tuple[int, ...]],
     pairs: dict[tuple[int, int], int],
     store_id: str,
+    batch_rows: int,
 ) -> tuple[Loading, list[int]]:
-    """Claim content ``t`` on the server and describe its load: ops, edges, and the ``BECOMES``
-    edges to and from contents already there (those children's local ids come second)."""
-    counts = {k: int(content[k]) for k in ("ranks", "ops", "deps", "missing", "messages")}
-    sid = server.claim(content["content_hash"], content["kind"], counts)
+    """The load of content ``t``, claimed on the server as ``sid``: ops, edges, and the
+    ``BECOMES`` edges to and from contents already there (those children's local ids come second)."""
     ids_now = {**ids, t: sid}
     lb, sb = uid_base(t), uid_base(sid)
     ops = int(content["ops"])
     name = f"#{t}"
-    stages: list[tuple[str, Any]] = [
-        ("ops", _op_batches(wh, t, sid, ops, name, server.batch_rows)),
-        ("deps", _dep_batches(wh, t, lb, sb, int(content["deps"]), server.batch_rows)),
-        ("messages", _msg_batches(wh, t, lb, sb, ops, server.batch_rows)),
-        ("payload", payload_batches(sid, _payload_chunks(wh, t, content))),
-    ]
     parents = [p for (c, p) in pairs if c == t and p in ids]
     children = [c for (c, p) in pairs if p == t and c in ids and sid not in lineage_from[c]]
-    rows = int(content["ops"]) + int(content["deps"]) + int(content["messages"])
-    for p in parents:
-        stages.append(("lineage", _lineage_batches(wh, t, p, ids_now, pairs[(t, p)], server.batch_rows)))
-        rows += pairs[(t, p)]
-    for c in children:
-        stages.append(("lineage", _lineage_batches(wh, c, t, ids_now, pairs[(c, t)], server.batch_rows)))
-        rows += pairs[(c, t)]
+
+    def stages() -> Stages:
+        out: Stages = [
+            ("ops", _op_batches(wh, t, sid, ops, name, batch_rows)),
+            ("deps", _dep_batches(wh, t, lb, sb, int(content["deps"]), batch_rows)),
+            ("messages", _msg_batches(wh, t, lb, sb, ops, batch_rows)),
+            ("payload", payload_batches(sid, _payload_chunks(wh, t, content))),
+        ]
+        out += [("lineage", _lineage_batches(wh, t, p, ids_now, pairs[(t, p)], batch_rows)) for p in parents]
+        out += [("lineage", _lineage_batches(wh, c, t, ids_now, pairs[(c, t)], batch_rows)) for c in children]
+        return out
+
+    rows = ops + int(content["deps"]) + int(content["messages"])
+    rows += sum(pairs[(t, p)] for p in parents) + sum(pairs[(c, t)] for c in children)
     job = Loading(sid, store_id, stages, rows, [], [ids[p] for p in parents], [ids[c] for c in children])
     return job, children
 
@@ -510,11 +532,10 @@ def _publish_records(
     """Send the runs and metrics the server lacks; with ``prune``, remove the store's others."""
     for kind in RECORD_KINDS:
         records, every = read_records(wh, kind, traces)
-        have = server.record_keys(kind.label, [r["key"] for r in records.rows]) if records.rows else set()
+        have = record_keys(server, kind.label, [r["key"] for r in records.rows]) if records.rows else set()
         new = RecordSet(
             kind.label, [r for r in records.rows if r["key"] not in have], records.children, kind.links
         )
-        server.write_records(new, store_id, progress)
-        server.relink(records, store_id)
-        report.records_added[kind.label] = len(new.rows)
-        report.records_removed[kind.label] = server.prune_records(records, store_id, every) if prune else 0
+        report.records_added[kind.label] = write_records(server, new, store_id, progress)
+        relink(server, records, store_id)
+        report.records_removed[kind.label] = prune_records(server, records, store_id, every) if prune else 0

@@ -129,12 +129,13 @@ class Bolt:
         except (neo4j.exceptions.Neo4jError, neo4j.exceptions.DriverError) as exc:
             raise StoreError(f"{self.location}: {message(exc)}") from exc
 
-    def write_tx(self, query: str, params: Mapping[str, Any]) -> None:
-        """One statement in one managed write transaction (retried by the driver if transient)."""
+    def write_tx(self, query: str, params: Mapping[str, Any] | None = None) -> list[Any]:
+        """One statement in one managed write transaction (run again by the driver while transient);
+        its records."""
         neo4j = driver()
         try:
             with self.session(write=True) as s:
-                s.execute_write(lambda tx: tx.run(query, dict(params)).consume())
+                return list(s.execute_write(lambda tx: list(tx.run(query, dict(params or {})))))
         except (neo4j.exceptions.Neo4jError, neo4j.exceptions.DriverError) as exc:
             raise StoreError(f"{self.location}: {message(exc)}") from exc
 

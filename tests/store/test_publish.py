@@ -250,8 +250,8 @@ def test_a_publish_killed_midway_leaves_nothing_visible(
             assert remote.cypher("MATCH (o:Op) RETURN count(o)").scalar() == local["ops"]  # written...
             assert remote.cypher(PER_NAME).to_pylist() == []  # ...but no name reaches them
             assert remote.cypher("MATCH (c:Content) RETURN c.status").scalar() == "loading"
-        with pytest.raises(StoreError, match="being published or removed by another client"):
-            publish(store, server)  # its heartbeat is fresh: it could be another client's
+        with pytest.raises(StoreError, match=r"being published or removed by another client after 0\.5 s"):
+            publish(store, server, wait_s=0.5)  # its heartbeat is fresh: it could be another client's
         report = publish(store, server, stale_after_s=0)
         assert report.swept == 1 and report.contents_sent == 1
     with open_store(server) as remote:
