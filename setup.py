@@ -24,7 +24,7 @@ setup(
         ),
         Extension(
             "etstore.sim._simloop",
-            sources=["etstore/sim/_simloop.c", "etstore/sim/_simdefer.c"],
+            sources=["etstore/sim/_simloop.c", "etstore/sim/_simdefer.c", "etstore/sim/_simdefer_spec.c"],
             depends=["etstore/sim/_simstate.h"],
             optional=True,
         ),

@@ -93,7 +93,7 @@ class Algorithms:
             self.explicit[collective_name(key)] = spec
         self.topo_dims = topo_dims
         self.num_npus = num_npus
-        self.cache: dict[tuple[Any, ...], tpl.Template | None] = {}
+        self.cache: dict[tuple[Any, ...], tpl.AnyTemplate | None] = {}
         self.generated: dict[tuple[str, str, int], Trace] = {}
         self.labels: dict[str, str] = {}
 
@@ -121,7 +121,7 @@ class Algorithms:
             return tuple(range(len(group)))
         return group
 
-    def template(self, coll: str, size: int, group: tuple[int, ...]) -> tuple[tpl.Template | None, str]:
+    def template(self, coll: str, size: int, group: tuple[int, ...]) -> tuple[tpl.AnyTemplate | None, str]:
         """The template for one instance, or None to replay the node's own duration."""
         spec = self.spec_for(coll)
         label = self.label(spec)
@@ -143,7 +143,7 @@ class Algorithms:
         if key in self.cache:
             return self.cache[key], label
         cfg = self.config
-        t: tpl.Template | None
+        t: tpl.AnyTemplate | None
         if isinstance(spec, str) and spec == "replay":
             t = None
         elif n == 1 and isinstance(spec, str):  # a group of one moves nothing, whatever the algorithm

@@ -333,7 +333,7 @@ def _expand_node(
 
 
 def _defer_node(
-    plan: _Plan, deferred: Deferred, t: tpl.Template, grp: np.ndarray, rows: list[int], rank: np.ndarray
+    plan: _Plan, deferred: Deferred, t: tpl.AnyTemplate, grp: np.ndarray, rows: list[int], rank: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Joins for one instance the loop expands as it starts; returns (rows, their joins, sinks each
     join waits for).
@@ -354,7 +354,7 @@ def _defer_node(
         local=np.full(len(grp), -1),
     )
     joins = first + np.arange(len(grp), dtype=np.int64)
-    empty = np.diff(t.starts) == 0
+    empty = t.counts() == 0
     plan.edges(by_p[empty], joins[empty])
     sinks = deferred.add(t, grp, by_p, joins)
     return by_p, joins, sinks
@@ -373,6 +373,7 @@ def _expand_collectives(
     mark it replayed; returns ``join_of`` and, for deferred instances, (joins, sinks per join)."""
     join_of = np.full(len(ops.rank), -1, dtype=np.int64)
     waits: list[tuple[np.ndarray, np.ndarray]] = []
+    full: dict[int, tpl.Template] = {}
     kind, dur, rank = ops.kind, ops.dur, ops.rank
     unit = config.duration_unit_ns
     for idx, inst in enumerate(instances):
@@ -385,7 +386,7 @@ def _expand_collectives(
                 dur[row] = np.floor(ops.durm[row] * unit) if config.integer_ns else ops.durm[row] * unit
             continue
         grp = np.asarray(algos.placement(inst.type, tuple(inst.group)), dtype=np.int64)
-        if deferred is not None and t.starts[-1] > 0:
+        if deferred is not None and t.num_ops > 0:
             rows, joins, sinks = _defer_node(plan, deferred, t, grp, inst.rows, rank)
             join_of[rows] = joins
             kind[rows] = K_COLL
@@ -393,10 +394,11 @@ def _expand_collectives(
             waits.append((joins, sinks))
             continue
         pos_of = {int(r): p for p, r in enumerate(grp)}
-        tag_base = SUB_TAG_BASE + idx * (t.num_tags + 1)
+        laid = full.setdefault(id(t), t.full())  # every rank's ops, laid out once per template
+        tag_base = SUB_TAG_BASE + idx * (laid.num_tags + 1)
         for row in inst.rows:
             r = int(rank[row])
-            join_of[row] = _expand_node(plan, t, pos_of[r], row, r, grp, tag_base)
+            join_of[row] = _expand_node(plan, laid, pos_of[r], row, r, grp, tag_base)
             kind[row] = K_COLL
             dur[row] = 0.0
     return join_of, waits

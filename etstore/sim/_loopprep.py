@@ -73,7 +73,7 @@ def message_model(
     mt = np.zeros(len(inp.kind))
     hop: list[list[int] | None] = []
     if aware and deferred is not None:  # the routes the deferred sub-ops' messages take too
-        net.prepare_hops(deferred.destinations())
+        net.prepare_hops(deferred.destinations(config))
     if len(sends):
         mdst = inp.mdst[sends]
         if aware and native:

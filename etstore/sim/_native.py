@@ -43,6 +43,7 @@ from etstore.errors import ConfigError, TemplateError
 from etstore.sim._phases import (
     Block,
     Hop,
+    Program,
     Reduce,
     SharedBus,
     direct_phase,
@@ -50,7 +51,7 @@ from etstore.sim._phases import (
     ring_phase,
     tree_phase,
 )
-from etstore.sim._templates import Template, assemble, empty_template, mem_cost_ns
+from etstore.sim._templates import Template, Uniform, assemble, empty_template, mem_cost_ns, uniform
 
 __all__ = [
     "IMPLEMENTATIONS",
@@ -270,65 +271,54 @@ def _order_links(
 
 def _uniform_template(
     name: str,
-    placed: Sequence[tuple[int, int, Block]],
+    placed: Sequence[tuple[int, int, Program]],
     plan: Sequence[tuple[int, str, int]],
     ldims: Sequence[_Dim],
     n_ranks: int,
     nchunks: int,
     active_chunks: int,
-) -> Template:
-    """Every rank runs the same ops (ring, direct, halving-doubling): lay one rank's program out
-    once and broadcast it, computing only the peers per rank (rows come out rank-major)."""
-    progs = [blk.one for _, _, blk in placed]
-    assert all(x is not None for x in progs)  # checked by the caller
-    sizes = [len(x.kind) for x in progs if x is not None]
+) -> Uniform:
+    """Every rank runs the same ops (ring, direct, halving-doubling): one rank's program, its
+    phases one after another, each row's peer a rule of its dimension."""
+    sizes = [len(prog.kind) for _, _, prog in placed]
     offs = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
-    per_rank = int(offs[-1])
     at = {(p, ch): i for i, (p, ch, _) in enumerate(placed)}
-    ranks = np.arange(n_ranks, dtype=np.int64)
-    peer = np.full((n_ranks, per_rank), -1, dtype=np.int64)
     es: list[np.ndarray] = []
     ed: list[np.ndarray] = []
     tags: list[np.ndarray] = []
+    dn: list[np.ndarray] = []
+    stride: list[np.ndarray] = []
     nphases = len(plan)
-    for i, (p, ch, blk) in enumerate(placed):
-        prog = blk.one
-        assert prog is not None
+    for i, (p, ch, prog) in enumerate(placed):
         dim = ldims[plan[p][0]]
-        idx = (ranks // dim.stride) % dim.n
-        pe = prog.peer[idx]
-        peer[:, offs[i] : offs[i + 1]] = np.where(
-            pe >= 0, (ranks - idx * dim.stride)[:, None] + pe * dim.stride, -1
-        )
         es.append(offs[i] + prog.esrc)
         ed.append(offs[i] + prog.edst)
         tags.append(np.full(sizes[i], ch * nphases + p, dtype=np.int64))
+        dn.append(np.full(sizes[i], dim.n, dtype=np.int64))
+        stride.append(np.full(sizes[i], dim.stride, dtype=np.int64))
     for a, b in _order_links(plan, nchunks, active_chunks):
-        pa_, pb = progs[at[a]], progs[at[b]]
-        assert pa_ is not None and pb is not None
-        es.append(np.array([offs[at[a]] + pa_.exit]))
-        ed.append(np.array([offs[at[b]] + pb.entry]))
-    pair = np.unique(np.concatenate(es) * per_rank + np.concatenate(ed))  # one edge per pair, sorted
-    es1, ed1 = pair // per_rank, pair % per_rank
-    base = ranks[:, None] * per_rank
-    return assemble(
+        es.append(np.array([offs[at[a]] + placed[at[a]][2].exit]))
+        ed.append(np.array([offs[at[b]] + placed[at[b]][2].entry]))
+    progs = [prog for _, _, prog in placed]
+    return uniform(
         name,
         n_ranks,
-        np.repeat(ranks, per_rank),
-        np.tile(np.concatenate([x.kind for x in progs if x is not None]), n_ranks),
-        np.tile(np.concatenate([x.dur for x in progs if x is not None]), n_ranks),
-        peer.reshape(-1),
-        np.tile(np.concatenate(tags), n_ranks),
-        np.tile(np.concatenate([x.size for x in progs if x is not None]), n_ranks),
-        (base + es1[None, :]).reshape(-1),
-        (base + ed1[None, :]).reshape(-1),
-        await_sends=False,
+        np.concatenate([x.kind for x in progs]),
+        np.concatenate([x.dur for x in progs]),
+        np.concatenate([x.size for x in progs]),
+        np.concatenate(tags),
+        np.concatenate([x.mode for x in progs]),
+        np.concatenate([x.val for x in progs]),
+        np.concatenate(dn),
+        np.concatenate(stride),
+        np.concatenate(es),
+        np.concatenate(ed),
     )
 
 
 def _block(
     coll: str, dim: _Dim, kind: str, c: int, hop: Hop, reduce: Reduce, local: bool, tree: int, bus: bool
-) -> Block:
+) -> Block | Program:
     """The program of one phase on ``dim`` entered with ``c`` bytes."""
     _check(coll, dim, kind)
     if dim.impl == "direct" and bus:
@@ -362,7 +352,7 @@ def native_template(
     integer_ns: bool,
     optimization: str = "localBWAware",
     shared_bus: SharedBus | None = None,
-) -> Template:
+) -> Template | Uniform:
     """ASTRA-sim's native collective as a template over ``prod(dims)`` ranks.
 
     Parameters
@@ -397,9 +387,12 @@ def native_template(
 
     Returns
     -------
-    Template
-        ``ceil(S / c)`` chunks of ``c = S // splits`` bytes (``c`` at least
-        ``total_npus`` except for all-gather), each one phase per used dimension;
+    Template or Uniform
+        A :class:`~._templates.Uniform` (one rank's program, peers by rule: ``O(ranks)``
+        rows for a ring) when every phase runs the same ops on every rank (ring, direct,
+        halving-doubling), else every rank laid out (trees). ``ceil(S / c)`` chunks of
+        ``c = S // splits`` bytes (``c`` at least ``total_npus`` except for all-gather),
+        each one phase per used dimension;
         at most ``active_chunks`` chunks occupy a dimension at once, in chunk order.
         A rank's part ends with its last phase's last step: its own last sends are
         not waited for (ASTRA-sim sends without a completion callback).
@@ -413,7 +406,8 @@ def native_template(
 
     Notes
     -----
-    O(P · Σ_phases ops) for P ranks, built with numpy per (phase, chunk).
+    O(Σ_phases ops) of one rank for a uniform collective, O(P · Σ_phases ops) for P ranks
+    otherwise, built with numpy per (phase, chunk).
     """
     n_ranks = int(np.prod(dims)) if len(dims) else 1
     if size_bytes <= 0:
@@ -452,8 +446,8 @@ def native_template(
     # dimension, chunk by chunk (all phases of chunk 0, then of chunk 1, ...)
     uses = [sum(1 for d2, _, _ in plan[:p] if d2 == d) for p, (d, _, _) in enumerate(plan)]
     per_chunk = [sum(1 for d2, _, _ in plan if d2 == d) for d, _, _ in plan]
-    cache: dict[tuple[int, int], Block] = {}
-    placed: list[tuple[int, int, Block]] = []  # (phase, chunk, block), phase-major
+    cache: dict[tuple[int, int], Block | Program] = {}
+    placed: list[tuple[int, int, Block | Program]] = []  # (phase, chunk, block), phase-major
     for p, (d, kind, c) in enumerate(plan):
         for ch in range(nchunks):
             tree = ch * per_chunk[p] + uses[p]
@@ -464,9 +458,13 @@ def native_template(
                 )
             placed.append((p, ch, cache[key]))
     name = f"native-{coll}"
-    if all(blk.one is not None for _, _, blk in placed):
-        return _uniform_template(name, placed, plan, ldims, n_ranks, nchunks, active_chunks)
+    programs = [(p, ch, blk) for p, ch, blk in placed if isinstance(blk, Program)]
+    if len(programs) == len(placed):
+        return _uniform_template(name, programs, plan, ldims, n_ranks, nchunks, active_chunks)
+    laid: dict[int, Block] = {}  # a program mixed with trees, laid out for every index once
     for p, ch, blk in placed:
+        if isinstance(blk, Program):
+            blk = laid.setdefault(id(blk), blk.block())
         entry[ch, p], exit_[ch, p] = _place(rows, blk, ldims[plan[p][0]], n_ranks, ch * nphases + p)
     links = [
         (exit_[ca, pa_], entry[cb, pb]) for (pa_, ca), (pb, cb) in _order_links(plan, nchunks, active_chunks)

@@ -3,10 +3,12 @@
 A :class:`Block` holds what every NPU of one logical dimension does in one phase (a
 chunk's reduce-scatter, all-reduce, all-gather or all-to-all on that dimension): its
 sends, receives and delays, grouped by the NPU's index ``0..n-1`` in the dimension,
-with the peers as indices. :mod:`etstore.sim._native` places blocks on ranks and chains
-them into a collective. The programs follow ASTRA-sim's ``Ring.cc``, ``AllToAll.cc``,
-``HalvingDoubling.cc`` and ``DoubleBinaryTreeAllReduce.cc``; the memory hop of each
-packet follows ``PacketBundle.cc``, ``MemBus.cc`` and ``LogGP.cc`` (:class:`SharedBus`).
+with the peers as indices. A :class:`Program` is a phase whose indices all run the same
+ops (ring, direct, halving-doubling), kept once with a peer rule per row.
+:mod:`etstore.sim._native` places them on ranks and chains them into a collective. The
+programs follow ASTRA-sim's ``Ring.cc``, ``AllToAll.cc``, ``HalvingDoubling.cc`` and
+``DoubleBinaryTreeAllReduce.cc``; the memory hop of each packet follows
+``PacketBundle.cc``, ``MemBus.cc`` and ``LogGP.cc`` (:class:`SharedBus`).
 docs/simulator.md derives each one.
 """
 
@@ -18,9 +20,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from etstore.sim._templates import K_DELAY, K_RECV, K_SEND
+from etstore.sim._templates import K_DELAY, K_RECV, K_SEND, P_NONE, P_ROT, P_XOR
 
 __all__ = [
+    "P_NONE",
+    "P_ROT",
+    "P_XOR",
     "Block",
     "Hop",
     "Program",
@@ -91,63 +96,71 @@ class Block:
     edst: np.ndarray
     entry: np.ndarray  # (n,) block row every op of the phase waits behind
     exit: np.ndarray  # (n,) block row that ends the phase on that index
-    one: Program | None = None  # every index runs the same ops (only peers differ)
 
 
 @dataclass(frozen=True)
 class Program:
-    """The ops every index of a uniform block runs: one index's rows and edges, peers per index."""
+    """A phase whose every index runs the same ops; only peers differ, by a rule per row.
 
+    A ring's or halving-doubling's phase on ``n`` NPUs is ``O(n)`` rows per index, so laying
+    it out for every index (:meth:`block`) costs ``O(n^2)``; kept as one program with
+    rules, a collective over thousands of ranks stays ``O(n)`` (:class:`~._templates.Uniform`).
+    """
+
+    n: int
     kind: np.ndarray
     dur: np.ndarray
     size: np.ndarray
-    peer: np.ndarray  # (n, rows) peer index per index and row, -1 for delays
+    mode: np.ndarray  # P_NONE, P_ROT or P_XOR per row
+    val: np.ndarray  # the rule's value per row (ROT: in 0..n-1)
     esrc: np.ndarray
     edst: np.ndarray
     entry: int
     exit: int
 
+    def peers(self, idx: np.ndarray) -> np.ndarray:
+        """(len(idx), rows): the peer index of every row for indices ``idx``, -1 for delays."""
+        i = np.asarray(idx, dtype=np.int64)[:, None]
+        rot = (i + self.val[None, :]) % self.n
+        xor = i ^ self.val[None, :]
+        out: np.ndarray = np.where(self.mode == P_ROT, rot, np.where(self.mode == P_XOR, xor, -1))
+        return out
+
+    def block(self) -> Block:
+        """Every index's rows laid out, as a block that mixes with non-uniform ones (trees)."""
+        n, m = self.n, len(self.kind)
+        base = np.arange(n, dtype=np.int64) * m
+        return Block(
+            starts=np.arange(n + 1, dtype=np.int64) * m,
+            kind=np.tile(self.kind, n),
+            dur=np.tile(self.dur, n),
+            peer=self.peers(np.arange(n)).reshape(-1),
+            size=np.tile(self.size, n),
+            edge_starts=np.arange(n + 1, dtype=np.int64) * len(self.esrc),
+            esrc=(base[:, None] + self.esrc[None, :]).reshape(-1),
+            edst=(base[:, None] + self.edst[None, :]).reshape(-1),
+            entry=base + self.entry,
+            exit=base + self.exit,
+        )
+
 
 # ---------------------------------------------------------------- per-phase programs
 
 
-def _uniform_block(
-    n: int,
-    kind: np.ndarray,
-    dur: np.ndarray,
-    peer: np.ndarray,
-    size: np.ndarray,
-    esrc: np.ndarray,
-    edst: np.ndarray,
-    entry: int,
-    exit_: int,
-) -> Block:
-    """A block whose every index runs the same ops (``peer`` is (n, rows): per index)."""
-    m = len(kind)
-    base = np.arange(n, dtype=np.int64) * m
-    return Block(
-        starts=np.arange(n + 1, dtype=np.int64) * m,
-        kind=np.tile(kind, n),
-        dur=np.tile(dur, n),
-        peer=peer.reshape(-1),
-        size=np.tile(size, n),
-        edge_starts=np.arange(n + 1, dtype=np.int64) * len(esrc),
-        esrc=(base[:, None] + esrc[None, :]).reshape(-1),
-        edst=(base[:, None] + edst[None, :]).reshape(-1),
-        entry=base + entry,
-        exit=base + exit_,
-        one=Program(kind, dur, size, peer, esrc, edst, entry, exit_),
-    )
-
-
 def _chain(
-    n: int, e0: float, send_to: np.ndarray, recv_from: np.ndarray, size: np.ndarray, after: np.ndarray
-) -> Block:
+    n: int,
+    e0: float,
+    send: tuple[int, np.ndarray],
+    recv: tuple[int, np.ndarray],
+    size: np.ndarray,
+    after: np.ndarray,
+) -> Program:
     """E0 (the first packet's memory hop), then per step k: send, receive, delay ``after[k]``
     (ring, halving-doubling).
 
-    ``send_to``/``recv_from`` are (n, m) peer indices per index and step; step k+1's send and
-    receive are issued when step k's delay ends (one packet in flight, as ASTRA-sim's Ring).
+    ``send``/``recv`` are (rule, values per step): the peer of each step's send and receive;
+    step k+1's send and receive are issued when step k's delay ends (one packet in flight,
+    as ASTRA-sim's Ring).
     """
     m = len(size)
     k = np.arange(m)
@@ -159,13 +172,15 @@ def _chain(
     durs[3::3] = after
     sizes = np.zeros(1 + 3 * m, dtype=np.int64)
     sizes[1::3] = sizes[2::3] = size
-    peer = np.full((n, 1 + 3 * m), -1, dtype=np.int64)
-    peer[:, 1::3], peer[:, 2::3] = send_to, recv_from
+    mode = np.full(1 + 3 * m, P_NONE, dtype=np.int8)
+    val = np.zeros(1 + 3 * m, dtype=np.int64)
+    mode[1::3], val[1::3] = send[0], send[1]
+    mode[2::3], val[2::3] = recv[0], recv[1]
     s_idx, r_idx, d_idx = 1 + 3 * k, 2 + 3 * k, 3 + 3 * k
     prev = np.concatenate([[0], d_idx[:-1]])
     esrc = np.concatenate([prev, prev, r_idx])
     edst = np.concatenate([s_idx, r_idx, d_idx])
-    return _uniform_block(n, kinds, durs, peer, sizes, esrc, edst, 0, 3 * m)
+    return Program(n, kinds, durs, sizes, mode, val, esrc, edst, 0, 3 * m)
 
 
 def _packet(k: int, per_round: int, kind: str) -> tuple[str, bool]:
@@ -194,7 +209,7 @@ def _steps(sizes: Sequence[int], per_round: int, kind: str, hop: Hop, reduce: Re
     return np.array(out, dtype=np.float64)
 
 
-def ring_phase(n: int, kind: str, c: int, hop: Hop, reduce: Reduce) -> Block:
+def ring_phase(n: int, kind: str, c: int, hop: Hop, reduce: Reduce) -> Program:
     """ASTRA-sim's Ring phase on ``n`` NPUs entered with ``c`` bytes."""
     if kind == "AR":
         m, msg = 2 * (n - 1), c // n
@@ -202,17 +217,15 @@ def ring_phase(n: int, kind: str, c: int, hop: Hop, reduce: Reduce) -> Block:
         m, msg = n - 1, c // n if kind == "RS" else c
     else:
         m, msg = n * (n - 1) // 2, c // n
-    i = np.arange(n, dtype=np.int64)[:, None]
-    ones = np.ones((1, m), dtype=np.int64)
     after = _steps([msg] * (m + 1), n - 1, kind, hop, reduce)
-    return _chain(n, hop(msg, "to_ma"), (i + 1) % n * ones, (i - 1) % n * ones, np.full(m, msg), after)
+    right, left = np.full(m, 1 % n, dtype=np.int64), np.full(m, (n - 1) % n, dtype=np.int64)
+    return _chain(n, hop(msg, "to_ma"), (P_ROT, right), (P_ROT, left), np.full(m, msg), after)
 
 
-def halving_doubling_phase(n: int, kind: str, c: int, hop: Hop, reduce: Reduce) -> Block:
+def halving_doubling_phase(n: int, kind: str, c: int, hop: Hop, reduce: Reduce) -> Program:
     """ASTRA-sim's HalvingDoubling phase: partner ``i XOR 2^k``; a packet is the *next* message,
     so reductions are charged at the next message's size and only ``log2 n - 1`` are paid."""
     lg = round(math.log2(n))
-    i = np.arange(n, dtype=np.int64)[:, None]
     if kind == "AG":
         offs = [n >> (k + 1) for k in range(lg)]
         sizes = [c << k for k in range(lg)]
@@ -226,11 +239,11 @@ def halving_doubling_phase(n: int, kind: str, c: int, hop: Hop, reduce: Reduce) 
             sizes += sizes[::-1]
             last = c
     after = _steps([*sizes, last], lg - 1, kind, hop, reduce)
-    peers = i ^ np.array(offs, dtype=np.int64)[None, :]
-    return _chain(n, hop(sizes[0], "to_ma"), peers, peers, np.array(sizes, dtype=np.int64), after)
+    partner = (P_XOR, np.array(offs, dtype=np.int64))
+    return _chain(n, hop(sizes[0], "to_ma"), partner, partner, np.array(sizes, dtype=np.int64), after)
 
 
-def direct_phase(n: int, kind: str, c: int, hop: Hop, reduce: Reduce, local: bool) -> Block:
+def direct_phase(n: int, kind: str, c: int, hop: Hop, reduce: Reduce, local: bool) -> Program:
     """ASTRA-sim's AllToAll ("direct") phase: a message to every peer at once per round.
 
     Rows per index: E0; round 1: per ``k`` a send to ``i+k``, a receive from ``i-k`` and
@@ -304,14 +317,13 @@ def direct_phase(n: int, kind: str, c: int, hop: Hop, reduce: Reduce, local: boo
     is_msg = kind_a != K_DELAY
     sizes = np.where(is_msg, msg, 0).astype(np.int64)
     sizes[list(selfmsg)] = 0
-    i = np.arange(n, dtype=np.int64)[:, None]
-    peer = np.where(is_msg[None, :], (i + np.array(rel, dtype=np.int64)[None, :]) % n, -1)
-    return _uniform_block(
+    return Program(
         n,
         kind_a,
         np.array(durs),
-        peer,
         sizes,
+        np.where(is_msg, P_ROT, P_NONE).astype(np.int8),
+        np.where(is_msg, np.array(rel, dtype=np.int64) % n, 0),
         np.array(esrc, dtype=np.int64),
         np.array(edst, dtype=np.int64),
         0,

@@ -293,7 +293,7 @@ static int begin_op(Loop *s, int64_t j, double t)
             if (mk < s->nkeys && s->sorder[mk] < 0) s->sorder[mk] = s->screated++;
             fifo_push(s, s->shead, s->stail, mk, j);
         }
-        if (j >= s->n) s->d.t0[j] = t;
+        if (j >= s->n) s->d.t0[SUB(s, j)] = t;
         /* store-and-forward: the first hop is taken as the send starts, as ASTRA-sim's sim_send */
         if (s->aware && !s->cut_through && s->overhead == 0) {
             int64_t d = op_dstn(s, j);
@@ -357,41 +357,49 @@ static int items_append(Loop *s, int64_t x)
     return 0;
 }
 
-/* Collective op y has started its part (rank coll_p) of an instance: make the part's
- * sub-ops and ready its roots in row order, as a loop given every sub-op up front would
- * (the collective's root edges come first among its successors). */
+/* Collective op y has started its part (rank coll_p) of an instance: make the part's roots
+ * and ready them in row order, as a loop given every sub-op up front would (the collective's
+ * root edges come first among its successors). The part's other ops are made as they
+ * become due (sub_op_done). */
 static int start_part(Loop *s, int64_t y, double t)
 {
     Defer *d = &s->d;
-    int64_t i = d->coll_inst[y], p = d->coll_p[y];
-    if (defer_open(s, i, p) < 0) {
+    int64_t id = defer_open(s, d->coll_inst[y], d->coll_p[y]);
+    if (id == -2) return 0; /* nothing to do on this rank: its join follows the collective op */
+    if (id < 0) {
         s->err = ERR_MEMORY;
         return -1;
     }
-    int64_t k = d->b_tid[d->i_bind[i]], shift = d->p_shift[d->i_joff[i] + p];
-    const int64_t *ps = d->pstart + d->t_poff[k];
-    for (int64_t g = d->t_op[k] + ps[p]; g < d->t_op[k] + ps[p + 1]; g++) {
-        if (d->tindeg[g]) continue; /* not a root */
-        int64_t j = g + shift;
+    int64_t prog = d->parts[id].prog, g0 = d->parts[id].g0;
+    for (int64_t r = d->rptr[prog]; r < d->rptr[prog + 1]; r++) {
+        int64_t j = defer_make(s, id, d->rrow[r] - g0);
+        if (j < 0) {
+            s->err = ERR_MEMORY;
+            return -1;
+        }
         if (--s->indeg[j]) continue;
         if (ready_op(s, j, t) < 0) return -1;
     }
     return 0;
 }
 
-/* Sub-op y has ended: its template successors, then, for a sink, its rank's join. */
+/* Sub-op y has ended: its template successors (made now if not yet due), then, for a sink,
+ * its rank's join. */
 static int sub_op_done(Loop *s, int64_t y, double t)
 {
     Defer *d = &s->d;
-    int64_t part = d->opart[y], shift = d->p_shift[part];
-    int64_t g = y - shift;
+    int64_t id = d->opart[SUB(s, y)], g = d->orow[SUB(s, y)], g0 = d->parts[id].g0;
     for (int64_t e = d->tsptr[g]; e < d->tsptr[g + 1]; e++) {
-        int64_t j = d->tsucc[e] + shift;
+        int64_t j = defer_make(s, id, d->tsucc[e] - g0);
+        if (j < 0) {
+            s->err = ERR_MEMORY;
+            return -1;
+        }
         if (--s->indeg[j]) continue;
         if (ready_op(s, j, t) < 0) return -1;
     }
     if (d->tsink[g]) {
-        int64_t j = d->i_join[part];
+        int64_t j = d->parts[id].join;
         if (--s->indeg[j] == 0 && ready_op(s, j, t) < 0) return -1;
     }
     defer_release(s, y);

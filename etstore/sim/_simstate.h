@@ -1,7 +1,8 @@
 /*
- * The state the native event loop's two units share (etstore.sim._simloop): the loop's,
- * kept by _simloop.c, and that of the collectives it expands as they start, kept by
- * _simdefer.c (see there for why); what the loop reads of an op; typed buffer views.
+ * The state the native event loop's units share (etstore.sim._simloop): the loop's,
+ * kept by _simloop.c, and that of the collectives it expands as they run, kept by
+ * _simdefer.c (see there for why) and set up by _simdefer_spec.c; what the loop reads of
+ * an op; typed buffer views.
  */
 #ifndef ETSTORE_SIMSTATE_H
 #define ETSTORE_SIMSTATE_H
@@ -27,36 +28,60 @@ typedef struct {
     Py_ssize_t len, cap;
 } Heap;
 
-/* Collectives expanded as they start (_simdefer.c). Ops n.. are their sub-ops: a rank's
- * part of an instance is made from its template when that rank starts the collective,
- * and its memory is reused once every op of the part has ended and every send of it has
- * been matched. Everything here is empty when the caller expanded every collective itself. */
+/* A rank's part of a deferred collective instance while it runs (_simdefer.c). Its ops are
+ * the rows g0 .. g0 + m - 1 of the packed templates; row q has a loop op (a slot) from when
+ * it is first due until it has ended and, a send, been matched. `win` maps the rows
+ * lo .. lo + wcap - 1 to their slots (-1: not made yet, -2: done), a ring of wcap (a power
+ * of two) entries; every row below lo is done. */
+typedef struct {
+    int64_t inst, p, k, prog;    /* instance, rank in it, template, program (index into pstart) */
+    int64_t npu, g0, m, kb, goff; /* its NPU; first packed row, rows; first key; group in grp */
+    int64_t mtbase;              /* congestion-unaware message time of row g: bmt[mtbase + tmtc[g]]; -1: none */
+    int64_t join;                /* the join op its sinks end */
+    int64_t lo, hi, left, wcap;  /* window; rows not yet done */
+    int32_t *win;
+} Part;
+
+/* Collectives expanded as they run (_simdefer.c). Ops n.. are their sub-ops: a slot is
+ * taken by a row of a running part when that row first becomes due (its part started, or
+ * a predecessor ended) and given back once it has ended and, a send, been matched, so
+ * memory follows the sub-ops in flight. A template is either every rank's rows laid out
+ * (a program per rank) or one program for all ranks whose peers, match keys and message
+ * times are computed per rank (t_comp). Everything here is empty when the caller expanded
+ * every collective itself. */
 typedef struct {
     int on, ndup; /* expanding as they start; caller's arrays copied so far */
     Py_ssize_t nnpu;
-    /* templates, packed: op q of template k is row t_op[k] + q; rank p's ops are rows
-     * t_op[k] + pstart[t_poff[k] + p] .. t_op[k] + pstart[t_poff[k] + p + 1] */
-    Py_ssize_t ntmpl, nbind, ninst, ntops, nparts;
-    const int64_t *t_op, *t_nkeys, *t_n, *t_poff, *pstart;
+    /* templates, packed: op q of template k is row t_op[k] + q; program r (a rank's, or the
+     * one of a t_comp template) is rows t_op[k] + pstart[t_poff[k] + r] .. + pstart[.. + r + 1],
+     * its roots rrow[rptr[t_poff[k] + r] .. rptr[t_poff[k] + r + 1]] (packed rows) */
+    Py_ssize_t ntmpl, nbind, ninst, ntops, nparts, nprog, nroot, nrule;
+    const int64_t *t_op, *t_nkeys, *t_n, *t_poff, *pstart, *t_comp, *t_kstride, *t_mtstride, *rptr, *rrow;
     const int64_t *tkind, *tpeer, *tkey, *tindeg, *tpart, *tsink, *tsptr, *tsucc; /* tsucc: packed rows */
+    const int64_t *trule, *tmtc; /* a row's peer rule (-1: tpeer is the peer) and message-time slot */
+    const int64_t *r_mode, *r_dn, *r_stride; /* rules: rotate or xor the index in a dimension */
     const double *tdur, *tsize;
     /* bindings: a template on one group of NPUs (grp[b_goff[b] + p] is rank p's NPU) */
     const int64_t *b_tid, *b_goff, *b_mtoff, *grp;
-    const double *bmt; /* congestion-unaware message times, per binding and template row */
-    /* instances: a binding; part p of instance i is part i_joff[i] + p, ending with join i_join[that] */
+    const double *bmt; /* congestion-unaware message times, per binding and message-time slot */
+    /* instances: a binding; part p of instance i ends with join i_join[i_joff[i] + p] */
     const int64_t *i_bind, *i_joff, *i_join;
     /* per static op: the instance a collective op starts, and its rank in it */
     const int64_t *coll_inst, *coll_p;
-    int64_t *i_kbase, *i_parts; /* per instance: first key (-1: none yet), parts not yet given back */
-    /* per part: instance, NPU, op = packed row + shift, refs left, first key, first NPU of its
-     * group in grp, message time of packed row g at bmt[g + p_mtshift] */
-    int64_t *p_inst, *p_npu, *p_shift, *p_left, *p_kb, *p_goff, *p_mtshift;
-    /* pools: op arrays hold cap ops, ops top.. never used; key arrays likewise */
+    int64_t *i_kbase, *i_parts; /* per instance: first key (-1: none yet), parts not yet done */
+    Part *parts;                /* running parts; free records chained through pfree */
+    int64_t npcap, nptop, *pfree, npfree;
+    /* slots: per-op arrays hold cap ops; free slots are a stack */
     Py_ssize_t cap, top, kcap, ktop;
-    int64_t *fb, nfb, fbcap; /* free op blocks: (base, size) pairs */
-    int64_t *fk, nfk, fkcap; /* free key blocks */
-    int32_t *opart;          /* per sub-op: its part */
-    double *t0;              /* per sub-op send: when it started */
+    int32_t *sfree;
+    int64_t nsfree;
+    int64_t *fk, nfk, fkcap; /* free key blocks: (base, size) pairs */
+    /* per sub-op slot: its part, packed row, match key, destination NPU, message time, references
+     * left (its end, and a send's match), when a send started */
+    int32_t *opart;
+    int64_t *orow, *okey, *odst;
+    double *omt, *t0;
+    uint8_t *oref;
     int64_t made, live, peak; /* sub-ops made; in use now; most in use at once */
     /* per (src, dst) NPU pair of sub-op messages: first start, last arrival, bytes, count */
     int64_t *pk, *pcount;
@@ -120,27 +145,30 @@ enum { ERR_NONE, ERR_MEMORY, ERR_ROUTE, ERR_TIME };
 /* items ~(LINK_ITEM + link): a link finishes serializing a message (as LINK_ITEM in _loop.py) */
 #define LINK_ITEM ((int64_t)1 << 62)
 
-/* What the loop reads of op j: its own entry for a static op, its template's for a sub-op. */
-#define SUB_ROW(s, j) ((j) - (s)->d.p_shift[(s)->d.opart[j]])
+/* Sub-op j's entry in the arrays only sub-ops have (opart, orow, okey, ...): they start at op n. */
+#define SUB(s, j) ((j) - (s)->n)
+
+/* What the loop reads of op j: its own entry for a static op; for a sub-op, its template
+ * row's, or what its slot was given when made (key, destination, message time). */
 static inline int64_t op_kind(const Loop *s, int64_t j)
 {
-    return j < s->n ? s->kind[j] : s->d.tkind[SUB_ROW(s, j)];
+    return j < s->n ? s->kind[j] : s->d.tkind[s->d.orow[SUB(s, j)]];
 }
-static inline double op_dur(const Loop *s, int64_t j) { return j < s->n ? s->dur[j] : s->d.tdur[SUB_ROW(s, j)]; }
+static inline double op_dur(const Loop *s, int64_t j)
+{
+    return j < s->n ? s->dur[j] : s->d.tdur[s->d.orow[SUB(s, j)]];
+}
 static inline int64_t op_acq(const Loop *s, int64_t j) { return j < s->n ? s->acq[j] : -1; }
 static inline int64_t op_rel(const Loop *s, int64_t j) { return j < s->n ? s->rel[j] : -1; }
-static inline double op_size(const Loop *s, int64_t j) { return j < s->n ? s->size[j] : s->d.tsize[SUB_ROW(s, j)]; }
-static inline int64_t op_dkey(const Loop *s, int64_t j)
+static inline double op_size(const Loop *s, int64_t j)
 {
-    return j < s->n ? s->dkey[j] : s->d.p_kb[s->d.opart[j]] + s->d.tkey[SUB_ROW(s, j)];
+    return j < s->n ? s->size[j] : s->d.tsize[s->d.orow[SUB(s, j)]];
 }
-static inline double op_mt(const Loop *s, int64_t j)
-{
-    return j < s->n ? s->mt[j] : s->d.bmt[SUB_ROW(s, j) + s->d.p_mtshift[s->d.opart[j]]];
-}
+static inline int64_t op_dkey(const Loop *s, int64_t j) { return j < s->n ? s->dkey[j] : s->d.okey[SUB(s, j)]; }
+static inline double op_mt(const Loop *s, int64_t j) { return j < s->n ? s->mt[j] : s->d.omt[SUB(s, j)]; }
 static inline int64_t op_dstn(const Loop *s, int64_t j) /* a send's destination NPU */
 {
-    return j < s->n ? s->dstn[j] : s->d.grp[s->d.p_goff[s->d.opart[j]] + s->d.tpeer[SUB_ROW(s, j)]];
+    return j < s->n ? s->dstn[j] : s->d.odst[SUB(s, j)];
 }
 
 /* Typed view of a 1-d C-contiguous buffer: 'q' int64, 'i' int32, 'd' float64. */
@@ -173,14 +201,21 @@ static inline int simloop_buf(PyObject *obj, Py_buffer *v, char type, int writab
     return 0;
 }
 
-/* _simdefer.c */
+enum { P_ROT = 1, P_XOR = 2 }; /* peer rules of a one-program template, as P_* in _templates.py */
+
+/* _simdefer_spec.c */
 int defer_setup(Loop *s, PyObject *spec, Py_buffer *bufs, int *held);
-int defer_open(Loop *s, int64_t inst, int64_t p);
+void defer_free(Loop *s, Py_buffer *bufs, int held);
+
+/* _simdefer.c */
+int defer_grow_ops(Loop *s, Py_ssize_t need);
+int defer_grow_keys(Loop *s, Py_ssize_t need);
+int64_t defer_open(Loop *s, int64_t inst, int64_t p);
+int64_t defer_make(Loop *s, int64_t part, int64_t q);
 void defer_release(Loop *s, int64_t j);
 int defer_pair(Loop *s, int64_t snd, double t);
 PyObject *defer_stats(Loop *s);
-void defer_free(Loop *s, Py_buffer *bufs, int held);
 
-#define DEFER_NBUF 25 /* buffers in the deferred-collectives spec */
+#define DEFER_NBUF 35 /* buffers in the deferred-collectives spec */
 
 #endif

@@ -27,7 +27,12 @@ __all__ = [
     "K_DELAY",
     "K_RECV",
     "K_SEND",
+    "P_NONE",
+    "P_ROT",
+    "P_XOR",
+    "AnyTemplate",
     "Template",
+    "Uniform",
     "assemble",
     "buffer_bytes",
     "chunk_bytes",
@@ -39,6 +44,8 @@ __all__ = [
 ]
 
 K_SEND, K_RECV, K_DELAY = 0, 1, 2
+P_NONE, P_ROT, P_XOR = 0, 1, 2
+"""Peer rules of a :class:`Uniform`'s rows: none (a delay), index ``(i + val) mod n``, ``i XOR val``."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -62,6 +69,144 @@ class Template:
     @property
     def num_tags(self) -> int:
         return int(self.tag.max()) + 1 if len(self.tag) else 1
+
+    @property
+    def num_ops(self) -> int:
+        """Ops of every rank together."""
+        return int(self.starts[-1])
+
+    def counts(self) -> np.ndarray:
+        """Ops of each rank."""
+        out: np.ndarray = np.diff(self.starts)
+        return out
+
+    def full(self) -> Template:
+        """Itself: every rank's ops laid out already."""
+        return self
+
+
+@dataclass(frozen=True, eq=False)
+class Uniform:
+    """A collective whose ranks all run the same ops, kept as one rank's program.
+
+    ASTRA-sim's ring, direct and halving-doubling give every rank the same sends,
+    receives and delays; only the peers differ, by a rule of the rank per row. Laid out
+    for every rank (:meth:`full`), a native ring over ``g`` ranks is ``O(g^2)`` rows (a
+    2,048-rank group: 100M); kept as one program it is ``O(g)``, and the native loop
+    makes a rank's ops from it as they become due (``_simdefer.c``).
+
+    Rank ``p``'s peer on a row is ``p + (j - i) * stride``, where ``i = (p // stride) % dn``
+    is p's index in the row's dimension and ``j = (i + val) mod dn`` (``P_ROT``) or
+    ``i XOR val`` (``P_XOR``).
+    """
+
+    name: str
+    n: int
+    kind: np.ndarray  # int8: K_SEND, K_RECV, K_DELAY; one rank's rows
+    dur_ns: np.ndarray  # float64, K_DELAY only
+    size: np.ndarray  # int64 bytes
+    tag: np.ndarray  # int64 >= 0, local to the algorithm
+    mode: np.ndarray  # int8: P_NONE, P_ROT, P_XOR
+    val: np.ndarray  # int64: the rule's value (P_ROT: 0..dn-1)
+    dn: np.ndarray  # int64: NPUs of the row's dimension
+    stride: np.ndarray  # int64: rank distance between neighbours of that dimension
+    esrc: np.ndarray  # int64 rows; edges sorted by (esrc, edst), one per pair
+    edst: np.ndarray
+    root: np.ndarray  # bool: no incoming edge (waits for the collective to start)
+    sink: np.ndarray  # bool: no outgoing edge and not a send (the collective waits for it)
+
+    @property
+    def rows(self) -> int:
+        """Ops of one rank."""
+        return len(self.kind)
+
+    @property
+    def num_ops(self) -> int:
+        """Ops of every rank together."""
+        return self.n * self.rows
+
+    def counts(self) -> np.ndarray:
+        """Ops of each rank."""
+        return np.full(self.n, self.rows, dtype=np.int64)
+
+    def peers(self, ranks: np.ndarray, rows: np.ndarray | None = None) -> np.ndarray:
+        """(len(ranks), len(rows)): the peer rank on each of ``rows`` (default: all) for
+        ``ranks``, -1 for delays."""
+        sel = slice(None) if rows is None else np.asarray(rows, dtype=np.int64)
+        mode, val, dn, stride = self.mode[sel], self.val[sel], self.dn[sel], self.stride[sel]
+        p = np.asarray(ranks, dtype=np.int64)[:, None]
+        idx = (p // stride[None, :]) % dn[None, :]
+        j = np.where(mode == P_XOR, idx ^ val, (idx + val) % dn)
+        out: np.ndarray = np.where(mode != P_NONE, p + (j - idx) * stride, -1)
+        return out
+
+    def full(self) -> Template:
+        """Every rank's ops laid out (``O(n × rows)``): for the Python loop and diagnostics."""
+        n, m = self.n, self.rows
+        ranks = np.arange(n, dtype=np.int64)
+        base = ranks[:, None] * m
+        return assemble(
+            self.name,
+            n,
+            np.repeat(ranks, m),
+            np.tile(self.kind, n),
+            np.tile(self.dur_ns, n),
+            self.peers(ranks).reshape(-1),
+            np.tile(self.tag, n),
+            np.tile(self.size, n),
+            (base + self.esrc[None, :]).reshape(-1),
+            (base + self.edst[None, :]).reshape(-1),
+            await_sends=False,
+        )
+
+
+def uniform(
+    name: str,
+    n: int,
+    kind: np.ndarray,
+    dur: np.ndarray,
+    size: np.ndarray,
+    tag: np.ndarray,
+    mode: np.ndarray,
+    val: np.ndarray,
+    dn: np.ndarray,
+    stride: np.ndarray,
+    esrc: np.ndarray,
+    edst: np.ndarray,
+) -> Uniform:
+    """A :class:`Uniform` from one rank's rows and edges; finds roots and sinks (a send is
+    never a sink: a rank leaves ASTRA-sim's native collectives without awaiting its sends)."""
+    m = len(kind)
+    pair = np.unique(np.asarray(esrc, dtype=np.int64) * max(m, 1) + np.asarray(edst, dtype=np.int64))
+    es, ed = pair // max(m, 1), pair % max(m, 1)
+    root = np.ones(m, dtype=bool)
+    root[ed] = False
+    sink = np.ones(m, dtype=bool)
+    sink[es] = False
+    sink &= kind != K_SEND
+    dn = np.asarray(dn, dtype=np.int64)
+    return Uniform(
+        name,
+        n,
+        np.asarray(kind, dtype=np.int8),
+        np.asarray(dur, dtype=np.float64),
+        np.asarray(size, dtype=np.int64),
+        np.asarray(tag, dtype=np.int64),
+        np.asarray(mode, dtype=np.int8),
+        np.where(np.asarray(mode) == P_ROT, np.asarray(val, dtype=np.int64) % np.maximum(dn, 1), val).astype(
+            np.int64
+        ),
+        dn,
+        np.asarray(stride, dtype=np.int64),
+        es,
+        ed,
+        root,
+        sink,
+    )
+
+
+AnyTemplate = Template | Uniform
+"""What a collective instance runs: every rank laid out, or one program for all."""
 
 
 def assemble(

@@ -33,8 +33,8 @@ instance runs), :mod:`~etstore.sim._build` (the arrays), :mod:`~etstore.sim._hol
 (an expanded collective's block holds the communication slot as its node did),
 :mod:`~etstore.sim._slots` (which slot each op takes), :mod:`~etstore.sim._loop`
 (the loop, Python and native) with :mod:`~etstore.sim._loopprep` (what it takes
-prepared), :mod:`~etstore.sim._defer` (with the native loop,
-collectives are expanded as they start, so memory follows what is in flight),
+prepared), :mod:`~etstore.sim._defer` (with the native loop, a
+collective's steps are made as they become due, so memory follows the steps in flight),
 :mod:`~etstore.sim._tables` (the result tables) and :mod:`~etstore.sim._stuck` (why a
 replay stopped).
 """

@@ -44,6 +44,7 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 
 from etstore.errors import ConfigError, TopologyError
+from etstore.sim._routes import ClosedRoutes
 from etstore.sim._switches import HopGraph, hop_graph
 from etstore.topology import GIB, Dim, Topology, dims_of, link_dimensions
 
@@ -82,16 +83,19 @@ class Network:
 
     Notes
     -----
-    Next-hop tables are built lazily per destination, each by a BFS of O(D · E)
-    numpy work (D = diameter, E = links); memory O(N²) int32 for the table
-    (O((N + S)²) for the congestion-aware graph with S switch nodes).
+    On an intact built-in shape routed as the topology routes, next links come from
+    coordinates (:class:`~etstore.sim._routes.ClosedRoutes`, O(N · axes) memory) and no
+    table is made unless the congestion-aware graph needs one. Otherwise the next-hop
+    table is the topology's, or built lazily per destination, each row by a BFS of
+    O(D · E) numpy work (D = diameter, E = links); memory O(N²) int32 for the table
+    (O((N + S)²) for the congestion-aware graph with S switch nodes), checked against
+    the memory budget before it is made.
     """
 
     def __init__(self, topo: Topology, dims: Sequence[int] | None = None, hops: str | None = None) -> None:
         if hops is not None and hops not in HOP_MODES:
             raise ConfigError(f"hop model must be one of {', '.join(HOP_MODES)}, not {hops!r}")
         self.hops = hops or HOP_MODES[0]
-        topo.require_routes()  # its routes grow with NPUs squared: the budget first
         self.topo = topo
         self.num_nodes = topo.num_npus
         self.dims = tuple(dims) if dims is not None else dims_of(topo)
@@ -105,15 +109,39 @@ class Network:
         self._axis_values = bool(self._astra_axes) and topo.is_regular()  # no link degraded or scaled
         self._switch_ports()
         self._graph: HopGraph | None = None
-        n = self.num_nodes
-        self._nh = np.full((n, n), -2, dtype=np.int32)  # [dst, src] -> link; -2 unknown, -1 none
-        self._done = np.zeros(n, dtype=bool)
-        if dims is None or self._labels_follow_link_ids():
-            # route exactly as the topology does: without explicit dimensions by definition;
-            # with dimensions whose order agrees with the link ids, because the per-destination
-            # BFS's tie-break (lowest dimension, then lowest link id) then picks the same link
-            self._nh = self._shared_routes(topo)
-            self._done[:] = True
+        # route exactly as the topology does: without explicit dimensions by definition;
+        # with dimensions whose order agrees with the link ids, because the per-destination
+        # BFS's tie-break (lowest dimension, then lowest link id) then picks the same link
+        self._shared = dims is None or self._labels_follow_link_ids()
+        # the topology's rule from coordinates where it has one: no N x N table (_routes)
+        self._closed = ClosedRoutes.of(topo) if self._shared else None
+        self._table: np.ndarray | None = None  # [dst, src] -> link; -2 unknown, -1 none
+        self._rows: np.ndarray | None = None  # destinations whose row of the table is built
+
+    @property
+    def _nh(self) -> np.ndarray:
+        """The ``[dst, src]`` next-link table, made on first use (N × N int32).
+
+        Its memory is checked against the budget first (:meth:`Topology.require_routes`);
+        routes the closed rule answers (:class:`ClosedRoutes`) never make it.
+        """
+        if self._table is None:
+            self.topo.require_routes()  # it grows with NPUs squared: the budget first
+            n = self.num_nodes
+            if self._shared:
+                self._table = self._shared_routes(self.topo)
+                self._rows = np.ones(n, dtype=bool)
+            else:
+                self._table = np.full((n, n), -2, dtype=np.int32)
+                self._rows = np.zeros(n, dtype=bool)
+        return self._table
+
+    @property
+    def _done(self) -> np.ndarray:
+        """Per destination NPU: its row of :attr:`_nh` is built."""
+        self._nh  # noqa: B018 - made with the table
+        assert self._rows is not None
+        return self._rows
 
     def _labels_follow_link_ids(self) -> bool:
         """Whether every NPU's links, in link-id order, have non-decreasing dimension labels."""
@@ -204,19 +232,29 @@ class Network:
         self._done[d] = True
 
     def prepare(self, destinations: np.ndarray) -> None:
-        """Build next-hop rows for these destinations (no-op for ones already built)."""
+        """Build next-hop rows for these destinations (no-op for ones already built, and where
+        the topology's closed rule routes without a table)."""
         uniq = np.unique(np.asarray(destinations, dtype=np.int64))
         self._check_npus(uniq)
+        if self._closed is not None and self._table is None:
+            return
+        done = self._done
         for d in uniq.tolist():
-            if not self._done[d]:
+            if not done[d]:
                 self._bfs_to(d)
+
+    def _next_links(self, cur: np.ndarray, dst: np.ndarray) -> np.ndarray:
+        """First link of each (cur, dst) pair (-1: none), by the closed rule or the table (rows prepared)."""
+        if self._closed is not None:
+            return self._closed.next_links(cur, dst)
+        return self._nh[dst, cur].astype(np.int64)
 
     def next_hop(self, src: int, dst: int) -> int:
         """Link index of the first hop from ``src`` toward ``dst`` (-1 if ``src == dst``)."""
         self.prepare(np.array([dst]))
         if src == dst:
             return -1
-        link = int(self._nh[dst, src])
+        link = int(self._next_links(np.array([src]), np.array([dst]))[0])
         if link < 0:
             raise TopologyError(f"topology {self.topo.name}: NPU {dst} is unreachable from NPU {src}")
         return link
@@ -241,7 +279,7 @@ class Network:
         for _ in range(self.num_nodes + 1):
             if active.size == 0:
                 return
-            links = self._nh[dst[active], cur[active]].astype(np.int64)
+            links = self._next_links(cur[active], dst[active])
             bad = links < 0
             if bad.any():
                 i = active[np.argmax(bad)]
