@@ -2,7 +2,7 @@
 
 ``pip install -e '.[dev]'`` (``make install``) compiles them in place. Every extension
 is ``optional``: without a C compiler the install still succeeds and etstore falls
-back to its Python reference: the decoder in ``etstore/ingest/et.py``, the standard
+back to its Python reference: the decoder in ``etstore/formats/et.py``, the standard
 library's expat parser for MSCCL-IR XML, and the event loop ``_run`` in
 ``etstore/sim/_loop.py``. Under CI (``CI=true``) tests/test_extensions.py and the
 parity tests fail when an extension is missing, so a broken build cannot pass unseen.
@@ -13,13 +13,13 @@ from setuptools import Extension, setup
 setup(
     ext_modules=[
         Extension(
-            "etstore.ingest._etcodec",
-            sources=["etstore/ingest/_etcodec.c"],
+            "etstore.formats._etcodec",
+            sources=["etstore/formats/_etcodec.c"],
             optional=True,
         ),
         Extension(
-            "etstore.ingest._xmlscan",
-            sources=["etstore/ingest/_xmlscan.c"],
+            "etstore.formats._xmlscan",
+            sources=["etstore/formats/_xmlscan.c"],
             optional=True,
         ),
         Extension(

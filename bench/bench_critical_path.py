@@ -7,7 +7,7 @@ Input (fixed seed): ``etstore.workloads.transformer(ranks=8, tp=2, layers=L)`` �
 (``etstore expand --algo ring``): ≈ 192 ops and ≈ 9 topological generations per layer,
 so ``L`` ≈ 5,200 for 1M ops (≈ 48k generations deep) and ≈ 31,000 for 6M. Each size runs
 in a fresh child process, which builds the trace, then times
-:func:`etstore.query.critical_path` on it (all ranks, across messages; the per-rank
+:func:`etstore.analysis.critical_path` on it (all ranks, across messages; the per-rank
 paths included), median of ``--repeat``:
 
 * ``critical_path_s``: seconds per call;
@@ -46,10 +46,10 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from etstore.algorithms.expand import expand  # noqa: E402
+from etstore.analysis import critical_path  # noqa: E402
 from etstore.app.runs import record_run  # noqa: E402
-from etstore.collectives.expand import expand  # noqa: E402
 from etstore.model import Trace  # noqa: E402
-from etstore.query import critical_path  # noqa: E402
 from etstore.report import schedule_critical_path  # noqa: E402
 from etstore.report._data import run_infos  # noqa: E402
 from etstore.sim import simulate  # noqa: E402

@@ -42,7 +42,7 @@ METRICS = (
 
 
 def _rank_files(directory: Path) -> list[tuple[int, Path]]:
-    from etstore.ingest.files import resolve_rank_files
+    from etstore.formats.files import resolve_rank_files
 
     return resolve_rank_files(directory)[1]
 
@@ -79,16 +79,16 @@ def anchor_reference_loop(files: list[tuple[int, Path]]) -> int:
 
 def decode_native(files: list[tuple[int, Path]]) -> int:
     """Bytes → Arrow tables per rank with the C codec (no cross-rank work)."""
-    from etstore.ingest import _native
-    from etstore.ingest._frames import read_bytes
+    from etstore.formats import _native
+    from etstore.formats._frames import read_bytes
 
     kept = [_native.decode_rank(read_bytes(p), r, p) for r, p in files]
     return sum(ops.num_rows for ops, _, _ in kept)
 
 
 def decode_python(files: list[tuple[int, Path]]) -> int:
-    from etstore.ingest._frames import read_bytes
-    from etstore.ingest.et import _decode_py
+    from etstore.formats._frames import read_bytes
+    from etstore.formats.et import _decode_py
 
     kept = [_decode_py(read_bytes(p), r, p) for r, p in files]
     return sum(ops.num_rows for ops, _, _ in kept)
@@ -96,7 +96,7 @@ def decode_python(files: list[tuple[int, Path]]) -> int:
 
 def read_et_native(files: list[tuple[int, Path]]) -> int:
     """The public reader end to end: decode, duplicate check, missing deps, one table."""
-    from etstore.ingest import et
+    from etstore.formats import et
 
     if et._native is None:
         raise SystemExit("native codec not built")
@@ -104,7 +104,7 @@ def read_et_native(files: list[tuple[int, Path]]) -> int:
 
 
 def read_et_python(files: list[tuple[int, Path]]) -> int:
-    from etstore.ingest import et
+    from etstore.formats import et
 
     et._native = None  # this subprocess only
     return et.read_et(files).num_ops
@@ -112,7 +112,7 @@ def read_et_python(files: list[tuple[int, Path]]) -> int:
 
 def write_et_native(files: list[tuple[int, Path]], out: Path) -> tuple[int, Any]:
     """Setup outside the timing: the trace is read first; returns (ops, timed callable)."""
-    from etstore.ingest import et
+    from etstore.formats import et
 
     trace = et.read_et(files)
     return trace.num_ops, lambda: et.write_et(trace, out / "again")

@@ -7,7 +7,7 @@ data-parallel ALL_REDUCE per layer on all 64 ranks, so ``L`` collective instance
 ``64·L`` COMM_COLL nodes; the algorithm is ``generate("ring", coll="allreduce",
 ranks=64)`` (315 ops per rank, 20,160 in all). Timed:
 
-* ``expand_ops_per_s``: one :func:`etstore.collectives.expand.expand` call in memory
+* ``expand_ops_per_s``: one :func:`etstore.algorithms.expand.expand` call in memory
   (select, stamp every rank's part, rewire deps, lineage), best of ``--repeat`` after a
   warm-up; ops written = ops of the expanded trace.
 * ``expand_store_ops_per_s`` (unless ``--no-store``): expansion plus the embedded store's
@@ -38,8 +38,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from etstore.collectives import generate  # noqa: E402
-from etstore.collectives.expand import expand  # noqa: E402
+from etstore.algorithms import generate  # noqa: E402
+from etstore.algorithms.expand import expand  # noqa: E402
 from etstore.store import EmbeddedStore  # noqa: E402
 from etstore.workloads import transformer  # noqa: E402
 

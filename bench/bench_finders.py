@@ -4,7 +4,7 @@ Prints one JSON line per measurement: ``{"metric", "value", "unit", "n", "machin
 
 Input (fixed seed): ``etstore.workloads.transformer(hidden=1024, seq_tokens=512)`` with an
 issue-order chain on each rank (every op waits for the one before it by a ``ctrl`` edge, as one
-stream issues them; the chained workload of ``tests/query/test_rewrite.py``), expanded:
+stream issues them; the chained workload of ``tests/analysis/test_rewrite.py``), expanded:
 
 * ``ring`` (tp 2): every collective by ``ring`` (8 ranks, 5,200 layers: 998,440 ops; 256
   ranks, 38 layers: 6,266,112 ops). No collective is left, so the overlap finder has nothing
@@ -48,9 +48,9 @@ import pyarrow as pa
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from etstore.algorithms.expand import expand  # noqa: E402
 from etstore.app.overlap import OPPORTUNITY_KINDS, find_opportunities  # noqa: E402
 from etstore.app.runs import record_run  # noqa: E402
-from etstore.collectives.expand import expand  # noqa: E402
 from etstore.model import Trace, deps_table  # noqa: E402
 from etstore.sim import simulate  # noqa: E402
 from etstore.store import EmbeddedStore  # noqa: E402

@@ -33,8 +33,8 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from etstore.ingest import read_et, write_et
-from etstore.ingest._frames import varint
+from etstore.formats import read_et, write_et
+from etstore.formats._frames import varint
 from etstore.model import Trace, deps_table, ops_table
 from etstore.proto import GlobalMetadata, Node
 from etstore.store import EmbeddedStore

@@ -48,9 +48,9 @@ sys.path.insert(0, str(ROOT / "bench" / "data"))
 
 from msccl_ring import write as write_ring_xml  # noqa: E402
 
-from etstore.collectives import check_algorithm, generate  # noqa: E402
-from etstore.ingest import write_algorithm_et, write_msccl_xml  # noqa: E402
-from etstore.ingest.msccl_xml import read_msccl_xml  # noqa: E402
+from etstore.algorithms import check_algorithm, generate  # noqa: E402
+from etstore.formats import write_algorithm_et, write_msccl_xml  # noqa: E402
+from etstore.formats.msccl_xml import read_msccl_xml  # noqa: E402
 
 PY = f"{platform.python_implementation()} {platform.python_version()}"
 MACHINE = f"{platform.machine()} {os.cpu_count()} cpu, {PY}"

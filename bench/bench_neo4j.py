@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_ingest import OUT, emit, synthetic
 
 from etstore.app.publish import publish
-from etstore.ingest import read_et, write_et
+from etstore.formats import read_et, write_et
 from etstore.model import Trace
 from etstore.store import EmbeddedStore, open_store
 

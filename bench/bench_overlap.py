@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT))
 from etstore.app.expand import expand_stored  # noqa: E402
 from etstore.app.overlap import OPPORTUNITY_KINDS, find_opportunities  # noqa: E402
 from etstore.app.runs import record_run  # noqa: E402
-from etstore.ingest import read_trace  # noqa: E402
+from etstore.formats import read_trace  # noqa: E402
 from etstore.sim import simulate  # noqa: E402
 from etstore.store import EmbeddedStore  # noqa: E402
 from etstore.topology import parse_topology  # noqa: E402

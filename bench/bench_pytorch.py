@@ -79,7 +79,7 @@ def main() -> None:
         print(f"bench_pytorch: no DLRM fixtures under {args.fixtures}; nothing measured", file=sys.stderr)
         return
 
-    from etstore.ingest import read_trace
+    from etstore.formats import read_trace
     from etstore.store import open_store
 
     files = sorted(et_dir.glob("*.json")) + sorted(kineto_dir.glob("*.json"))

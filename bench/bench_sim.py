@@ -48,7 +48,7 @@ import pyarrow as pa
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from etstore.collectives.generators import generate
+from etstore.algorithms.generators import generate
 from etstore.model import Trace, deps_table, ops_table
 from etstore.sim import SimConfig, collective_workload, simulate, sweep
 from etstore.topology import Topology
@@ -65,7 +65,7 @@ ASTRA_BINARY = {
 # etstore in its own process, as ASTRA-sim runs: read the exported files, simulate, print the makespan
 ETSTORE_RUN = """
 import dataclasses, sys
-from etstore.ingest.et import read_et
+from etstore.formats.et import read_et
 from etstore.sim import read_comm_groups, read_network_config, read_system_config, simulate
 prefix, groups, system, network, congestion = sys.argv[1:6]
 net = read_network_config(network)
@@ -238,7 +238,7 @@ def astra_makespan_ns(out: str) -> float:
 
 def astra_comparison(ranks_list: list[int], timeout_s: float, repeat: int = 3) -> None:
     """ASTRA-sim vs etstore on the same exported transformer workload, both as processes."""
-    from etstore.ingest.comm_groups import write_astra_et
+    from etstore.formats.comm_groups import write_astra_et
     from etstore.workloads import transformer
 
     rt = SHARED / "tests" / "rt_template" / "inputs"
@@ -327,7 +327,7 @@ def main() -> None:
 
     rt = SHARED / "tests" / "rt_template" / "inputs"
     if rt.exists():
-        from etstore.ingest.et import read_et
+        from etstore.formats.et import read_et
         from etstore.sim import read_network_config, read_system_config
 
         cfg = read_system_config(rt / "system_cfg.json")
@@ -359,13 +359,13 @@ def main() -> None:
     ]
     algos: dict[str, object] = {"ring": "ring", "native": "native"}
     try:
-        from etstore.collectives.generators import generate  # noqa: F401
+        from etstore.algorithms.generators import generate  # noqa: F401
 
         algos["direct"] = "direct"
     except ImportError:
         pass
     try:
-        from etstore.collectives.synth import synthesize
+        from etstore.algorithms.synth import synthesize
 
         def synthesized(topo: Topology, coll: str) -> Trace:
             t0 = time.perf_counter()

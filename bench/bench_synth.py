@@ -73,7 +73,7 @@ def _peak_rss_mb() -> float:
 def one(spec: str, coll: str, trials: int, trace: bool, parts: int | None = None) -> dict[str, object]:
     """Measure one synthesis in this process (the child side); ``parts``: build the trace as
     ``result.trace_parts(parts)``, dropping each part (a streamed store's ingest), not whole."""
-    from etstore.collectives.synth import synthesize
+    from etstore.algorithms.synth import synthesize
     from etstore.topology import parse_topology
 
     topo = parse_topology(spec)

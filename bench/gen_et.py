@@ -42,8 +42,8 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from etstore.ingest.et import encode_rank
-from etstore.ingest.files import comm_groups_path
+from etstore.formats.et import encode_rank
+from etstore.formats.files import comm_groups_path
 from etstore.model import DEPS_SCHEMA, OPS_SCHEMA, deps_table, encode_attrs, ops_table
 from etstore.proto import GlobalMetadata
 

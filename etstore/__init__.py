@@ -23,9 +23,9 @@ from etstore.errors import EtstoreError, QueryError, StoreError, TraceFormatErro
 from etstore.lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from etstore.ingest import read_trace, write_chakra_json, write_et
+    from etstore.analysis import critical_path
+    from etstore.formats import read_trace, write_chakra_json, write_et
     from etstore.model import Trace
-    from etstore.query import critical_path
     from etstore.store import Result, Store, open_store
 
 __version__ = "0.1.0"
@@ -52,11 +52,11 @@ _LAZY = {
     "Result": "etstore.store",
     "Store": "etstore.store",
     "Trace": "etstore.model",
-    "critical_path": "etstore.query",
+    "critical_path": "etstore.analysis",
     "open_store": "etstore.store",
-    "read_trace": "etstore.ingest",
-    "write_chakra_json": "etstore.ingest",
-    "write_et": "etstore.ingest",
+    "read_trace": "etstore.formats",
+    "write_chakra_json": "etstore.formats",
+    "write_et": "etstore.formats",
 }
 
 if not TYPE_CHECKING:  # mypy sees the imports above instead

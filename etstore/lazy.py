@@ -2,7 +2,7 @@
 
 Why: ``import etstore`` and the CLI's light commands (``--help``, ``ls``) must not load the
 engines, numpy or pyarrow that the names of ``etstore``, ``etstore.store`` and
-``etstore.ingest`` bring; each package lists which module defines each name and gets its
+``etstore.formats`` bring; each package lists which module defines each name and gets its
 module-level ``__getattr__``/``__dir__`` from :func:`lazy_exports`.
 """
 

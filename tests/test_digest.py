@@ -10,7 +10,7 @@ import pytest
 
 from etstore import digest
 from etstore.digest import ContentDigest, content_hash
-from etstore.ingest import read_et
+from etstore.formats import read_et
 from etstore.model import Trace
 from etstore.testing import rank_parts
 from etstore.workloads import transformer

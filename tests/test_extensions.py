@@ -40,7 +40,7 @@ def test_setup_declares_every_c_source_as_an_optional_extension() -> None:
     sources = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "etstore").rglob("*.c"))
     declared = declared_extensions()
     assert sorted(s for kw in declared.values() for s in kw["sources"]) == sources  # type: ignore[attr-defined]
-    assert EXTENSIONS == ["etstore.ingest._etcodec", "etstore.ingest._xmlscan", "etstore.sim._simloop"]
+    assert EXTENSIONS == ["etstore.formats._etcodec", "etstore.formats._xmlscan", "etstore.sim._simloop"]
     for name, kw in declared.items():
         assert kw.get("optional") is True, f"{name}: a failed build must not fail the install"
 
@@ -53,17 +53,17 @@ def test_extension_is_built_and_importable(name: str) -> None:
 
 def test_missing_extension_skips_outside_ci(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("CI", raising=False)
-    with pytest.raises(unittest.SkipTest, match=r"etstore\.ingest\._absent is not available .*C compiler"):
-        require_extension("etstore.ingest._absent")
+    with pytest.raises(unittest.SkipTest, match=r"etstore\.formats\._absent is not available .*C compiler"):
+        require_extension("etstore.formats._absent")
 
 
 def test_missing_extension_fails_under_ci(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CI", "true")
     with pytest.raises(
         ExtensionMissingError,
-        match=r"C extensions: etstore\.ingest\._absent is not available .*`pip install -e \.`",
+        match=r"C extensions: etstore\.formats\._absent is not available .*`pip install -e \.`",
     ):
-        require_extension("etstore.ingest._absent")
+        require_extension("etstore.formats._absent")
 
 
 def test_a_failed_compile_does_not_fail_the_build(tmp_path: Path) -> None:

@@ -30,10 +30,10 @@ from typing import Any
 import pytest
 
 from etstore.errors import EtstoreError
-from etstore.ingest import read_trace
-from etstore.ingest.files import read_comm_groups
-from etstore.ingest.nccl_tests import read_nccl_tests
-from etstore.ingest.tuner import read_tuner_log
+from etstore.formats import read_trace
+from etstore.formats.files import read_comm_groups
+from etstore.formats.nccl_tests import read_nccl_tests
+from etstore.formats.tuner import read_tuner_log
 from etstore.store import EmbeddedStore
 
 from .conftest import ROOT, SHARED

@@ -22,13 +22,13 @@ from pathlib import Path
 
 import pytest
 
-from etstore.collectives import _synth_budget
-from etstore.collectives.synth import synthesize
+from etstore.algorithms import _synth_budget
+from etstore.algorithms.synth import synthesize
 from etstore.errors import ConfigError, TopologyError, TraceFormatError, UnsatisfiableError
-from etstore.ingest import _frames, read_et, read_trace
-from etstore.ingest.files import read_comm_groups
-from etstore.ingest.nccl_tests import read_nccl_tests
-from etstore.ingest.tuner import read_tuner_log
+from etstore.formats import _frames, read_et, read_trace
+from etstore.formats.files import read_comm_groups
+from etstore.formats.nccl_tests import read_nccl_tests
+from etstore.formats.tuner import read_tuner_log
 from etstore.testing import ring_allreduce_xml
 from etstore.topology import Topology, parse_topology
 

@@ -21,9 +21,9 @@ import pytest
 
 from etstore.cli import main
 from etstore.errors import ConfigError, EtstoreError, TraceFormatError
-from etstore.ingest import read_trace
-from etstore.ingest.files import read_comm_groups, resolve_rank_files
-from etstore.ingest.tuner import is_tuner_log, read_tuner_log
+from etstore.formats import read_trace
+from etstore.formats.files import read_comm_groups, resolve_rank_files
+from etstore.formats.tuner import is_tuner_log, read_tuner_log
 
 ROOT = Path(__file__).resolve().parents[1]
 GLOO = ROOT / "tests/data/pytorch_gloo"

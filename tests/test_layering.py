@@ -42,11 +42,11 @@ FLOORS: tuple[tuple[float, str], ...] = (
     (2, "etstore.ir"),
     (2, "etstore.dag"),
     (2, "etstore.digest"),
-    (3, "etstore.ingest"),
+    (3, "etstore.formats"),
     (3, "etstore.workloads"),
-    (4, "etstore.collectives"),
+    (4, "etstore.algorithms"),
     (5, "etstore.sim"),
-    (5.5, "etstore.query"),
+    (5.5, "etstore.analysis"),
     (6, "etstore.store"),
     (7.25, "etstore.app"),
     (7.5, "etstore"),
@@ -60,7 +60,7 @@ TEST_ONLY = "etstore.testing"
 # stores what it is given; reading files is the application layer's (app/), never the store's.
 # sim/ computes from traces, topologies and configs; loading and recording is app/'s.
 FORBIDDEN: tuple[tuple[str, str], ...] = (
-    ("etstore.store", "etstore.ingest"),
+    ("etstore.store", "etstore.formats"),
     ("etstore.sim", "etstore.store"),
 )
 
@@ -314,7 +314,7 @@ def test_imports_point_down_the_floors(package_imports: tuple[list[Import], list
 def test_store_does_not_import_the_readers(
     package_imports: tuple[list[Import], list[str], set[str]],
 ) -> None:
-    """store/ stores what app/ (or a caller) read: no reader of etstore.ingest, not even for types;
+    """store/ stores what app/ (or a caller) read: no reader of etstore.formats, not even for types;
     sim/ neither loads nor records (app/ does): no module of etstore.store."""
     _fail_unless_empty("imports the design forbids", forbidden_imports(package_imports[0]))
 
@@ -383,14 +383,14 @@ def test_checker_resolves_relative_submodule_and_lazy_imports(tmp_path: Path) ->
         {
             "__init__.py": "",
             "errors.py": "",
-            "ingest/__init__.py": "from .et import read_et\n",
-            "ingest/et.py": (
-                "from . import _frames\nfrom ..errors import X\nfrom etstore.ingest import read_et\n"
+            "formats/__init__.py": "from .et import read_et\n",
+            "formats/et.py": (
+                "from . import _frames\nfrom ..errors import X\nfrom etstore.formats import read_et\n"
                 "def f():\n    import pandas  # optional\n    from etstore.sim import engine\n"
-                "    import json\n    x = 1\n    from etstore.ingest import _codec\n"
+                "    import json\n    x = 1\n    from etstore.formats import _codec\n"
             ),
-            "ingest/_frames.py": "",
-            "ingest/_codec.c": "",
+            "formats/_frames.py": "",
+            "formats/_codec.c": "",
             "sim/__init__.py": "",
             "sim/engine.py": "",
         },
@@ -398,28 +398,28 @@ def test_checker_resolves_relative_submodule_and_lazy_imports(tmp_path: Path) ->
     imports, uncommented = collect(root, "etstore")
     _, extensions = discover(root, "etstore")
     seen = {(i.module, i.target, i.line, i.in_function) for i in imports}
-    assert ("etstore.ingest", "etstore.ingest.et", 1, False) in seen
-    assert ("etstore.ingest.et", "etstore.ingest._frames", 1, False) in seen
-    assert ("etstore.ingest.et", "etstore.errors", 2, False) in seen
-    assert ("etstore.ingest.et", "etstore.ingest", 3, False) in seen  # a name, not a submodule
-    assert ("etstore.ingest.et", "etstore.sim.engine", 6, True) in seen
-    assert [c[0] for c in cycles(imports)] == ["etstore.ingest -> etstore.ingest.et (line 1)"]
+    assert ("etstore.formats", "etstore.formats.et", 1, False) in seen
+    assert ("etstore.formats.et", "etstore.formats._frames", 1, False) in seen
+    assert ("etstore.formats.et", "etstore.errors", 2, False) in seen
+    assert ("etstore.formats.et", "etstore.formats", 3, False) in seen  # a name, not a submodule
+    assert ("etstore.formats.et", "etstore.sim.engine", 6, True) in seen
+    assert [c[0] for c in cycles(imports)] == ["etstore.formats -> etstore.formats.et (line 1)"]
     assert floor_violations(imports) == [
-        "etstore.ingest.et -> etstore.sim.engine (line 6): floor 3 imports floor 5"
+        "etstore.formats.et -> etstore.sim.engine (line 6): floor 3 imports floor 5"
     ]
     assert lazy_violations(imports, extensions) == [
-        "etstore.ingest.et -> etstore.sim.engine (line 6): imported inside a function (a package module); "
+        "etstore.formats.et -> etstore.sim.engine (line 6): imported inside a function (a package module); "
         "import it at module top",
-        "etstore.ingest.et -> json (line 7): imported inside a function (not an optional heavy dependency); "
+        "etstore.formats.et -> json (line 7): imported inside a function (not an optional heavy dependency); "
         "import it at module top",
     ]
-    assert "etstore.ingest.et -> pandas (line 5)" not in uncommented
-    assert "etstore.ingest.et -> etstore.ingest._codec (line 9)" in uncommented
+    assert "etstore.formats.et -> pandas (line 5)" not in uncommented
+    assert "etstore.formats.et -> etstore.formats._codec (line 9)" in uncommented
 
 
 def test_checker_places_modules_by_longest_prefix() -> None:
     assert floor_of("etstore.collective") == 1
-    assert floor_of("etstore.collectives.synth") == 4
+    assert floor_of("etstore.algorithms.synth") == 4
     assert floor_of("etstore.store.embedded") == 6
     assert floor_of("etstore.topology.core") == 2
     assert floor_of("etstore.app.ingest_files") == 7.25
@@ -433,20 +433,20 @@ def test_checker_finds_forbidden_imports_even_for_types(tmp_path: Path) -> None:
         tmp_path,
         {
             "__init__.py": "",
-            "ingest/__init__.py": "",
-            "ingest/tuner.py": "",
+            "formats/__init__.py": "",
+            "formats/tuner.py": "",
             "store/__init__.py": "",
             "store/tuner.py": (
                 "from typing import TYPE_CHECKING\n"
                 "if TYPE_CHECKING:\n"
-                "    from etstore.ingest.tuner import X\n"
+                "    from etstore.formats.tuner import X\n"
             ),
             "app/__init__.py": "",
-            "app/tuner.py": "from etstore.ingest.tuner import X\n",
+            "app/tuner.py": "from etstore.formats.tuner import X\n",
         },
     )
     imports, _ = collect(root, "etstore")
     assert floor_violations(imports) == []  # floor 4 may import floor 3: only FORBIDDEN says no
     assert forbidden_imports(imports) == [
-        "etstore.store.tuner -> etstore.ingest.tuner (line 3): etstore.store must not import etstore.ingest"
+        "etstore.store.tuner -> etstore.formats.tuner (line 3): etstore.store must not import etstore.formats"
     ]

@@ -12,12 +12,12 @@ from urllib.parse import urlsplit, urlunsplit
 import numpy as np
 import pytest
 
-from etstore.collectives import generators
-from etstore.collectives.generators import GENERATORS, generate
+from etstore.algorithms import generators
+from etstore.algorithms.generators import GENERATORS, generate
 from etstore.errors import OptionError, StoreError, TopologyError, TraceFormatError, UnsatisfiableError
-from etstore.ingest import read_et
-from etstore.ingest._frames import read_bytes, write_varint
-from etstore.ingest.et import _decode_py, decode_rank
+from etstore.formats import read_et
+from etstore.formats._frames import read_bytes, write_varint
+from etstore.formats.et import _decode_py, decode_rank
 from etstore.store import open_store
 from etstore.topology import Topology
 from etstore.units import MAX_SIZE, format_bytes, memory_budget, parse_size

@@ -31,7 +31,7 @@ def test_rows_out_of_rank_order_are_grouped_and_none_is_lost(tmp_path: Path) -> 
     # rank 0's rows are the 1st and 3rd: every per-rank pass reads a rank as one block of
     # rows, so the trace puts them together (each rank's own order kept) instead of the
     # writer keeping only the last block of rank 0
-    from etstore.ingest.et import read_et, write_et
+    from etstore.formats.et import read_et, write_et
 
     t = Trace(
         ops_table(

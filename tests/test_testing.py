@@ -6,7 +6,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from etstore.ingest.msccl_xml import parse_msccl_xml
+from etstore.formats.msccl_xml import parse_msccl_xml
 from etstore.model import Trace
 from etstore.testing import (
     assert_trace_equal,

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from etstore.ingest.et import write_et
+from etstore.formats.et import write_et
 from etstore.model import META_SCHEMA, Trace, deps_table, encode_attrs, ops_table
 from etstore.proto import COLLECTIVE_COMM_TYPES, GlobalMetadata
 

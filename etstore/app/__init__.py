@@ -1,7 +1,7 @@
 """The application layer: what loads, runs and records, between the readers and the store.
 
-A module here reads files (``etstore.ingest``) or stored traces, computes what it must
-(``etstore.sim``, ``etstore.query``) and writes the result through a store
+A module here reads files (``etstore.formats``) or stored traces, computes what it must
+(``etstore.sim``, ``etstore.analysis``) and writes the result through a store
 (``etstore.store``), so that ``store/`` only stores and never imports a reader, and the
 simulator and the analyses stay functions of their inputs. ``report/`` and ``cli/`` call
 it; it calls the floors below it.
@@ -26,7 +26,7 @@ it; it calls the floors below it.
 * :mod:`~etstore.app.publish` — an embedded store's traces, runs and metrics published to a
   Neo4j server (``etstore publish``), idempotently.
 
-``sim/`` and ``query/`` compute and return tables and objects; what loads their input from
+``sim/`` and ``analysis/`` compute and return tables and objects; what loads their input from
 a store and records their output is here.
 
 Nothing is re-exported: import the module that does the work (each loads pyarrow).

@@ -1,7 +1,7 @@
 """Expansion against a store: algorithms named by stored trace, the result stored with its lineage.
 
 :func:`resolve_algorithm` turns a name into a stored algorithm trace or a generator
-spec; :func:`expand_stored` loads the workload, runs :func:`~etstore.collectives.expand.expand`
+spec; :func:`expand_stored` loads the workload, runs :func:`~etstore.algorithms.expand.expand`
 and ingests the expanded trace (and any generated algorithm) all or nothing.
 """
 
@@ -11,8 +11,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from etstore.collectives.expand import Expansion, expand
-from etstore.collectives.specs import parse_generator
+from etstore.algorithms.expand import Expansion, expand
+from etstore.algorithms.specs import parse_generator
 from etstore.errors import OptionError
 from etstore.model import Trace
 from etstore.progress import ProgressFn
@@ -88,7 +88,7 @@ def expand_stored(
     same content is already stored under another name: the new name then shares that
     content (``report.same_as``) and keeps its own parent and parameters.
 
-    ``progress(phase, done, total)`` sees :func:`~etstore.collectives.expand.expand`'s
+    ``progress(phase, done, total)`` sees :func:`~etstore.algorithms.expand.expand`'s
     phases, then the store's ingest phases of the expanded trace, each prefixed ``store``.
 
     Raises
@@ -96,7 +96,7 @@ def expand_stored(
     UnknownTraceError
         ``workload`` is not stored.
     OptionError, ExpansionError, QueryError
-        As :func:`resolve_algorithm` and :func:`~etstore.collectives.expand.expand`.
+        As :func:`resolve_algorithm` and :func:`~etstore.algorithms.expand.expand`.
     """
     trace = store.load(workload)
     loaded: dict[str, Trace] = {}

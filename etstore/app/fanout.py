@@ -185,7 +185,7 @@ class Fanout(Generic[T]):
     def ordered_map(self, fn: Callable[[Any], Any], items: Iterable[Any]) -> Iterator[Any]:
         """``fn(item)`` for each item in order, as the builtin ``map`` gives it, run by this
         executor (:meth:`stream`): the shape a reader's ``map_fn`` hook takes
-        (:func:`etstore.ingest.et_parts.read_et_parts`).
+        (:func:`etstore.formats.et_parts.read_et_parts`).
 
         >>> with fanout() as fan:
         ...     list(fan.ordered_map(abs, [-1, 2, -3]))

@@ -1,11 +1,11 @@
 """Ingest several inputs in one call, with one policy for the inputs that fail.
 
 Each input (a file, directory, glob or ``<dir>/<prefix>``, as
-:func:`~etstore.ingest.read_trace` reads it) becomes one trace, stored all or
+:func:`~etstore.formats.read_trace` reads it) becomes one trace, stored all or
 nothing; a failure never undoes the traces stored before it. A file whose content
-is nccl-tests or rccl-tests output (:func:`~etstore.ingest.nccl_tests.is_nccl_tests_log`)
+is nccl-tests or rccl-tests output (:func:`~etstore.formats.nccl_tests.is_nccl_tests_log`)
 becomes a measured run instead (:func:`~etstore.app.measured.store_measured_run`), and
-one that is a tuner trajectory (:func:`~etstore.ingest.tuner.is_tuner_log`) a tuner run
+one that is a tuner trajectory (:func:`~etstore.formats.tuner.is_tuner_log`) a tuner run
 (:func:`~etstore.app.tuner.store_tuner_run`), whatever its name. ``on_error`` decides
 what a failure does to the rest of the batch: ``"raise"`` stops there, ``"skip"``
 records it and goes on.
@@ -22,19 +22,19 @@ from typing import Literal
 from etstore.app.measured import MeasuredReport, store_measured_run
 from etstore.app.tuner import TunerReport, store_tuner_run
 from etstore.errors import EtstoreError, OptionError, StoreError
-from etstore.ingest import read_trace
-from etstore.ingest.et_parts import DecodedBatch, MapFn, read_et_parts
-from etstore.ingest.files import RankFile
-from etstore.ingest.nccl_tests import is_nccl_tests_log, read_nccl_tests
-from etstore.ingest.recognise import chakra_rank_files
-from etstore.ingest.tuner import is_tuner_log, read_tuner_log
+from etstore.formats import read_trace
+from etstore.formats.et_parts import DecodedBatch, MapFn, read_et_parts
+from etstore.formats.files import RankFile
+from etstore.formats.nccl_tests import is_nccl_tests_log, read_nccl_tests
+from etstore.formats.recognise import chakra_rank_files
+from etstore.formats.tuner import is_tuner_log, read_tuner_log
 from etstore.store.base import IngestReport, Store
 
 __all__ = ["BatchProgressFn", "BatchStats", "OnError", "ingest_paths"]
 
 STREAM_BYTES = 64 << 20
 """Chakra ``.et`` rank files holding at least this many bytes in all (64 MiB, about 0.7M ops at
-~96 bytes each) are stored part by part (:func:`~etstore.ingest.et_parts.read_et_parts` into
+~96 bytes each) are stored part by part (:func:`~etstore.formats.et_parts.read_et_parts` into
 :meth:`Store.ingest_parts <etstore.store.base.Store.ingest_parts>`): memory then holds a few
 parts of ~262k ops, not the trace (a whole read peaks near 600 bytes per op), and the decoding
 runs beside the store's writes. Smaller inputs are read whole and stored in one transaction,

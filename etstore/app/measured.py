@@ -15,7 +15,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from etstore.ingest.nccl_tests import NcclTestsLog
+from etstore.formats.nccl_tests import NcclTestsLog
 from etstore.store.warehouse import Warehouse
 
 __all__ = ["MeasuredReport", "store_measured_run"]
@@ -61,7 +61,7 @@ def store_measured_run(
     warehouse
         A writable warehouse (a store's ``warehouse``).
     parsed
-        What :func:`~etstore.ingest.nccl_tests.read_nccl_tests` returned.
+        What :func:`~etstore.formats.nccl_tests.read_nccl_tests` returned.
     name
         The run's name (default: ``parsed.name``, or ``parsed.name-2``, ``-3``, ... when
         another log holds it); an explicit name held by another log is an error.

@@ -13,11 +13,11 @@ from collections.abc import Sequence
 
 import pyarrow as pa
 
+from etstore.analysis.split import SplitCost
 from etstore.app import overlap
 from etstore.app.overlap import OPPORTUNITY_KINDS, find_opportunities
 from etstore.errors import StoreError
 from etstore.progress import ProgressFn
-from etstore.query.split import SplitCost
 from etstore.sim.config import SimConfig
 from etstore.store.base import Store
 from etstore.store.schema import OPPORTUNITIES_DDL

@@ -19,7 +19,7 @@ Three finders (``docs/overlap.md`` has the worked 2-rank example):
 
 Candidates come from Cypher on the graph (the edge shapes above; lineage
 ``BECOMES`` edges for chunks); what each pass frees comes from the passes themselves
-(:mod:`etstore.query._finders` runs :mod:`etstore.query._rankgraph`, the same code the
+(:mod:`etstore.analysis._finders` runs :mod:`etstore.analysis._rankgraph`, the same code the
 rewrites use, so what is found is what gets applied); timings and gains come from SQL over
 the simulated op timings.
 :func:`explain` lists every query. Nothing is written: :mod:`etstore.app.opportunities`
@@ -38,14 +38,14 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from etstore.collectives._instances import find_collectives
+from etstore.algorithms._instances import find_collectives
+from etstore.analysis._finders import chunk_rows, freed_pairs
+from etstore.analysis._gains import measure_gains
+from etstore.analysis.hoists import find_hoists
+from etstore.analysis.split import SplitCost
 from etstore.errors import EtstoreError, OptionError, UnknownTraceError
 from etstore.model import Trace
 from etstore.progress import ProgressFn
-from etstore.query._finders import chunk_rows, freed_pairs
-from etstore.query._gains import measure_gains
-from etstore.query.hoists import find_hoists
-from etstore.query.split import SplitCost
 from etstore.sim import SimConfig, simulate
 from etstore.sim.engine import RECORDED
 from etstore.store.base import Store
@@ -313,9 +313,9 @@ def find_opportunities(
 
     Gains are measured: each opportunity is applied (on top of the ones of its kind taken
     before it) and the trace simulated again. A recorded trace (PyTorch ET + Kineto) has
-    overlap opportunities only, each a hoist in its lanes (:mod:`etstore.query.hoists`),
+    overlap opportunities only, each a hoist in its lanes (:mod:`etstore.analysis.hoists`),
     replayed on ``topo`` (default as it ran). Other traces get the three finders below,
-    whose estimates choose what is measured (:mod:`etstore.query._gains`).
+    whose estimates choose what is measured (:mod:`etstore.analysis._gains`).
 
     Parameters
     ----------
@@ -343,7 +343,7 @@ def find_opportunities(
     measure
         False: keep the finders' estimates (a quick look; not for a recording).
     split
-        Chunk finder: what pieces cost, which ops split (:class:`~etstore.query.split.SplitCost`).
+        Chunk finder: what pieces cost, which ops split (:class:`~etstore.analysis.split.SplitCost`).
 
     Returns
     -------
@@ -365,7 +365,7 @@ def find_opportunities(
 
     Notes
     -----
-    Per rank O(V + E) plus searches around the edges a pass changes (:mod:`etstore.query._reach`;
+    Per rank O(V + E) plus searches around the edges a pass changes (:mod:`etstore.analysis._reach`;
     a few ops each on a trace's ranks), plus one simulation O(events log V).
     """
     bad = [k for k in kinds if k not in OPPORTUNITY_KINDS]

@@ -1,9 +1,9 @@
-"""Rescale a stored trace: load it, rescale it (:mod:`etstore.query.rescale`, pure), and store
+"""Rescale a stored trace: load it, rescale it (:mod:`etstore.analysis.rescale`, pure), and store
 the result with the trace as its parent (what ``etstore rescale`` runs)."""
 
 from __future__ import annotations
 
-from etstore.query.rescale import rescale
+from etstore.analysis.rescale import rescale
 from etstore.store.base import IngestReport, Store
 
 __all__ = ["rescale_stored"]
@@ -20,7 +20,7 @@ def rescale_stored(
     source_tp: int | None = None,
     name: str | None = None,
 ) -> IngestReport:
-    """Rescale a stored trace (:func:`~etstore.query.rescale.rescale`) and store the result with
+    """Rescale a stored trace (:func:`~etstore.analysis.rescale.rescale`) and store the result with
     ``parent = trace``.
 
     Returns
@@ -33,7 +33,7 @@ def rescale_stored(
     UnknownTraceError
         No such trace.
     OptionError, RewriteError
-        As :func:`~etstore.query.rescale.rescale`; nothing is stored.
+        As :func:`~etstore.analysis.rescale.rescale`; nothing is stored.
     """
     out = rescale(store.load(trace), ranks=ranks, dp=dp, tp=tp, pp=pp, source_tp=source_tp, name=name)
     return store.ingest(out, name=name or out.name, parent=trace)

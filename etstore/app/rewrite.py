@@ -2,7 +2,7 @@
 
 :func:`rewrite_stored` is what ``etstore rewrite`` runs: it reads what the finders recorded
 (``opportunities``, :mod:`etstore.app.opportunities`) or runs them
-(:mod:`etstore.app.overlap`), rewrites (:mod:`etstore.query.rewrite`, pure) and stores the
+(:mod:`etstore.app.overlap`), rewrites (:mod:`etstore.analysis.rewrite`, pure) and stores the
 result as a child of the trace.
 """
 
@@ -14,11 +14,11 @@ from typing import Any
 
 import pyarrow as pa
 
+from etstore.analysis.rewrite import REWRITE_KINDS, REWRITE_OF, rewrite_recording, rewrite_with_lineage
+from etstore.analysis.split import SplitCost
 from etstore.app.overlap import expansions_of, find_opportunities
 from etstore.errors import RewriteError
 from etstore.model import Trace
-from etstore.query.rewrite import REWRITE_KINDS, REWRITE_OF, rewrite_recording, rewrite_with_lineage
-from etstore.query.split import SplitCost
 from etstore.sim.config import SimConfig
 from etstore.sim.engine import RECORDED
 from etstore.store.base import IngestReport, Store
@@ -107,7 +107,7 @@ def rewrite_stored(
     A recording (PyTorch ET + Kineto) is rewritten only by ``overlap``: the opportunities
     numbered ``opportunities`` in the ``opportunities`` table (``etstore overlap`` finds and
     numbers them), else every one recorded there, else every one found now on ``topo``
-    (:func:`~etstore.query.rewrite.rewrite_recording`).
+    (:func:`~etstore.analysis.rewrite.rewrite_recording`).
 
     ``chunk-split`` reads the expansion lineage and orders each consumer's chunks by
     simulated arrival (:func:`~etstore.app.overlap.find_opportunities` with
@@ -127,7 +127,7 @@ def rewrite_stored(
     UnknownTraceError
         No such trace.
     RewriteError
-        As :func:`~etstore.query.rewrite.rewrite`, or ``chunk-split`` of a trace without expansion lineage.
+        As :func:`~etstore.analysis.rewrite.rewrite`, or ``chunk-split`` of a trace without expansion lineage.
     """
     if kind not in REWRITE_KINDS:
         raise RewriteError(f"unknown rewrite {kind!r}; expected one of {', '.join(REWRITE_KINDS)}")

@@ -23,7 +23,7 @@ import pyarrow as pa
 
 from etstore.collective import short_name
 from etstore.errors import UnknownTraceError
-from etstore.ingest.tuner import TunerLog
+from etstore.formats.tuner import TunerLog
 from etstore.store.base import Store
 from etstore.store.warehouse import Warehouse
 
@@ -63,7 +63,7 @@ def store_tuner_run(store: Store, parsed: TunerLog, *, name: str | None = None) 
         A writable store: the rows go to its warehouse, from which its graph index
         derives the ``TunerStep`` nodes.
     parsed
-        What :func:`~etstore.ingest.tuner.read_tuner_log` returned.
+        What :func:`~etstore.formats.tuner.read_tuner_log` returned.
     name
         The run's name (default: ``parsed.name``, or ``parsed.name-2``, ``-3``, ... when
         another file holds it); an explicit name held by another file is an error.
@@ -169,7 +169,7 @@ def link_steps(warehouse: Warehouse, steps: pa.Table) -> pa.Table:
     warehouse
         The warehouse holding ``traces``.
     steps
-        Rows of :data:`~etstore.ingest.tuner.TUNER_STEP_SCHEMA`.
+        Rows of :data:`~etstore.formats.tuner.TUNER_STEP_SCHEMA`.
 
     Returns
     -------

@@ -1,7 +1,7 @@
 """A command's trace argument: a stored trace's name, or a file or directory to read.
 
 Apart from :mod:`etstore.cli._common` so that commands which read no files (``ls``,
-``rm``, ``topo``...) do not import every reader of :mod:`etstore.ingest`.
+``rm``, ``topo``...) do not import every reader of :mod:`etstore.formats`.
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from etstore.errors import EtstoreError, OptionError, TraceFormatError, UnknownTraceError
-from etstore.ingest import read_trace
-from etstore.ingest.files import (
+from etstore.formats import read_trace
+from etstore.formats.files import (
     CHAKRA_ET,
     CHAKRA_JSON,
     KINETO,
@@ -79,7 +79,7 @@ def read_files(
     name
         The trace name.
     progress
-        As :func:`~etstore.ingest.read_trace` calls it.
+        As :func:`~etstore.formats.read_trace` calls it.
 
     Returns
     -------
@@ -98,7 +98,7 @@ def read_files(
     Notes
     -----
     The files are linked into a scratch directory under their own names, which
-    :func:`~etstore.ingest.read_trace` reads as a directory; O(files) links, then the read.
+    :func:`~etstore.formats.read_trace` reads as a directory; O(files) links, then the read.
     """
     files = [Path(p) for p in paths]
     for f in files:

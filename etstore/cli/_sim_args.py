@@ -6,9 +6,9 @@ import argparse
 import dataclasses
 from typing import Any
 
+from etstore.algorithms.specs import algorithms_by_type, parse_by_type
 from etstore.app.expand import resolve_algorithm
 from etstore.collective import COLLECTIVE_NAMES
-from etstore.collectives.specs import algorithms_by_type, parse_by_type
 from etstore.errors import OptionError
 from etstore.sim import BUILTIN_ALGORITHMS
 from etstore.sim.config import SimConfig, read_system_config

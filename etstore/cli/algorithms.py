@@ -7,12 +7,12 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
+from etstore.algorithms.check import check_algorithm
+from etstore.algorithms.generators import GENERATORS, generate
 from etstore.cli._common import add_format, open_from_args, print_json, stored_status
 from etstore.cli._console import styled
 from etstore.cli._inputs import trace_from
 from etstore.cli._render import render
-from etstore.collectives.check import check_algorithm
-from etstore.collectives.generators import GENERATORS, generate
 from etstore.errors import OptionError
 
 if TYPE_CHECKING:

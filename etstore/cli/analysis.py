@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
+from etstore.analysis.split import SplitCost
 from etstore.app.compare import compare
 from etstore.app.opportunities import explain, find_and_record
 from etstore.app.rewrite import rewrite_stored
@@ -17,7 +18,6 @@ from etstore.cli._console import styled
 from etstore.cli._render import json_text, render
 from etstore.cli._tables import add_table, chosen_table, one_row, print_table
 from etstore.errors import OptionError
-from etstore.query.split import SplitCost
 from etstore.sim import SimConfig
 from etstore.sim.config import EXPANDED_SLOTS
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING, Any
 
+from etstore.analysis.breakdown import breakdown
+from etstore.analysis.diff import diff_traces
 from etstore.cli._common import add_format, open_to_record
 from etstore.cli._inputs import trace_from
 from etstore.cli._tables import add_limit, add_table, chosen_table, print_table
-from etstore.query.breakdown import breakdown
-from etstore.query.diff import diff_traces
 
 if TYPE_CHECKING:
     from rich.console import Console

@@ -9,11 +9,11 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
+from etstore.analysis import critical_path
 from etstore.cli._common import add_format, open_from_args, progress_to
 from etstore.cli._tables import add_limit, add_table, chosen_table, one_row, print_table
 from etstore.errors import OptionError, StoreError
 from etstore.progress import ProgressFn
-from etstore.query import critical_path
 from etstore.report import critical_path_steps, schedule_critical_path
 from etstore.report._data import run_infos
 

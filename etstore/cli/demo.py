@@ -21,6 +21,10 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from etstore.algorithms.check import check_algorithm
+from etstore.algorithms.generators import GENERATORS, generate
+from etstore.algorithms.specs import parse_generator
+from etstore.analysis import critical_path
 from etstore.app.compare import Comparison, compare
 from etstore.app.expand import expand_stored
 from etstore.app.opportunities import find_and_record
@@ -28,15 +32,11 @@ from etstore.app.rewrite import rewrite_stored
 from etstore.cli._console import styled
 from etstore.cli._render import recognised_line, render
 from etstore.cli.analysis import hoist_table
-from etstore.collectives.check import check_algorithm
-from etstore.collectives.generators import GENERATORS, generate
-from etstore.collectives.specs import parse_generator
 from etstore.errors import ConfigError
-from etstore.ingest import read_trace
-from etstore.ingest.export import export_trace
-from etstore.ingest.msccl_writer import write_msccl_xml
+from etstore.formats import read_trace
+from etstore.formats.export import export_trace
+from etstore.formats.msccl_writer import write_msccl_xml
 from etstore.model import Trace
-from etstore.query import critical_path
 from etstore.report import write_report
 from etstore.sim import SimConfig, SimResult, simulate
 from etstore.sim.replay import replay

@@ -7,11 +7,11 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
+from etstore.algorithms.specs import algorithms_by_type, parse_by_type
 from etstore.app.expand import expand_stored, resolve_algorithm
 from etstore.cli._common import add_format, open_from_args, progress_to, status_words
 from etstore.cli._console import styled
 from etstore.cli._render import render
-from etstore.collectives.specs import algorithms_by_type, parse_by_type
 from etstore.errors import OptionError
 
 if TYPE_CHECKING:

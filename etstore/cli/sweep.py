@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from etstore import collectives
+from etstore.algorithms import synthesize
 from etstore.app.fanout import fanout
 from etstore.app.runs import record_sensitivity, record_sweep
 from etstore.app.sweeps import PointFailure, run_sensitivity, run_sweep
@@ -40,7 +40,7 @@ _SHOWN_FAILURES = 10
 def _synth(topo: Any, coll: str, *, chunks: int, seed: int) -> Any:
     """The ``synth`` algorithm of a sweep: synthesized for each topology (a module-level function,
     so Ray ships it by reference)."""
-    return collectives.synthesize(topo, coll=coll, chunks_per_npu=chunks, seed=seed).trace
+    return synthesize(topo, coll=coll, chunks_per_npu=chunks, seed=seed).trace
 
 
 def _report_failures(failed: Sequence[PointFailure], total: int, recorded: str) -> None:

@@ -8,11 +8,11 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
+from etstore.algorithms.synth import SynthResult, synthesize
 from etstore.cli._common import add_format, open_from_args, print_json, progress_to, stored_status
 from etstore.cli._console import styled
 from etstore.cli._render import render
 from etstore.cli._topology_args import add_topology_options, topology_from
-from etstore.collectives.synth import SynthResult, synthesize
 from etstore.units import parse_size
 
 if TYPE_CHECKING:

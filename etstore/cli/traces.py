@@ -10,9 +10,9 @@ from etstore.cli._common import add_format, open_from_args, status_words
 from etstore.cli._console import styled
 from etstore.cli._tables import add_table, chosen_table, one_row, print_table
 from etstore.errors import OptionError, TraceFormatError
-from etstore.ingest._guard import values_in_range
-from etstore.ingest.comm_groups import write_astra_et
-from etstore.ingest.export import EXPORT_FORMATS, export_trace
+from etstore.formats._guard import values_in_range
+from etstore.formats.comm_groups import write_astra_et
+from etstore.formats.export import EXPORT_FORMATS, export_trace
 from etstore.report.recorded_timeline import recorded_timeline
 from etstore.workloads import transformer
 

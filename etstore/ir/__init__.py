@@ -1,6 +1,6 @@
 """MSCCL-IR steps ⇄ algorithm :class:`~etstore.model.Trace`: how a step becomes Chakra nodes.
 
-The reader (``etstore.ingest.msccl_xml``) and the generators fill a :class:`StepTable`
+The reader (``etstore.formats.msccl_xml``) and the generators fill a :class:`StepTable`
 (one row per MSCCL-IR step, columnar) and call :func:`build_trace`; the writer and the
 checker go the other way with :func:`node_semantics`, which recovers what every node
 of any algorithm trace does to which buffer slots.

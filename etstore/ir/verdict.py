@@ -13,7 +13,7 @@ the nodes in dependency order (sends never block, a receive waits for the n-th m
 of its stream) and explains every node that never runs, naming the wait-for cycle of a
 deadlock with its ranks and nodes.
 
-:func:`etstore.collectives.check_algorithm` adds to it what the collective computes;
+:func:`etstore.algorithms.check_algorithm` adds to it what the collective computes;
 the problems this module finds read the same wherever they are reported.
 """
 
@@ -152,7 +152,7 @@ def run_verdict(
 
     Examples
     --------
-    >>> from etstore.collectives import generate
+    >>> from etstore.algorithms import generate
     >>> run_verdict(generate("ring", coll="allreduce", ranks=4)).headline
     'ok'
     """

@@ -1,6 +1,6 @@
 """The critical path of a simulated schedule: the chain of constraints that set the makespan.
 
-:func:`etstore.query.critical_path` weighs the stored trace's own durations; a
+:func:`etstore.analysis.critical_path` weighs the stored trace's own durations; a
 simulated run also has waits (for a message, a slow peer in a collective, a busy
 slot). Walking back from the op that ends last, each step goes to what released
 the current op: the matching send when a receive waited for its message, the
@@ -15,7 +15,7 @@ import logging
 import numpy as np
 import pyarrow as pa
 
-from etstore.query.critical_path import path_table
+from etstore.analysis.critical_path import path_table
 from etstore.report._data import RunInfo, has_table, query
 from etstore.store.warehouse import Warehouse
 
@@ -100,7 +100,7 @@ def schedule_critical_path(warehouse: Warehouse, run: RunInfo, *, tolerance_ns: 
     Returns
     -------
     pyarrow.Table
-        A path table (:func:`~etstore.query.critical_path.path_table`) in time order:
+        A path table (:func:`~etstore.analysis.critical_path.path_table`) in time order:
         ``step``, ``rank``, ``id``, ``name``, ``type``, ``start_ns``, ``end_ns``,
         ``row`` (the op's position in the run's ``op_timings`` ordered by ``(rank, id)``),
         ``via`` (``start``, ``dep`` — a dependency or the slot, ``msg`` — the send a

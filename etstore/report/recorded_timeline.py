@@ -18,9 +18,9 @@ with ``start_time_micros``. The layout:
   ``"s"`` inside the launching op where none of its children runs (at the device op's
   start, else the latest such moment before it), ``"f"`` at the device op's start.
 - **Any other timed trace**: the type tracks of
-  :func:`etstore.ingest.chrome_trace.trace_timeline` (``compute``, ``comm``, ``other``;
+  :func:`etstore.formats.chrome_trace.trace_timeline` (``compute``, ``comm``, ``other``;
   overlapping ops spread over ``comm 2``, ...) and its message flows, rebased.
-- **The critical path** (:func:`etstore.query.critical_path`) is a process of its own,
+- **The critical path** (:func:`etstore.analysis.critical_path`) is a process of its own,
   ``critical path``, with one track: its steps end to end from where its first op
   started, each lasting the op's ``duration_micros`` (a recorded CPU op's thread time), so
   the track's slices add up to ``length_micros``. The ops on it carry their step
@@ -39,11 +39,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from etstore.analysis import critical_path
 from etstore.errors import OptionError
-from etstore.ingest.chrome_trace import trace_timeline, write_chrome_trace
-from etstore.ingest.kineto import KINETO_ATTR
+from etstore.formats.chrome_trace import trace_timeline, write_chrome_trace
+from etstore.formats.kineto import KINETO_ATTR
 from etstore.model import Trace, decode_attrs
-from etstore.query import critical_path
 
 __all__ = ["CRITICAL_PATH_TRACK", "recorded_timeline", "write_recorded_timeline"]
 
@@ -60,7 +60,7 @@ def recorded_timeline(trace: Trace) -> dict[str, Any]:
     ----------
     trace
         A trace whose ops carry times: a Kineto record per op (``kineto_event``, as
-        :func:`~etstore.ingest.pytorch_et.read_pytorch_et` and the Kineto reader keep
+        :func:`~etstore.formats.pytorch_et.read_pytorch_et` and the Kineto reader keep
         it), or a non-zero ``start_time_micros`` on some op.
 
     Returns
@@ -333,7 +333,7 @@ def _launch_point(op: int, target: float, start: np.ndarray, end: np.ndarray, ki
 
 
 def _by_op_types(trace: Trace, start: np.ndarray) -> tuple[dict[str, Any], np.ndarray, np.ndarray]:
-    """The document of :func:`~etstore.ingest.chrome_trace.trace_timeline` for the timed ops, rebased."""
+    """The document of :func:`~etstore.formats.chrome_trace.trace_timeline` for the timed ops, rebased."""
     ops = trace.ops
     length = pc.fill_null(ops["duration_micros"], 0).to_numpy(zero_copy_only=False)
     meta = pc.fill_null(pc.equal(ops["type"], "METADATA_NODE"), False).to_numpy(zero_copy_only=False)

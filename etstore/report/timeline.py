@@ -3,7 +3,7 @@
 Reads one run's ``op_timings`` (with the stored trace's ``ops`` for communication
 fields and ``messages`` for send → receive pairs), ``collectives`` and ``link_util``
 through a :class:`~etstore.store.warehouse.Warehouse` and lays them out as
-:mod:`etstore.ingest.chrome_trace` describes:
+:mod:`etstore.formats.chrome_trace` describes:
 
 - per rank a process (``pid`` = rank) with compute, comm and other tracks; every op
   of the run is one complete event from ``start_ns`` to ``end_ns`` (µs in the file);
@@ -32,7 +32,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from etstore.errors import UnknownTraceError
-from etstore.ingest.chrome_trace import chrome_trace_document, track_of_types, write_chrome_trace
+from etstore.formats.chrome_trace import chrome_trace_document, track_of_types, write_chrome_trace
 from etstore.store.warehouse import Warehouse
 
 __all__ = ["COLLECTIVES_TRACK", "run_timeline", "write_run_timeline"]

@@ -6,7 +6,7 @@ the :class:`~etstore.sim._templates.Template` its ranks expand into, or None to
 replay the node's own duration.
 
 An algorithm given as a trace is judged first, by the verdict ``etstore check`` and
-the MSCCL-IR writer share (:func:`~etstore.collectives.check.check_algorithm`): one
+the MSCCL-IR writer share (:func:`~etstore.algorithms.check.check_algorithm`): one
 that cannot run to completion as MSCCL runs it (a deadlock, a receive that waits
 forever, a send that is never received) is refused, since a simulated time for it
 would be wrong; one that runs but fails the check otherwise (a wrong result, two
@@ -26,11 +26,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from etstore.algorithms.check import CheckReport, check_algorithm
+from etstore.algorithms.generators import GENERATORS, generate
 from etstore.collective import COLLECTIVE_NAMES
-from etstore.collectives.check import CheckReport, check_algorithm
-from etstore.collectives.generators import GENERATORS, generate
 from etstore.errors import ConfigError, EtstoreError
-from etstore.ingest.comm_groups import DEFAULT_GROUP_NAMES, find_group
+from etstore.formats.comm_groups import DEFAULT_GROUP_NAMES, find_group
 from etstore.ir import run_verdict
 from etstore.model import Trace
 from etstore.sim import _templates as tpl
@@ -61,7 +61,7 @@ BUILTIN_ALGORITHMS: frozenset[str] = frozenset({"native", "replay", *GENERATORS}
 """Algorithm names the simulator resolves itself: ``native`` (ASTRA-sim's native
 implementations per dimension, :attr:`SimConfig.native_impls`; ring by default),
 ``replay`` (the node's own duration) and every generator of
-:data:`etstore.collectives.generators.GENERATORS`; any other name is a stored algorithm."""
+:data:`etstore.algorithms.generators.GENERATORS`; any other name is a stored algorithm."""
 
 
 @dataclass
@@ -363,7 +363,7 @@ def vet_algorithm(trace: Trace) -> CheckReport | None:
     """Judge an algorithm trace before it is simulated: refuse it if it cannot finish, warn if it is wrong.
 
     The verdict is the one ``etstore check`` prints and the MSCCL-IR writer refuses with
-    (:func:`~etstore.collectives.check.check_algorithm`, whose first problem is a
+    (:func:`~etstore.algorithms.check.check_algorithm`, whose first problem is a
     deadlock or hang when there is one). It is made once per trace object, and its
     warning logged once. A trace too large for the whole check within
     :data:`FULL_CHECK_WORDS` gets the run verdict only (:func:`etstore.ir.run_verdict`),

@@ -27,7 +27,7 @@ from typing import Any
 
 from etstore.collective import COLLECTIVE_NAMES, chakra_name
 from etstore.errors import ConfigError
-from etstore.ingest.files import read_comm_groups
+from etstore.formats.files import read_comm_groups
 from etstore.sim._native import parse_implementation
 from etstore.topology import AstraNetwork, astra_topology, read_network_config
 

@@ -151,7 +151,7 @@ class Store(Protocol):
             :class:`~etstore.model.Trace` parts in ascending rank order, none sharing a
             rank with another, each holding its ranks' ops, deps, missing deps and
             metadata, and all with the name, kind, source and params of the first (e.g.
-            :meth:`SynthResult.trace_parts <etstore.collectives.synth.SynthResult.trace_parts>`).
+            :meth:`SynthResult.trace_parts <etstore.algorithms.synth.SynthResult.trace_parts>`).
             Read once.
         name
             As for :meth:`ingest`.

@@ -134,7 +134,7 @@ def require_extension(module: str) -> ModuleType:
     Parameters
     ----------
     module
-        Dotted module name, e.g. ``etstore.ingest._xmlscan``.
+        Dotted module name, e.g. ``etstore.formats._xmlscan``.
 
     Returns
     -------

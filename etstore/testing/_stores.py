@@ -7,7 +7,7 @@ from functools import cache
 from pathlib import Path
 
 from etstore.app.publish import publish
-from etstore.ingest.pytorch_et import read_pytorch_et
+from etstore.formats.pytorch_et import read_pytorch_et
 from etstore.model import Trace, deps_table, ops_table
 from etstore.store import EmbeddedStore, Store, open_store
 from etstore.store._neo4j_bolt import Bolt

@@ -1,6 +1,6 @@
 """Network topology: NPUs and directed links with latency and bandwidth.
 
-Shared by the synthesizer (``etstore.collectives``) and the simulator
+Shared by the synthesizer (``etstore.algorithms``) and the simulator
 (``etstore.sim``). Links are columnar (numpy arrays), so a 1024-NPU 3D torus is a
 handful of arrays, not thousands of objects.
 

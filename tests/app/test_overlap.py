@@ -50,6 +50,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
+from etstore.analysis.split import SplitCost
 from etstore.app import opportunities
 from etstore.app.compare import compare
 from etstore.app.opportunities import find_and_record
@@ -61,7 +62,6 @@ from etstore.app.overlap import (
 from etstore.app.rewrite import rewrite_stored
 from etstore.app.runs import record_run
 from etstore.errors import EtstoreError, UnknownTraceError
-from etstore.query.split import SplitCost
 from etstore.sim import SimConfig, simulate
 from etstore.store import EmbeddedStore
 from etstore.testing import hand_workload

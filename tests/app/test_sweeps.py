@@ -12,9 +12,9 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
+from etstore.algorithms import generate, synthesize
 from etstore.app.fanout import Failed, failures, fanout
 from etstore.app.sweeps import run_sensitivity, run_sweep
-from etstore.collectives import generate, synthesize
 from etstore.errors import SimulationError
 from etstore.sim import SimConfig
 from etstore.sim.perturb import parse_knob

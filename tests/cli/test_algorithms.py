@@ -11,9 +11,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
+from etstore.algorithms.generators import generate
 from etstore.cli import main
-from etstore.collectives.generators import generate
-from etstore.ingest import read_et
+from etstore.formats import read_et
 from etstore.store import open_store
 
 

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from etstore.analysis.breakdown import breakdown
 from etstore.cli import main
-from etstore.ingest.pytorch_et import read_pytorch_et
-from etstore.query.breakdown import breakdown
+from etstore.formats.pytorch_et import read_pytorch_et
 
 ROOT = Path(__file__).resolve().parents[2]
 GLOO = ROOT / "tests" / "data" / "torch_ddp_cuda_gloo_2r"

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from etstore.algorithms.expand import expand
+from etstore.algorithms.synth import synthesize
 from etstore.cli import main
-from etstore.collectives.expand import expand
-from etstore.collectives.synth import synthesize
-from etstore.ingest import read_trace
+from etstore.formats import read_trace
 from etstore.sim import SimConfig, simulate
 from etstore.store.embedded import EmbeddedStore
 from etstore.topology import Topology

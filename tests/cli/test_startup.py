@@ -163,7 +163,7 @@ LS_AVOIDS = (
     *HEAVY,
     "pandas",
     "numpy",
-    "etstore.ingest",
+    "etstore.formats",
     "etstore.model",
     "etstore.store.base",
     "etstore.store.embedded",

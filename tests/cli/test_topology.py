@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from etstore.algorithms.synth import synthesize
 from etstore.cli import main
 from etstore.cli.topology import default_name
-from etstore.collectives.synth import synthesize
 from etstore.store import open_store
 
 
@@ -66,7 +66,7 @@ def test_synth_reports_the_bisection_bound(capsys: pytest.CaptureFixture[str], t
 def test_synth_without_storing_never_builds_the_trace(
     capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from etstore.collectives import synth as synth_mod
+    from etstore.algorithms import synth as synth_mod
 
     def refuse(*_a: object, **_k: object) -> None:
         raise AssertionError("the algorithm trace was built")

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from etstore.cli import main
-from etstore.ingest import read_trace
+from etstore.formats import read_trace
 
 
 def run(capsys: pytest.CaptureFixture[str], store: Path, *args: str) -> tuple[int, str, str]:

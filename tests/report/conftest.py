@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from etstore.analysis.split import SplitCost
 from etstore.app.opportunities import find_and_record
 from etstore.app.runs import record_run, record_sweep
-from etstore.query.split import SplitCost
 from etstore.sim import SimConfig, simulate, sweep
 from etstore.store import EmbeddedStore
 from etstore.testing import RecordedStore as Recorded

@@ -10,7 +10,7 @@ import pytest
 
 from etstore.app.calibrate import calibrate
 from etstore.app.measured import store_measured_run
-from etstore.ingest.nccl_tests import read_nccl_tests
+from etstore.formats.nccl_tests import read_nccl_tests
 from etstore.report.measured import measured_busbw_figures
 from etstore.store.warehouse import Warehouse
 

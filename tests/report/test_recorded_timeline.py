@@ -3,7 +3,7 @@
 Every expectation is taken from the trace itself, independently of the module: the
 recording's windows (``params["windows"]``), each op's Kineto record (``kineto_event``:
 ``tid``, ``args.stream``, ``ts``, ``dur``), the ctrl edges from CPU ops to device ops, and
-:func:`etstore.query.critical_path`.
+:func:`etstore.analysis.critical_path`.
 """
 
 from __future__ import annotations
@@ -18,11 +18,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
+from etstore.analysis import critical_path
 from etstore.cli import main
 from etstore.errors import OptionError
-from etstore.ingest.pytorch_et import read_pytorch_et
+from etstore.formats.pytorch_et import read_pytorch_et
 from etstore.model import Trace, decode_attrs
-from etstore.query import critical_path
 from etstore.report.recorded_timeline import recorded_timeline, write_recorded_timeline
 
 from ..conftest import ROOT

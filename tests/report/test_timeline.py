@@ -21,8 +21,8 @@ import pytest
 
 from etstore.cli import main
 from etstore.errors import OptionError, UnknownTraceError
-from etstore.ingest.chrome_trace import trace_timeline, write_chrome_trace
-from etstore.ingest.export import export_trace
+from etstore.formats.chrome_trace import trace_timeline, write_chrome_trace
+from etstore.formats.export import export_trace
 from etstore.model import Trace, ops_table
 from etstore.report.timeline import run_timeline, write_run_timeline
 from etstore.store import EmbeddedStore

@@ -26,10 +26,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from etstore.collectives import expand
+from etstore.algorithms import expand
 from etstore.errors import ConfigError, SimulationError
-from etstore.ingest.comm_groups import astra_comm_groups, astra_group_plan, comm_groups_path, write_astra_et
-from etstore.ingest.et import read_et
+from etstore.formats.comm_groups import astra_comm_groups, astra_group_plan, comm_groups_path, write_astra_et
+from etstore.formats.et import read_et
 from etstore.model import Trace, deps_table, ops_table
 from etstore.sim import (
     SimConfig,

@@ -24,7 +24,7 @@ from etstore.app.measured import store_measured_run
 from etstore.app.runs import record_run, record_sweep
 from etstore.cli import main
 from etstore.errors import OptionError, SimulationError, StoreError, UnknownTraceError
-from etstore.ingest.nccl_tests import read_nccl_tests
+from etstore.formats.nccl_tests import read_nccl_tests
 from etstore.model import Trace
 from etstore.report import write_report
 from etstore.report.measured import measured_busbw_figures

@@ -12,10 +12,10 @@ import dataclasses
 import pyarrow.compute as pc
 import pytest
 
+from etstore.analysis.rewrite import rewrite
 from etstore.app.compare import compare
 from etstore.app.rewrite import rewrite_stored
 from etstore.errors import ConfigError, TopologyError, UnknownTraceError
-from etstore.query.rewrite import rewrite
 from etstore.sim import simulate
 from etstore.sim.compare import DIFFERENCES_SCHEMA, compare_traces, differences
 from etstore.store import EmbeddedStore

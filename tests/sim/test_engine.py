@@ -10,8 +10,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from etstore.collectives.generators import generate
-from etstore.ingest.et import read_et
+from etstore.algorithms.generators import generate
+from etstore.formats.et import read_et
 from etstore.model import Trace, deps_table, ops_table
 from etstore.sim import (
     ConfigError,

@@ -20,13 +20,13 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from etstore.algorithms import generate
+from etstore.algorithms.expand import expand
+from etstore.algorithms.generators import GENERATORS
 from etstore.cli import main
-from etstore.collectives import generate
-from etstore.collectives.expand import expand
-from etstore.collectives.generators import GENERATORS
 from etstore.errors import ExpansionError
-from etstore.ingest import read_trace
-from etstore.ingest.et import read_et
+from etstore.formats import read_trace
+from etstore.formats.et import read_et
 from etstore.model import Trace, deps_table, ops_table
 from etstore.sim import SimConfig, read_network_config, read_system_config, simulate
 from etstore.store import open_store

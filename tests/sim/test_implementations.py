@@ -6,7 +6,7 @@ astra-network-analytical 599a047), on exactly these inputs:
 
 * workload: one ``COMM_COLL_NODE`` per NPU, ``etstore.sim.sweep.collective_workload(coll,
   8, 1 MiB)`` (all-gather ``comm_size`` = 1 MiB / 8), written with
-  ``etstore.ingest.comm_groups.write_astra_et``;
+  ``etstore.formats.comm_groups.write_astra_et``;
 * system: ``{"scheduling-policy": "LIFO", "endpoint-delay": 10,
   "active-chunks-per-dimension": 1, "preferred-dataset-splits": 4, "local-mem-bw": 50,
   "collective-optimization": OPT}`` and ``IMPL.split("+")`` as the implementation list of

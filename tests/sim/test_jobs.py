@@ -12,8 +12,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
+from etstore.algorithms import expand
 from etstore.cli import main
-from etstore.collectives import expand
 from etstore.errors import ConfigError
 from etstore.model import OPS_SCHEMA, Trace
 from etstore.sim import SimConfig, SimResult, simulate

@@ -24,7 +24,7 @@ astra-network-analytical 599a047), on exactly these inputs:
 * collectives: one ``COMM_COLL_NODE`` per NPU, ``etstore.sim.sweep.collective_workload``;
   point-to-point: one ``COMM_SEND_NODE`` on the source and one ``COMM_RECV_NODE`` on the
   destination per message (tag = its index), and a 1 µs ``COMP_NODE`` on every NPU that
-  has no message; both written with ``etstore.ingest.comm_groups.write_astra_et``;
+  has no message; both written with ``etstore.formats.comm_groups.write_astra_et``;
 * whole workloads: ``etstore.workloads.transformer(ranks=8, tp=TP, layers=L)`` (what
   ``etstore workload --ranks 8 --tp TP --layers L --out w`` writes: ``w.<rank>.et`` with
   integer ``pg_name``s and ``w.comm_groups.json``), rt_template's system config with
@@ -49,8 +49,8 @@ import numpy as np
 import pytest
 
 from etstore.errors import TopologyError
-from etstore.ingest.comm_groups import write_astra_et
-from etstore.ingest.et import read_et
+from etstore.formats.comm_groups import write_astra_et
+from etstore.formats.et import read_et
 from etstore.model import Trace, ops_table
 from etstore.sim import (
     AstraNetwork,

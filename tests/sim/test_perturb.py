@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from etstore.errors import OptionError
-from etstore.ingest.pytorch_et import read_pytorch_et
+from etstore.formats.pytorch_et import read_pytorch_et
 from etstore.model import Trace
 from etstore.sim import perturb as perturb_module
 from etstore.sim import simulate

@@ -13,7 +13,7 @@ import pytest
 
 from etstore.cli import main
 from etstore.errors import OptionError
-from etstore.ingest.pytorch_et import read_pytorch_et
+from etstore.formats.pytorch_et import read_pytorch_et
 from etstore.model import Trace, decode_attrs
 from etstore.sim import simulate
 from etstore.sim.replay import collective_transfers, fit_network, replay

@@ -23,9 +23,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from etstore.collectives.expand import expand
-from etstore.collectives.generators import generate
-from etstore.ingest.et import read_et
+from etstore.algorithms.expand import expand
+from etstore.algorithms.generators import generate
+from etstore.formats.et import read_et
 from etstore.model import Trace, deps_table, ops_table
 from etstore.sim import SimConfig, SimulationError, _loop, collective_workload, engine, read_network_config
 from etstore.testing import p2p_trace as _p2p

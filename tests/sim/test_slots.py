@@ -36,12 +36,12 @@ import numpy as np
 import pyarrow.compute as pc
 import pytest
 
+from etstore.algorithms.expand import expand
 from etstore.app.runs import record_run
 from etstore.cli import main
-from etstore.collectives.expand import expand
 from etstore.errors import ConfigError
-from etstore.ingest.comm_groups import write_astra_et
-from etstore.ingest.et import read_et
+from etstore.formats.comm_groups import write_astra_et
+from etstore.formats.et import read_et
 from etstore.model import Trace, ops_table
 from etstore.sim import SimConfig, _loop, _loopprep, _slots, engine, read_comm_groups, simulate
 from etstore.sim.sweep import collective_workload

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from etstore.errors import ConfigError
-from etstore.ingest.et import read_et
+from etstore.formats.et import read_et
 from etstore.model import Trace, ops_table
 from etstore.sim import (
     SimConfig,

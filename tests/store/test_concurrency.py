@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from etstore.errors import StoreError
-from etstore.ingest.comm_groups import write_astra_et
+from etstore.formats.comm_groups import write_astra_et
 from etstore.store import EmbeddedStore
 from etstore.store._lock import StoreLock
 from etstore.workloads import transformer

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from etstore.ingest.comm_groups import write_astra_et
+from etstore.formats.comm_groups import write_astra_et
 from etstore.store import EmbeddedStore
 from etstore.workloads import transformer
 

@@ -32,7 +32,7 @@ from pathlib import Path
 import pytest
 
 from etstore.cli import main
-from etstore.ingest.comm_groups import write_astra_et
+from etstore.formats.comm_groups import write_astra_et
 from etstore.store import EmbeddedStore
 from etstore.workloads import transformer
 

@@ -203,7 +203,7 @@ def test_a_removal_killed_before_its_transaction_commits_is_finished(tmp_path: P
 
 _KILLED_MID_STREAM = """
 import os, sys
-from etstore.collectives.synth import synthesize
+from etstore.algorithms.synth import synthesize
 from etstore.store import EmbeddedStore
 
 r = synthesize("mesh2d:3x3", coll="allgather", trials=1, seed=0)

@@ -73,7 +73,7 @@ def test_read_only_open_of_format1_says_what_to_run(old_store: Path) -> None:
 
 
 def _check_upgraded(path: Path, shared_fixture_xml: Path) -> None:
-    from etstore.ingest import read_trace
+    from etstore.formats import read_trace
 
     with open_store(path, read_only=True) as s:
         got = {t.name: (t.kind, t.ops, t.parent) for t in s.traces()}

@@ -26,8 +26,8 @@ from pathlib import Path
 
 import pytest
 
+from etstore.algorithms.expand import expand
 from etstore.cli import main
-from etstore.collectives.expand import expand
 from etstore.errors import QueryError
 from etstore.store import EmbeddedStore, open_store
 from etstore.store._graph_reader import sandbox_available

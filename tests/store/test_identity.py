@@ -10,8 +10,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from etstore.ingest import read_et
-from etstore.ingest.msccl_xml import parse_msccl_xml
+from etstore.formats import read_et
+from etstore.formats.msccl_xml import parse_msccl_xml
 from etstore.model import OPS_SCHEMA
 from etstore.store._identity import identity, upgraded_identity
 from etstore.workloads import transformer

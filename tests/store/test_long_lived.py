@@ -14,7 +14,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from etstore.collectives import generate
+from etstore.algorithms import generate
 from etstore.model import Trace
 from etstore.store import open_store
 

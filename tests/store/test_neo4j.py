@@ -20,7 +20,7 @@ from etstore.app.publish import publish
 from etstore.app.runs import record_run
 from etstore.cli import main
 from etstore.errors import StoreError
-from etstore.ingest import read_et
+from etstore.formats import read_et
 from etstore.model import Trace, ops_table
 from etstore.sim import simulate
 from etstore.store import EmbeddedStore, open_store

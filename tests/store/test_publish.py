@@ -14,13 +14,13 @@ from typing import Any
 
 import pytest
 
+from etstore.algorithms.generators import generate
 from etstore.app._publish_records import RECORD_KINDS
 from etstore.app.expand import expand_stored
 from etstore.app.ingest_files import ingest_paths
 from etstore.app.publish import publish, store_identity
 from etstore.app.runs import record_run
 from etstore.cli import main
-from etstore.collectives.generators import generate
 from etstore.errors import StoreError, UnknownTraceError
 from etstore.sim import simulate
 from etstore.store import EmbeddedStore, open_store

@@ -23,10 +23,10 @@ from typing import Any
 
 import pytest
 
+from etstore.algorithms.generators import generate
 from etstore.app.expand import expand_stored
 from etstore.app.publish import store_identity
 from etstore.app.runs import record_run
-from etstore.collectives.generators import generate
 from etstore.sim import simulate
 from etstore.store import EmbeddedStore, open_store
 from etstore.store._neo4j_bolt import Bolt

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
+from etstore.algorithms.synth import synthesize
 from etstore.app.expand import expand_stored
-from etstore.collectives.synth import synthesize
 from etstore.dag import match_messages
 from etstore.store import EmbeddedStore
 from etstore.store import _graph_load as graph_load

@@ -11,15 +11,15 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
+from etstore.algorithms.generators import generate
 from etstore.app.ingest_files import ingest_paths
 from etstore.app.publish import publish
 from etstore.app.runs import record_sweep
 from etstore.app.tuner import remove_tuner_run, store_tuner_run
 from etstore.cli import main
-from etstore.collectives.generators import generate
 from etstore.errors import StoreError, TraceFormatError, UnknownTraceError
-from etstore.ingest import read_msccl_xml
-from etstore.ingest.tuner import read_tuner_log
+from etstore.formats import read_msccl_xml
+from etstore.formats.tuner import read_tuner_log
 from etstore.sim.sweep import sweep
 from etstore.store import EmbeddedStore, Store, open_store
 from etstore.store.warehouse import Warehouse

@@ -7,9 +7,9 @@ from pathlib import Path
 import pyarrow.compute as pc
 import pytest
 
+from etstore.analysis import critical_path
 from etstore.errors import QueryError, StoreError, UnknownTraceError
-from etstore.ingest import read_et, write_et
-from etstore.query import critical_path
+from etstore.formats import read_et, write_et
 from etstore.store import EmbeddedStore
 from etstore.testing import Backend
 from etstore.workloads import transformer

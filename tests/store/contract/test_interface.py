@@ -11,7 +11,7 @@ import pytest
 
 from etstore.app.ingest_files import ingest_paths
 from etstore.errors import OptionError, StoreError, TraceFormatError
-from etstore.ingest import read_et
+from etstore.formats import read_et
 from etstore.model import DepKind, Trace, TraceKind, deps_table, ops_table
 from etstore.store import EmbeddedStore, Store, open_store
 from etstore.store.schema import COMPARISONS_DDL, TABLES, TRACE_TABLES, VIEWS

@@ -7,7 +7,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from etstore.collectives.generators import generate
+from etstore.algorithms.generators import generate
 from etstore.errors import StoreError, UnknownTraceError
 from etstore.store import EmbeddedStore
 from etstore.testing import Backend

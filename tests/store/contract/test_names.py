@@ -11,12 +11,12 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from etstore.algorithms.generators import generate
 from etstore.app.expand import expand_stored
-from etstore.collectives.generators import generate
 from etstore.errors import QueryError, StoreError, TraceFormatError, UnknownTraceError
-from etstore.ingest import read_chakra_json, read_et, write_chakra_json
-from etstore.ingest.msccl_writer import to_msccl_xml
-from etstore.ingest.msccl_xml import parse_msccl_xml
+from etstore.formats import read_chakra_json, read_et, write_chakra_json
+from etstore.formats.msccl_writer import to_msccl_xml
+from etstore.formats.msccl_xml import parse_msccl_xml
 from etstore.store import EmbeddedStore, Store
 from etstore.testing import Backend
 from etstore.workloads import transformer

@@ -10,10 +10,10 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from etstore.collectives.synth import synthesize
+from etstore.algorithms.synth import synthesize
 from etstore.dag import match_messages
 from etstore.errors import StoreError
-from etstore.ingest import read_et
+from etstore.formats import read_et
 from etstore.model import Trace
 from etstore.store import EmbeddedStore
 from etstore.testing import rank_parts

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from etstore.errors import QueryError, StoreError
-from etstore.ingest import read_et
+from etstore.formats import read_et
 from etstore.store import Store, open_store
 from etstore.testing import Backend
 from etstore.workloads import transformer

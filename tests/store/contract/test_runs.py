@@ -10,8 +10,8 @@ import pytest
 from etstore.app.ingest_files import ingest_paths
 from etstore.app.runs import record_run
 from etstore.errors import OptionError
-from etstore.ingest.nccl_tests import read_nccl_tests
-from etstore.ingest.tuner import read_tuner_log
+from etstore.formats.nccl_tests import read_nccl_tests
+from etstore.formats.tuner import read_tuner_log
 from etstore.sim import collective_workload, simulate
 from etstore.store.runs import RUN_KINDS, list_runs
 from etstore.testing import Backend

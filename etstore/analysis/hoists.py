@@ -1,0 +1,163 @@
+"""Overlap opportunities of a recorded trace, each one measured by replaying it applied.
+
+A recorded step replays as it ran (:func:`etstore.sim.replay.replay`); where a lane (a CPU
+thread, a GPU stream) sat idle while an op waited for something on another lane, the ops
+behind that op that need none of it could have run in the gap (:mod:`etstore.analysis.lanes`).
+A program makes that change on every rank, so the gaps at the same place of each rank's
+lane (the same held op: its name and how many ops of that name its lane ran before it) are
+one opportunity.
+
+Gains are measured, not estimated. Opportunities are taken largest estimate first (the gap
+time the moved ops fill, summed over ranks), and each one's ``gain_ns`` is what it takes off
+the replay's makespan on top of the ones before it: opportunities 1..k applied together
+realise exactly the sum of their gains, so the gains add up and never exceed the makespan.
+One that adds nothing is left out. What each gains applied alone (``alone_gain_ns``) is
+measured too: gaps on the critical path of several ranks shift it from one to another, so
+alone a change can gain less than in company.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from etstore.analysis.lanes import Hoist, Lanes, apply_hoists, hoist_candidates, lanes_of, op_times
+from etstore.errors import SimulationError
+from etstore.model import Trace
+from etstore.progress import ProgressFn
+from etstore.sim.config import SimConfig
+from etstore.sim.replay import Replay, replay
+from etstore.topology import Topology
+
+__all__ = ["HoistOpportunity", "apply_opportunity", "find_hoists", "hoists_from_detail"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class HoistOpportunity:
+    """One change made on every rank where it applies, and what the replay says it gains."""
+
+    hoists: tuple[Hoist, ...]
+    held: str  # the name of the op the moved ops go in front of
+    gain_ns: float  # makespan taken off on top of the opportunities before it
+    alone_gain_ns: float  # makespan taken off with it alone applied
+    estimate_ns: float
+
+    def detail(self, trace: Trace) -> dict[str, Any]:
+        """What moves, by op id per rank, and the numbers (the ``detail`` JSON of its row)."""
+        ids = trace.ops["id"].to_numpy()
+        ranks = trace.ops["rank"].to_numpy()
+        return {
+            "held": self.held,
+            "moves": [
+                {
+                    "rank": int(ranks[h.before]),
+                    "before": int(ids[h.before]),
+                    "moved": [int(ids[m]) for m in h.moved],
+                    "gap_ns": h.gap_ns,
+                }
+                for h in self.hoists
+            ],
+            "estimate_ns": self.estimate_ns,
+            "alone_gain_ns": self.alone_gain_ns,
+            "measured": True,
+        }
+
+
+def _key(trace: Trace, lanes: Lanes, names: Sequence[str], h: Hoist) -> tuple[str, int, bool]:
+    """Where a held op sits, the same on every rank of an SPMD program: its name, how many ops
+    of that name its lane ran before it, and whether the lane is a CPU thread."""
+    lane = lanes.order(int(lanes.lane[h.before]))
+    name = names[h.before]
+    nth = sum(1 for r in lane[: lane.index(h.before)] if names[r] == name)
+    cpu = trace.ops["is_cpu_op"][h.before].as_py() is not False
+    return name, nth, cpu
+
+
+def find_hoists(
+    trace: Trace,
+    *,
+    topo: Topology | None = None,
+    config: SimConfig | None = None,
+    limit: int = 32,
+    progress: ProgressFn | None = None,
+) -> tuple[Replay, list[HoistOpportunity]]:
+    """The replay of ``trace`` and its overlap opportunities, largest measured gain first.
+
+    Parameters
+    ----------
+    trace
+        A recorded trace (``params["execution"] == "recorded"``).
+    topo
+        Replay on this network (default: as it ran, :func:`~etstore.sim.replay.replay`).
+    limit
+        Measure at most this many opportunities (the largest estimates); each costs two
+        replays (with those before it, and alone).
+    progress
+        Called with (phase, done, total) after each measurement.
+
+    Only opportunities with a positive measured gain are returned, in the order taken
+    (module docstring).
+    """
+    base = replay(trace, topo, config=config)
+    start, end = op_times(trace, base.result.ops)
+    lanes = lanes_of(trace)
+    found = hoist_candidates(trace, lanes, start, end, limit=4 * limit)
+    names = trace.ops["name"].to_pylist()
+    groups: dict[tuple[str, int, bool], list[Hoist]] = defaultdict(list)
+    for h in found:
+        groups[_key(trace, lanes, names, h)].append(h)
+    ranked = sorted(groups.items(), key=lambda kv: -sum(h.estimate_ns for h in kv[1]))[:limit]
+    out: list[HoistOpportunity] = []
+    taken: list[Hoist] = []
+    now = float(base.result.total_ns)
+    for i, ((name, _, _), hs) in enumerate(ranked):
+        try:
+            together = float(
+                replay(apply_hoists(trace, lanes, [*taken, *hs]), topo, config=config).result.total_ns
+            )
+        except SimulationError as exc:  # the hoists are acyclic by construction; never apply a doubt
+            log.warning("opportunity in front of %s left out: %s", name, str(exc).splitlines()[0])
+            together = now
+        if together < now:
+            alone = float(replay(apply_hoists(trace, lanes, hs), topo, config=config).result.total_ns)
+            estimate = float(sum(h.estimate_ns for h in hs))
+            gain, alone_gain = now - together, float(base.result.total_ns) - alone
+            out.append(HoistOpportunity(tuple(hs), name, gain, alone_gain, estimate))
+            taken += hs
+            now = together
+        if progress is not None:
+            progress("replay each opportunity", i + 1, len(ranked))
+    return base, out
+
+
+def hoists_from_detail(trace: Trace, detail: dict[str, Any]) -> list[Hoist]:
+    """The hoists a recorded opportunity's ``detail`` names, as rows of ``trace``.
+
+    Raises
+    ------
+    KeyError
+        An op the detail names is not in ``trace``.
+    """
+    pairs = zip(trace.ops["rank"].to_pylist(), trace.ops["id"].to_pylist(), strict=True)
+    rows = {(int(r), int(i)): k for k, (r, i) in enumerate(pairs)}
+    return [
+        Hoist(
+            rows[(m["rank"], m["before"])],
+            tuple(rows[(m["rank"], x)] for x in m["moved"]),
+            float(m.get("gap_ns", 0.0)),
+            0.0,
+        )
+        for m in detail["moves"]
+    ]
+
+
+def apply_opportunity(trace: Trace, details: Sequence[dict[str, Any]], *, name: str | None = None) -> Trace:
+    """``trace`` with the hoists of each opportunity detail applied."""
+    lanes = lanes_of(trace)
+    hoists = [h for d in details for h in hoists_from_detail(trace, d)]
+    return apply_hoists(trace, lanes, hoists, name=name)
