@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 
+from etstore.sim.network import needs_route_table
 from etstore.topology import DEFAULT_BANDWIDTH_GB_PER_S, DEFAULT_LATENCY_NS, Topology, parse_topology
 
 __all__ = ["add_topology_options", "topology_from"]
@@ -25,7 +26,8 @@ def add_topology_options(sp: argparse.ArgumentParser, *, required: bool = True) 
 def topology_from(args: argparse.Namespace, spec: str | None = None, *, routes: bool = True) -> Topology:
     """The topology ``spec`` (default ``--topo``) names, links defaulting to ``--bw`` / ``--lat``.
 
-    ``routes``: the command simulates over it, so its N × N routing tables are checked against
+    ``routes``: the command simulates over it, so its N × N routing tables, where the simulation
+    will build them (:func:`~etstore.sim.network.needs_route_table`), are checked against
     the memory budget now, in one line, before a trace is even read (``topo show`` and
     ``synth`` pass False: closed forms and the synthesizer's own estimate cover them).
     """
@@ -34,6 +36,6 @@ def topology_from(args: argparse.Namespace, spec: str | None = None, *, routes: 
         bandwidth_gb_per_s=DEFAULT_BANDWIDTH_GB_PER_S if args.bw is None else args.bw,
         latency_ns=DEFAULT_LATENCY_NS if args.lat is None else args.lat,
     )
-    if routes:
+    if routes and needs_route_table(topo, getattr(args, "congestion", None) or "unaware"):
         topo.require_routes()
     return topo

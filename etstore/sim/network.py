@@ -48,7 +48,7 @@ from etstore.sim._routes import ClosedRoutes
 from etstore.sim._switches import HopGraph, hop_graph
 from etstore.topology import GIB, Dim, Topology, dims_of, link_dimensions
 
-__all__ = ["ASTRA_AXIS_KINDS", "HOP_MODES", "Network"]
+__all__ = ["ASTRA_AXIS_KINDS", "HOP_MODES", "Network", "needs_route_table"]
 
 HOP_MODES = ("store-and-forward", "cut-through")
 """How the congestion-aware model moves a message over a multi-hop route (the first is the default)."""
@@ -557,3 +557,15 @@ class Network:
             b, m, t = self.link_loads(msg_src, msg_dst, size_bytes, count)
             nbytes[replaced], msgs[replaced], busy[replaced] = b[replaced], m[replaced], t[replaced]
         return busy, nbytes, msgs
+
+
+def needs_route_table(topo: Topology, congestion: str = "unaware") -> bool:
+    """Whether simulating over ``topo`` builds its N × N route table, which grows with NPUs
+    squared: the congestion-aware model does; the unaware one only where the topology has no
+    closed routing rule (a failed link, a custom layout: :class:`~etstore.sim._routes.ClosedRoutes`).
+
+    >>> from etstore.topology import parse_topology
+    >>> needs_route_table(parse_topology("ring:8")), needs_route_table(parse_topology("ring:8"), "aware")
+    (False, True)
+    """
+    return congestion == "aware" or ClosedRoutes.of(topo) is None
