@@ -24,6 +24,7 @@ __all__ = [
     "delete_content",
     "delete_lineage",
     "delete_name",
+    "in_key_order",
     "insert_content",
     "insert_edges",
     "insert_lineage",
@@ -175,3 +176,31 @@ def delete_content(wh: Warehouse, trace_id: int) -> None:
     for table in (*CONTENT_TABLES, "trace_lineage"):
         wh.execute(f"DELETE FROM {table} WHERE trace_id = $t", {"t": trace_id})
     wh.execute("DELETE FROM traces WHERE trace_id = $t", {"t": trace_id})
+
+
+_LOAD_ROWS = 1 << 20
+"""Rows a load reads per query: DuckDB sorts and converts each range on its own, so a load
+peaks near the trace's Arrow size plus one range, not the two to three times of one query
+over the whole content (10M ops: 2.9 GB against 4.3 GB, and faster)."""
+
+
+def in_key_order(wh: Warehouse, select: str, key: str, params: dict[str, Any]) -> pa.Table:
+    """``select`` (filtered on one content) in ``key`` order, read ``key`` range by range: a
+    content's uids and edge numbers are dense (from its base, from 0), so each range holds
+    about :data:`_LOAD_ROWS` rows; a content numbered otherwise is read in one query."""
+    lo, hi, n = (
+        wh.query(f"SELECT min({key}), max({key}), count(*) FROM ({select})", params)
+        .to_arrow()
+        .to_pylist()[0]
+        .values()
+    )
+    if not n or hi - lo + 1 > 4 * n:
+        return wh.query(f"{select} ORDER BY {key}", params).to_arrow()
+    parts = [
+        wh.query(
+            f"{select} AND {key} >= $lo AND {key} < $hi ORDER BY {key}",
+            {**params, "lo": start, "hi": start + _LOAD_ROWS},
+        ).to_arrow()
+        for start in range(lo, hi + 1, _LOAD_ROWS)
+    ]
+    return pa.concat_tables(parts)

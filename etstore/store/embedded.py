@@ -39,6 +39,7 @@ import pyarrow as pa
 from etstore.errors import QueryError, StoreError, UnknownTraceError
 from etstore.model import DEPS_SCHEMA, META_SCHEMA, OPS_SCHEMA, Trace, TraceKind
 from etstore.store import _streamed as streamed
+from etstore.store import _trace_rows as rows
 from etstore.store import _writes as writes
 from etstore.store._cypher import check_parameters
 from etstore.store._format import check_format, start_format, upgrade
@@ -456,13 +457,18 @@ class EmbeddedStore:
         n, c = self._lookup(name)
         wh = self.warehouse
         p = {"t": c.trace_id}
-        ops = wh.query(f"SELECT {OPS_COLUMNS} FROM trace_ops WHERE trace_id = $t ORDER BY uid", p).to_arrow()
-        deps = wh.query(
-            f"SELECT {DEPS_COLUMNS} FROM trace_deps WHERE trace_id = $t ORDER BY edge", p
-        ).to_arrow()
-        missing = wh.query(
-            f"SELECT {DEPS_COLUMNS} FROM trace_missing_deps WHERE trace_id = $t ORDER BY edge", p
-        ).to_arrow()
+        ops = rows.in_key_order(wh, f"SELECT uid, {OPS_COLUMNS} FROM trace_ops WHERE trace_id = $t", "uid", p)
+        deps = rows.in_key_order(
+            wh, f"SELECT edge, {DEPS_COLUMNS} FROM trace_deps WHERE trace_id = $t", "edge", p
+        )
+        missing = rows.in_key_order(
+            wh, f"SELECT edge, {DEPS_COLUMNS} FROM trace_missing_deps WHERE trace_id = $t", "edge", p
+        )
+        ops, deps, missing = (
+            ops.drop_columns(["uid"]),
+            deps.drop_columns(["edge"]),
+            missing.drop_columns(["edge"]),
+        )
         meta = wh.query(
             "SELECT rank, metadata FROM trace_meta WHERE trace_id = $t ORDER BY rank", p
         ).to_arrow()

@@ -10,8 +10,11 @@ import pyarrow as pa
 import pytest
 
 from etstore.errors import QueryError, StoreError
+from etstore.store import EmbeddedStore, _trace_rows
 from etstore.store.schema import SCHEMA_VERSION, TABLES
 from etstore.store.warehouse import Warehouse
+from etstore.testing import assert_trace_equal
+from etstore.workloads import transformer
 
 
 @pytest.fixture
@@ -139,3 +142,24 @@ def test_opportunities_of_an_older_store_get_their_numbers_column(tmp_path: Path
         assert w.query("SELECT opportunity, gain_ns FROM opportunities").to_pylist() == [
             {"opportunity": None, "gain_ns": 5.0}
         ]
+
+
+def test_a_load_read_range_by_range_is_the_trace_stored(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``load`` reads a content's rows a key range at a time (memory: one range beside the
+    result); with ranges of 7 rows, a trace of several ranks, deps and missing deps comes back
+    exactly, in order, also after another content was stored between (keys stay per content)."""
+
+    monkeypatch.setattr(_trace_rows, "_LOAD_ROWS", 7)
+    first, second = (
+        transformer(ranks=4, layers=2, tp=2, name="a"),
+        transformer(ranks=8, layers=3, tp=4, name="b"),
+    )
+    with EmbeddedStore(tmp_path / "s") as s:
+        s.ingest(first)
+        s.ingest(second)
+        for trace in (first, second):
+            got = s.load(trace.name)
+            assert got.num_ops > 7 and got.deps.num_rows > 7
+            assert_trace_equal(got, trace)
