@@ -16,25 +16,14 @@ from __future__ import annotations
 import numpy as np
 
 from etstore.topology import Topology
-from etstore.topology.axes import Dim
 
-# The topology's own tie-break between equally short ways (``+`` before ``-`` on a ring, the
-# direct link on an all-pairs axis): taken as is, so both give the same link for every pair.
-from etstore.topology.paths import _axis_step
+# The topology's own layout of links and tie-break between equally short ways (``+`` before
+# ``-`` on a ring, the direct link on an all-pairs axis): taken as is, so both give the same
+# link for every pair.
+from etstore.topology.axes import Dim, coordinates
+from etstore.topology.paths import axis_first_links, axis_step
 
 __all__ = ["ClosedRoutes"]
-
-
-def _links_per_npu(d: Dim, c: np.ndarray) -> np.ndarray:
-    """Links each NPU has on axis ``d`` (``c``: its coordinates there), as the topology lists them."""
-    if d.size < 2:
-        return np.zeros(len(c), dtype=np.int64)
-    if d.kind == "line":
-        out: np.ndarray = (c < d.size - 1).astype(np.int64) + (c > 0)
-        return out
-    if d.kind in ("fc", "switch"):
-        return np.full(len(c), d.size - 1, dtype=np.int64)
-    return np.full(len(c), 1 if d.kind == "uniring" or d.size == 2 else 2, dtype=np.int64)
 
 
 def _neighbours(d: Dim, c: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -78,27 +67,21 @@ class ClosedRoutes:
         """
         if not (topo.is_intact() and topo.num_links) or topo.num_links >= 1 << 31:
             return None
-        n = topo.num_npus
         dims = tuple(topo.dims)
-        strides = [int(x) for x in np.cumprod([1, *[int(d.size) for d in dims[:-1]]])]
-        ids = np.arange(n, dtype=np.int64)
-        coords = [(ids // s) % int(d.size) for d, s in zip(dims, strides, strict=True)]
-        counts = [_links_per_npu(d, c) for d, c in zip(dims, coords, strict=True)]
-        per_npu = np.sum(counts, axis=0)
-        if int(per_npu.sum()) != topo.num_links:
+        sizes = [int(d.size) for d in dims]
+        strides = [int(x) for x in np.cumprod([1, *sizes[:-1]])]
+        grid = coordinates(topo.num_npus, sizes)
+        first = axis_first_links(topo, grid)
+        if first is None:
             return None
-        acc = np.concatenate([[0], np.cumsum(per_npu)[:-1]]).astype(np.int64)
-        first = []
-        for cnt in counts:
-            first.append(acc.copy())
-            acc += cnt
+        coords = [grid[:, k] for k in range(len(dims))]
         src = np.asarray(topo.src, dtype=np.int64)
         dst = np.asarray(topo.dst, dtype=np.int64)
         for k, d in enumerate(dims):  # every link the rule names starts at its NPU and leads where it says
             if d.size < 2:
                 continue
             u, t = _neighbours(d, coords[k])
-            col, to = _axis_step(d, coords[k][u], t)
+            col, to = axis_step(d, coords[k][u], t)
             link = first[k][u] + np.asarray(col, dtype=np.int64)
             nxt = u + (np.asarray(to, dtype=np.int64) - coords[k][u]) * strides[k]
             if (link >= topo.num_links).any() or (src[link] != u).any() or (dst[link] != nxt).any():
@@ -123,7 +106,7 @@ class ClosedRoutes:
             b = (dst // self.strides[k]) % d.size
             here = np.flatnonzero(open_ & (a != b))
             if len(here):
-                col, _ = _axis_step(d, a[here], b[here])
+                col, _ = axis_step(d, a[here], b[here])
                 out[here] = self.first[k][cur[here]] + np.asarray(col, dtype=np.int64)
                 open_[here] = False
         return out

@@ -26,6 +26,8 @@ from etstore.topology.axes import GIB, Dim, coordinates, link_values, require_bu
 from etstore.topology.links import LinkArrays
 
 __all__ = [
+    "axis_first_links",
+    "axis_step",
     "diameter_hops",
     "dims_of",
     "distances_ns",
@@ -273,7 +275,7 @@ def _next_link(t: LinkArrays) -> np.ndarray:
 _ROW_BLOCK_BYTES = 32 << 20  # temporaries of the closed-form next-link table, at most, per block of rows
 
 
-def _axis_step(d: Dim, c: np.ndarray, t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def axis_step(d: Dim, c: np.ndarray, t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """From coordinate ``c`` towards ``t != c`` on axis ``d`` (broadcast int32 arrays): the index of
     the link taken among the NPU's links on this axis, and the coordinate it leads to.
 
@@ -297,6 +299,40 @@ def _axis_step(d: Dim, c: np.ndarray, t: np.ndarray) -> tuple[np.ndarray, np.nda
     return np.where(plus, 0, 1), np.where(plus, ahead, (c - 1) % size)
 
 
+def axis_first_links(t: LinkArrays, coords: np.ndarray) -> list[np.ndarray] | None:
+    """Per axis, the id of each NPU's first link on it, as :func:`~etstore.topology.axes.compose_links`
+    lays out the links of an intact built-in shape (``coords``: N × axes, as
+    :func:`~etstore.topology.axes.coordinates` gives them); None when the link count says the
+    links are laid out otherwise. The shared base of the closed-form routes: the table
+    (:func:`next_link`) and the simulator's per-pair rule (:mod:`etstore.sim._routes`).
+
+    Notes
+    -----
+    O(N · axes).
+    """
+    n = t.num_npus
+    counts = []  # links of each NPU on each axis (a mesh line's ends have one link fewer)
+    for k, d in enumerate(t.dims):
+        c = np.asarray(coords[:, k], dtype=np.int64)
+        if d.size < 2:
+            counts.append(np.zeros(n, dtype=np.int64))
+        elif d.kind == "line":
+            counts.append((c < d.size - 1).astype(np.int64) + (c > 0))
+        elif d.kind in ("fc", "switch"):
+            counts.append(np.full(n, d.size - 1, dtype=np.int64))
+        else:
+            counts.append(np.full(n, 1 if d.kind == "uniring" or d.size == 2 else 2, dtype=np.int64))
+    per_npu = np.sum(counts, axis=0) if counts else np.zeros(n, dtype=np.int64)
+    if int(per_npu.sum()) != t.num_links or t.num_links >= 1 << 31:  # link ids are int32
+        return None
+    first = []
+    acc = np.concatenate([[0], np.cumsum(per_npu)[:-1]]).astype(np.int64)
+    for cnt in counts:
+        first.append(acc.copy())
+        acc += cnt
+    return first
+
+
 def _product_next_link(t: LinkArrays) -> np.ndarray | None:
     """:func:`next_link` of an intact built-in shape in closed form, or None when its links are not in
     the order :func:`~etstore.topology.axes.compose_links` writes them.
@@ -314,26 +350,10 @@ def _product_next_link(t: LinkArrays) -> np.ndarray | None:
     sizes = [int(d.size) for d in t.dims]
     coords = coordinates(n, sizes).astype(np.int32)
     strides = [int(x) for x in np.cumprod([1, *sizes[:-1]])]
-    # first link of each NPU, and of each axis within it (a mesh line's ends have one link fewer)
-    counts = []
-    for k, d in enumerate(t.dims):
-        c = coords[:, k]
-        if d.size < 2:
-            counts.append(np.zeros(n, dtype=np.int64))
-        elif d.kind == "line":
-            counts.append((c < d.size - 1).astype(np.int64) + (c > 0))
-        elif d.kind in ("fc", "switch"):
-            counts.append(np.full(n, d.size - 1, dtype=np.int64))
-        else:
-            counts.append(np.full(n, 1 if d.kind == "uniring" or d.size == 2 else 2, dtype=np.int64))
-    per_npu = np.sum(counts, axis=0) if counts else np.zeros(n, dtype=np.int64)
-    if int(per_npu.sum()) != t.num_links or t.num_links >= 1 << 31:  # link ids are int32
+    first = axis_first_links(t, coords)
+    if first is None:
         return None
-    axis_first = []
-    acc = np.concatenate([[0], np.cumsum(per_npu)[:-1]]).astype(np.int32)
-    for cnt in counts:
-        axis_first.append(acc.copy())
-        acc += cnt.astype(np.int32)
+    axis_first = [a.astype(np.int32) for a in first]  # the table's temporaries stay int32
     table = np.full((n, n), -1, dtype=np.int32)
     rows = max(1, _ROW_BLOCK_BYTES // (24 * n))  # the next NPU, a gathered column, masks, the check
     for lo in range(0, n, rows):
@@ -347,7 +367,7 @@ def _product_next_link(t: LinkArrays) -> np.ndarray | None:
             cs, cd = coords[lo:hi, k, None], coords[None, :, k]
             take = cs != cd
             take &= block < 0
-            col, to = _axis_step(d, cs, cd)
+            col, to = axis_step(d, cs, cd)
             np.copyto(block, axis_first[k][lo:hi, None] + col, where=take, casting="unsafe")
             np.copyto(nxt, here + (to - cs) * strides[k], where=take, casting="unsafe")
         np.copyto(nxt, here, where=block < 0)  # the diagonal: compared with itself below
