@@ -33,22 +33,19 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib.metadata import version
 from pathlib import Path
-from typing import Any, Generic, TypeVar
+from typing import Any
 
 from etstore.errors import EtstoreError, OptionError
+from etstore.progress import CountFn
 
 __all__ = ["Failed", "Fanout", "failures", "fanout"]
 
 log = logging.getLogger(__name__)
 
-T = TypeVar("T")
-R = TypeVar("R")
 
 PieceFn = Callable[[Any, Any], Any]
 """``fn(item, shared) -> result``: one piece of work; must be picklable for Ray (module level)."""
 
-ProgressFn = Callable[[int, int], None]
-"""``progress(done, total)``: items finished so far, on the driver."""
 
 _TASKS_PER_WORKER = 4  # batches per worker: enough to even out slow items, few enough to amortise
 
@@ -113,7 +110,7 @@ def _batches(n: int, workers: int) -> list[range]:
 
 
 @dataclass
-class Fanout(Generic[T]):
+class Fanout:
     """An open executor: :meth:`map` runs pieces here (``engine == "serial"``) or on Ray.
 
     ``workers`` is how many pieces can run at once (1 here; the cluster's CPUs on Ray);
@@ -130,7 +127,7 @@ class Fanout(Generic[T]):
         items: Sequence[Any],
         *,
         shared: Any = None,
-        progress: ProgressFn | None = None,
+        progress: CountFn | None = None,
     ) -> list[Any]:
         """``fn(item, shared)`` for each item, results in the items' order.
 
@@ -230,7 +227,7 @@ def _ray_stream(fn: PieceFn, items: Iterable[Any], shared: Any, window: int) -> 
 
 
 def _ray_map(
-    fn: PieceFn, items: Sequence[Any], shared: Any, workers: int, progress: ProgressFn | None
+    fn: PieceFn, items: Sequence[Any], shared: Any, workers: int, progress: CountFn | None
 ) -> list[Any]:
     """:meth:`Fanout.map` on Ray: batches as tasks, collected as they finish."""
     import ray  # optional: only --ray loads it
@@ -288,7 +285,7 @@ def _version(_item: Any, _shared: Any) -> str:
 
 
 @contextmanager
-def fanout(ray: str | None = None) -> Iterator[Fanout[Any]]:
+def fanout(ray: str | None = None) -> Iterator[Fanout]:
     """An executor for independent pieces: this process (``ray=None``), or Ray.
 
     Parameters
@@ -320,7 +317,7 @@ def fanout(ray: str | None = None) -> Iterator[Fanout[Any]]:
     try:
         workers = max(1, int(mod.cluster_resources().get("CPU", 1)))
         nodes = sum(1 for n in mod.nodes() if n.get("Alive"))
-        fan: Fanout[Any] = Fanout("ray", workers, f"Ray: {nodes} node(s), {workers} CPU(s)")
+        fan: Fanout = Fanout("ray", workers, f"Ray: {nodes} node(s), {workers} CPU(s)")
         _check_versions(fan)
         yield fan
     finally:
@@ -379,7 +376,7 @@ def _connect(mod: Any, address: str) -> None:
     log.info("Ray %s joined in %.2f s", address, time.perf_counter() - t0)
 
 
-def _check_versions(fan: Fanout[Any]) -> None:
+def _check_versions(fan: Fanout) -> None:
     """Refuse workers running another etstore: the same inputs could give other results."""
     seen = {v for v in fan.map(_version, [None] * fan.workers) if not isinstance(v, Failed)}
     other = seen - {_code()}

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -45,7 +45,7 @@ from etstore.analysis.hoists import find_hoists
 from etstore.analysis.split import SplitCost
 from etstore.errors import EtstoreError, OptionError, UnknownTraceError
 from etstore.model import Trace
-from etstore.progress import ProgressFn
+from etstore.progress import ProgressFn, in_phase
 from etstore.sim import SimConfig, simulate
 from etstore.sim.engine import RECORDED
 from etstore.store.base import Store
@@ -191,15 +191,11 @@ def _ranks(store: Store, query: str, trace: str) -> set[int]:
     return {int(r) for r in store.cypher(query, {"trace": trace}).to_arrow()["rank"].to_pylist()}
 
 
-def _phase(progress: ProgressFn | None, phase: str) -> Callable[[int, int], None] | None:
-    return None if progress is None else (lambda done, total: progress(phase, done, total))
-
-
 def _overlap_rows(
     store: Store, trace: Trace, timings: pa.Table, progress: ProgressFn | None = None
 ) -> list[dict[str, Any]]:
     seeds = _ranks(store, OVERLAP_SEEDS_CYPHER, trace.name)
-    table, _ = freed_pairs(trace, seeds, "overlap", _phase(progress, "overlap: ranks"))
+    table, _ = freed_pairs(trace, seeds, "overlap", in_phase(progress, "overlap: ranks"))
     if table.num_rows == 0:
         return []
     with store.warehouse.registered(_etstore_pairs=table, _etstore_timings=timings):
@@ -227,7 +223,7 @@ def _reorder_rows(
     store: Store, trace: Trace, timings: pa.Table, progress: ProgressFn | None = None
 ) -> list[dict[str, Any]]:
     seeds = _ranks(store, REORDER_SEEDS_CYPHER, trace.name)
-    pair_table, pred_table = freed_pairs(trace, seeds, "reorder", _phase(progress, "reorder: ranks"))
+    pair_table, pred_table = freed_pairs(trace, seeds, "reorder", in_phase(progress, "reorder: ranks"))
     if pair_table.num_rows == 0:
         return []
     with store.warehouse.registered(
@@ -291,7 +287,7 @@ def _chunk_rows(
         max_pieces=max_pieces,
         unit_ns=unit_ns,
         split=split,
-        progress=_phase(progress, "chunk: consumers"),
+        progress=in_phase(progress, "chunk: consumers"),
     )
 
 

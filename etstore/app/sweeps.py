@@ -10,7 +10,7 @@ once, from the driver.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,6 +18,7 @@ import pyarrow as pa
 
 from etstore.app.fanout import Failed, Fanout
 from etstore.model import Trace
+from etstore.progress import ProgressFn, in_phase
 from etstore.sim.config import SimConfig
 from etstore.sim.perturb import Knob
 from etstore.sim.sweep import (
@@ -34,10 +35,7 @@ from etstore.sim.sweep import (
 )
 from etstore.topology import Topology
 
-__all__ = ["PhaseFn", "PointFailure", "SensitivityOutcome", "SweepOutcome", "run_sensitivity", "run_sweep"]
-
-PhaseFn = Callable[[str, int, int], None]
-"""``progress(phase, done, total)``: ``algorithms`` (factories built), then ``points``."""
+__all__ = ["PointFailure", "SensitivityOutcome", "SweepOutcome", "run_sensitivity", "run_sweep"]
 
 
 @dataclass(frozen=True)
@@ -71,10 +69,6 @@ class SensitivityOutcome:
     failed: tuple[PointFailure, ...]
 
 
-def _build_piece(cell: SweepCell, collective: str) -> SweepCell:
-    return build_cell(cell, collective)
-
-
 def _point_piece(item: tuple[int, int], shared: tuple[list[SweepCell], str, SimConfig]) -> dict[str, Any]:
     cells, collective, config = shared
     cell, size = item
@@ -89,19 +83,15 @@ def _sensitivity_piece(
     return sensitivity_point(plan, trace, config, algorithms, dims)
 
 
-def _phase(progress: PhaseFn | None, phase: str) -> Callable[[int, int], None] | None:
-    return None if progress is None else (lambda done, total: progress(phase, done, total))
-
-
 def run_sweep(
-    fan: Fanout[Any],
+    fan: Fanout,
     sizes_bytes: Sequence[int],
     algorithms: Sequence[SweepAlgorithm] | Mapping[str, SweepAlgorithm],
     topologies: Sequence[Topology | str],
     *,
     collective: str = "allreduce",
     config: SimConfig | None = None,
-    progress: PhaseFn | None = None,
+    progress: ProgressFn | None = None,
 ) -> SweepOutcome:
     """:func:`~etstore.sim.sweep.sweep` with its points on ``fan``: first each (topology,
     algorithm) cell's algorithm is built (a synthesizer runs once per cell), then every size.
@@ -124,10 +114,10 @@ def run_sweep(
     cfg = config or SimConfig()
     cells = sweep_cells(algorithms, topologies)
     built = fan.map(
-        _build_piece,
+        build_cell,
         cells,
         shared=collective,
-        progress=_phase(progress, "algorithms")
+        progress=in_phase(progress, "algorithms")
         if any(not isinstance(c.algorithm, str) for c in cells)
         else None,
     )
@@ -138,7 +128,7 @@ def run_sweep(
     ]
     ok = [b for b in built if not isinstance(b, Failed)]
     items = [(i, int(size)) for i in range(len(ok)) for size in sizes_bytes]
-    rows = fan.map(_point_piece, items, shared=(ok, collective, cfg), progress=_phase(progress, "points"))
+    rows = fan.map(_point_piece, items, shared=(ok, collective, cfg), progress=in_phase(progress, "points"))
     for (cell, size), row in zip(items, rows, strict=True):
         if isinstance(row, Failed):
             failed.append(_failure(f"{ok[cell].topology.name} / {ok[cell].label} / {size} B", row.message))
@@ -146,7 +136,7 @@ def run_sweep(
 
 
 def run_sensitivity(
-    fan: Fanout[Any],
+    fan: Fanout,
     trace: Trace,
     topologies: Sequence[Topology],
     knob: Knob,
@@ -155,7 +145,7 @@ def run_sensitivity(
     config: SimConfig | None = None,
     algorithms: Mapping[str, Any] | None = None,
     dims: Sequence[int] | None = None,
-    progress: PhaseFn | None = None,
+    progress: ProgressFn | None = None,
 ) -> SensitivityOutcome:
     """:func:`~etstore.sim.sweep.sensitivity` with its points on ``fan``; the trace is sent once.
 
@@ -170,7 +160,7 @@ def run_sensitivity(
     """
     plans = sensitivity_plan(trace, topologies, knob, values)
     shared = (trace, config or SimConfig(), algorithms, dims)
-    results = fan.map(_sensitivity_piece, plans, shared=shared, progress=_phase(progress, "points"))
+    results = fan.map(_sensitivity_piece, plans, shared=shared, progress=in_phase(progress, "points"))
     failed = tuple(
         _failure(f"{p.topology.name} / {knob.name}={p.value:g}", r.message)
         for p, r in zip(plans, results, strict=True)
