@@ -243,8 +243,9 @@ def expand(
     }
     if groups:
         params["comm_groups"] = {str(k): [int(r) for r in v] for k, v in groups.items()}
-    if "execution" in workload.params:  # a recording's threads and streams stay chains of dependencies
-        params["execution"] = workload.params["execution"]
+    for key in RECORDING_PARAMS:  # a recording's execution model and measured steps stay
+        if key in workload.params:
+            params[key] = workload.params[key]
     trace = Trace(
         ops=placed.ops,
         deps=deps,
@@ -365,17 +366,27 @@ def _assign_tags(workload: Trace, chosen: np.ndarray, span: int) -> tuple[int, n
     return tag_base, tag_base + inst_ord * span
 
 
+_BLOCK_NODE_COLUMNS = ("pg_name", "comm_type", "comm_size", "start_time_micros", "duration_micros")
+
+RECORDING_PARAMS = ("execution", "durations", "profiler_steps", "windows", "device_events", "world_size")
+"""What a recording's params say about how it ran (``etstore.formats.pytorch_et``): an expansion
+keeps them, so it replays against the same measured steps."""
+
+
 def _blocks(workload: Trace, placed: Placed) -> dict[str, list[int]]:
     """Where each expanded node's ops went: rank, the node's id, its block's first id and op count.
 
     A block's ids are contiguous; the simulator lets each block hold its rank's
     communication slot as the node did (docs/expand.md, docs/simulator.md).
     """
+    node = workload.ops.take(pa.array(placed.xrows, pa.int64()))
     return {
         "rank": placed.xrank.astype(np.int64).tolist(),
         "parent_id": workload.ops["id"].to_numpy()[placed.xrows].astype(np.int64).tolist(),
         "first_id": placed.xbase.astype(np.int64).tolist(),
         "ops": placed.xm.astype(np.int64).tolist(),
+        # what the node was, and when it ran if it was recorded (a replay fits a network to it)
+        **{k: node[k].to_pylist() for k in _BLOCK_NODE_COLUMNS},
     }
 
 

@@ -27,6 +27,12 @@ is mostly waiting for its peers, which the replay models by the collective itsel
     where the recording may vary (gloo on a shared CPU, by ×40).
   - a given topology, for what-ifs.
 
+  An *expanded* recording (``etstore expand`` of one) has no recorded time for its
+  algorithms' sends and receives: it replays on the ``fitted`` network by default, fitted
+  to the recorded collectives its expansion replaced (``params["collective_blocks"]``
+  keeps each one's measured start and time), and each such collective's simulated time
+  runs from its block's first start to its last end on that rank.
+
   Collectives run ASTRA-sim's native algorithms; a broadcast, which has none, runs the
   ``ring`` generator's chain from the group's first rank (:data:`ALGORITHMS`).
 
@@ -47,6 +53,7 @@ import pyarrow.compute as pc
 
 from etstore.errors import OptionError
 from etstore.model import Trace, deps_table, op_rows
+from etstore.sim._holds import collective_holds, recorded_blocks
 from etstore.sim._lsq import nonneg_lstsq
 from etstore.sim.config import SimConfig
 from etstore.sim.engine import RECORDED, simulate
@@ -177,8 +184,9 @@ def _append(
 
 def _with_transfers(trace: Trace, transfers: pa.Table) -> tuple[Trace, np.ndarray]:
     """The trace with each collective followed by its instance's measured transfer part and each
-    point-to-point op by its recorded time (what depended on the op depends on that time), and
-    the transfer op of each row of ``transfers``."""
+    recorded point-to-point op by its recorded time (what depended on the op depends on that
+    time), and the transfer op of each row of ``transfers``. An expansion's sends and receives
+    were never recorded: they get none."""
     ops, deps = trace.ops, trace.deps
     after: dict[tuple[int, int], float] = {
         (int(r), int(i)): float(t)
@@ -187,6 +195,9 @@ def _with_transfers(trace: Trace, transfers: pa.Table) -> tuple[Trace, np.ndarra
         )
     }
     p2p = np.isin(ops["type"].to_numpy(zero_copy_only=False), ["COMM_SEND_NODE", "COMM_RECV_NODE"])
+    holds = collective_holds(trace, ops["rank"].to_numpy(), ops["id"].to_numpy().astype(np.uint64))
+    if holds is not None:
+        p2p &= holds.member < 0
     for r, i, d in zip(
         ops["rank"].to_numpy()[p2p].tolist(),
         ops["id"].to_numpy()[p2p].tolist(),
@@ -228,24 +239,35 @@ def collective_transfers(trace: Trace) -> pa.Table:
     instance's kernels less their latest start: the time after the last peer arrived;
     ``own_transfer_us`` is each member's own end less that start (what a ``recorded``
     replay gives it: members do not finish together, a gloo worker that lost its core
-    finishes late).
+    finishes late). ``expanded`` marks the nodes an expansion replaced (their rows come
+    from ``params["collective_blocks"]``, ``id`` the replaced node's).
     """
     ops = trace.ops
     is_coll = np.asarray([t == "COMM_COLL_NODE" for t in ops["type"].to_pylist()], dtype=bool)
-    sub = ops.take(pa.array(np.flatnonzero(is_coll), pa.int64()))
-    rank = sub["rank"].to_numpy()
-    ids = sub["id"].to_numpy().astype(np.int64)
-    pg = [p or "" for p in sub["pg_name"].to_pylist()]
-    start = sub["start_time_micros"].to_numpy(zero_copy_only=False).astype(np.int64)
-    dur = sub["duration_micros"].to_numpy(zero_copy_only=False).astype(np.int64)
-    seq = np.zeros(sub.num_rows, dtype=np.int64)
+    kept = ops.take(pa.array(np.flatnonzero(is_coll), pa.int64()))
+    cols = {
+        "rank": kept["rank"].to_numpy().astype(np.int64),
+        "id": kept["id"].to_numpy().astype(np.int64),
+        "pg": [p or "" for p in kept["pg_name"].to_pylist()],
+        "type": kept["comm_type"].to_pylist(),
+        "size": kept["comm_size"].to_pylist(),
+        "start": kept["start_time_micros"].to_numpy(zero_copy_only=False).astype(np.int64),
+        "dur": kept["duration_micros"].to_numpy(zero_copy_only=False).astype(np.int64),
+    }
+    replaced = _replaced(trace)
+    expanded = np.r_[np.zeros(kept.num_rows, dtype=bool), np.ones(len(replaced["rank"]), dtype=bool)]
+    for col, v in replaced.items():
+        cols[col] = np.r_[cols[col], v] if isinstance(cols[col], np.ndarray) else [*cols[col], *v]
+    rank, ids, pg, start, dur = cols["rank"], cols["id"], cols["pg"], cols["start"], cols["dur"]
+    n = len(rank)
+    seq = np.zeros(n, dtype=np.int64)
     count: dict[tuple[int, str], int] = {}
     for i in np.lexsort((ids, rank)).tolist():
         key = (int(rank[i]), pg[i])
         seq[i] = count.get(key, 0)
         count[key] = seq[i] + 1
-    transfer = np.zeros(sub.num_rows, dtype=np.float64)
-    own = np.zeros(sub.num_rows, dtype=np.float64)
+    transfer = np.zeros(n, dtype=np.float64)
+    own = np.zeros(n, dtype=np.float64)
     for group, k in {(p, int(s)) for p, s in zip(pg, seq.tolist(), strict=True)}:
         members = np.flatnonzero((np.asarray(pg, dtype=object) == group) & (seq == k))
         ends = start[members] + dur[members]
@@ -258,13 +280,33 @@ def collective_transfers(trace: Trace) -> pa.Table:
             "id": pa.array(ids.astype(np.uint64)),
             "pg_name": pa.array(pg, pa.string()),
             "seq": seq,
-            "comm_type": sub["comm_type"],
-            "size_bytes": sub["comm_size"],
+            "comm_type": pa.array(cols["type"], pa.string()),
+            "size_bytes": pa.array(cols["size"], pa.int64()),
             "measured_us": dur.astype(np.float64),
             "transfer_us": transfer,
             "own_transfer_us": own,
+            "expanded": expanded,
         }
     )
+
+
+def _replaced(trace: Trace) -> dict[str, Any]:
+    """The recorded collective nodes an expansion replaced, as columns (empty when it recorded
+    none): rank, id, pg, type, size, start and dur of each, from ``params["collective_blocks"]``."""
+    found = recorded_blocks(trace.params or {})[0] or {}
+    need = ("rank", "parent_id", "pg_name", "comm_type", "comm_size", "start_time_micros", "duration_micros")
+    if any(not isinstance(found.get(k), list) for k in need) or not found["rank"]:
+        empty = np.zeros(0, dtype=np.int64)
+        return {"rank": empty, "id": empty, "pg": [], "type": [], "size": [], "start": empty, "dur": empty}
+    return {
+        "rank": np.asarray(found["rank"], dtype=np.int64),
+        "id": np.asarray(found["parent_id"], dtype=np.int64),
+        "pg": [p or "" for p in found["pg_name"]],
+        "type": list(found["comm_type"]),
+        "size": list(found["comm_size"]),
+        "start": np.asarray([x or 0 for x in found["start_time_micros"]], dtype=np.int64),
+        "dur": np.asarray([x or 0 for x in found["duration_micros"]], dtype=np.int64),
+    }
 
 
 def fit_network(
@@ -350,16 +392,18 @@ def replay(
     transfers = collective_transfers(trace)
     played = perturb(trace, perturbation) if perturbation is not None else trace
     work, transfer_ids = played, None
+    # an expansion's messages were never recorded: only a network can time them
+    expanded = bool(pc.any(transfers["expanded"]).as_py())
     if topo is not None:
         network, net = "given", topo
-    elif fit and len(entries) > 1:  # one rank has no network to fit: it replays as recorded
+    elif (fit or expanded) and len(entries) > 1:  # one rank has no network to fit: it replays as recorded
         network, net = "fitted", fit_network(transfers, npus, config)
     else:
         network, net = "recorded", Topology.from_spec(f"switch:{npus},{_FREE}")
-        work, transfer_ids = _with_transfers(played, transfers)
+        work, transfer_ids = _with_transfers(played, transfers.filter(pc.invert(transfers["expanded"])))
     res = simulate(_with_entries(work, entries), net, config=config, algorithms=ALGORITHMS)
     steps = _steps(trace, played, res, entries)
-    return Replay(steps, _collective_rows(transfers, res, transfer_ids), network, net, res)
+    return Replay(steps, _collective_rows(trace, transfers, res, transfer_ids), network, net, res)
 
 
 def _steps(trace: Trace, played: Trace, res: SimResult, entries: Mapping[int, _Entry]) -> pa.Table:
@@ -412,16 +456,34 @@ def _steps(trace: Trace, played: Trace, res: SimResult, entries: Mapping[int, _E
     return pa.table(out)
 
 
-def _collective_rows(transfers: pa.Table, res: SimResult, transfer_ids: np.ndarray | None) -> pa.Table:
+def _collective_rows(
+    trace: Trace, transfers: pa.Table, res: SimResult, transfer_ids: np.ndarray | None
+) -> pa.Table:
     """``transfers`` with each collective's simulated time: from its start to its end, or to
-    the end of its transfer part (op ``transfer_ids``) where the replay added one."""
+    the end of its transfer part (op ``transfer_ids``) where the replay added one; a replaced
+    node's from its block's first start to its last end on the rank."""
     sim = res.ops
-    start = sim["start_ns"].to_numpy()[op_rows(sim, transfers["rank"].to_numpy(), transfers["id"].to_numpy())]
-    ends = (
-        transfers
-        if transfer_ids is None
-        else transfers.set_column(1, "id", pa.array(transfer_ids, pa.uint64()))
-    )
-    end = sim["end_ns"].to_numpy()[op_rows(sim, ends["rank"].to_numpy(), ends["id"].to_numpy())]
+    s_start, s_end = sim["start_ns"].to_numpy(), sim["end_ns"].to_numpy()
+    t_rank, t_id = transfers["rank"].to_numpy(), transfers["id"].to_numpy()
+    replaced = transfers["expanded"].to_numpy(zero_copy_only=False)
+    start = np.full(len(t_rank), np.nan)
+    end = np.full(len(t_rank), np.nan)
+    kept = np.flatnonzero(~replaced)
+    if len(kept):
+        rows = op_rows(sim, t_rank[kept], t_id[kept])
+        start[kept] = s_start[rows]
+        ends = rows if transfer_ids is None else op_rows(sim, t_rank[kept], transfer_ids[: len(kept)])
+        end[kept] = s_end[ends]
+    holds = collective_holds(trace, sim["rank"].to_numpy(), sim["id"].to_numpy().astype(np.uint64))
+    if replaced.any() and holds is not None:
+        b_start, b_end = np.full(holds.count, np.inf), np.full(holds.count, -np.inf)
+        m = np.flatnonzero(holds.member >= 0)
+        np.minimum.at(b_start, holds.member[m], s_start[m])
+        np.maximum.at(b_end, holds.member[m], s_end[m])
+        block = {int(k): b for b, k in enumerate(holds.parent_key.tolist())}
+        for i in np.flatnonzero(replaced).tolist():
+            b = block.get((int(t_rank[i]) << 40) | int(t_id[i]))
+            if b is not None:
+                start[i], end[i] = b_start[b], b_end[b]
     simulated = np.round((end - start) / 1e3, 3)
-    return transfers.append_column("simulated_us", pa.array(simulated, pa.float64()))
+    return transfers.append_column("simulated_us", pa.array(simulated, pa.float64(), from_pandas=True))

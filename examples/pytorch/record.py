@@ -63,31 +63,38 @@ def _gzip(path: Path) -> Path:
 
 
 def _model(
-    mode: str, rank: int, world: int, device: torch.device, hidden: int, batch: int
+    mode: str, rank: int, world: int, device: torch.device, args: argparse.Namespace
 ) -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
     """The model under ``mode``'s parallelism on ``device``, and this rank's batch."""
+    hidden, batch = args.hidden, args.batch
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(IN_FEATURES, hidden), nn.ReLU(), nn.Linear(hidden, OUT_FEATURES)).to(
-        device
-    )
+    inner: list[nn.Module] = []
+    for _ in range(args.layers - 2):  # extra hidden layers: more gradient buckets, more parameters
+        inner += [nn.Linear(hidden, hidden), nn.ReLU()]
+    model = nn.Sequential(
+        nn.Linear(IN_FEATURES, hidden), nn.ReLU(), *inner, nn.Linear(hidden, OUT_FEATURES)
+    ).to(device)
     torch.manual_seed(1 + (0 if mode == "tp" else rank))  # tensor parallel: every rank sees the same batch
     x = torch.randn(batch, IN_FEATURES, device=device)
     y = torch.randn(batch, OUT_FEATURES, device=device)
     if mode == "ddp":
         ids = [device.index] if device.type == "cuda" else None
-        return nn.parallel.DistributedDataParallel(model, device_ids=ids), x, y
+        ddp = nn.parallel.DistributedDataParallel(model, device_ids=ids, bucket_cap_mb=args.bucket_mb)
+        return ddp, x, y
     if mode == "fsdp2":
         from torch.distributed.fsdp import fully_shard
 
-        for layer in (model[0], model[2]):
-            fully_shard(layer)
+        for layer in model:
+            if isinstance(layer, nn.Linear):
+                fully_shard(layer)
         fully_shard(model)
         return model, x, y
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
     mesh = init_device_mesh(device.type, (world,))
-    return parallelize_module(model, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()}), x, y
+    last = str(len(model) - 1)
+    return parallelize_module(model, mesh, {"0": ColwiseParallel(), last: RowwiseParallel()}), x, y
 
 
 def _worker(rank: int, world: int, args: argparse.Namespace) -> None:
@@ -101,7 +108,7 @@ def _worker(rank: int, world: int, args: argparse.Namespace) -> None:
     dist.init_process_group(
         backend, rank=rank, world_size=world, device_id=device if backend == "nccl" else None
     )
-    model, x, y = _model(args.mode, rank, world, device, args.hidden, args.batch)
+    model, x, y = _model(args.mode, rank, world, device, args)
     steps = args.steps
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
 
@@ -146,6 +153,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--backend", choices=("gloo", "nccl"), help="default: nccl on cuda, gloo on cpu")
     parser.add_argument("--hidden", type=int, default=32, help="hidden width of the MLP")
     parser.add_argument("--batch", type=int, default=8, help="samples per rank and step")
+    parser.add_argument("--layers", type=int, default=2, help="linear layers of the MLP (at least 2)")
+    parser.add_argument("--bucket-mb", type=float, default=25.0, help="DDP bucket cap, MiB (default 25)")
     args = parser.parse_args(argv)
     Path(args.out).mkdir(parents=True, exist_ok=True)
     if args.device == "cpu":  # on a machine with GPUs, FSDP2 would still put its shards on one

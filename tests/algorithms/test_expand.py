@@ -84,6 +84,12 @@ def test_two_rank_ring_is_wired_between_the_collectives_neighbours() -> None:
         "parent_id": [20, 20],
         "first_id": [31, 31],
         "ops": [5, 5],
+        # what each node was and when it ran (a recording's replay fits its network to them)
+        "pg_name": [None, None],
+        "comm_type": ["ALL_REDUCE", "ALL_REDUCE"],
+        "comm_size": [1000, 1000],
+        "start_time_micros": [0, 0],
+        "duration_micros": [0, 0],
     }
     assert r0["comm_dst"].to_pylist()[1:6] == [1, None, None, 1, None]
     assert r0["comm_src"].to_pylist()[1:6] == [None, 1, None, None, 1]
