@@ -20,6 +20,7 @@ iterations) play no part.
 
 from __future__ import annotations
 
+import json
 import re
 from bisect import bisect_left
 from collections.abc import Sequence
@@ -27,7 +28,9 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-__all__ = ["NO_READ_OPS", "Flow", "returns_alias", "storage_flow"]
+from etstore.formats._torch_et_nodes import tensors
+
+__all__ = ["NO_READ_OPS", "Flow", "node_ranges", "returns_alias", "storage_flow"]
 
 _ALIAS = re.compile(r"Tensor\(\w+\)")
 
@@ -286,3 +289,18 @@ def storage_flow(
     o_src = np.asarray([a for a, _ in pairs], dtype=np.int64)
     o_dst = np.asarray([b for _, b in pairs], dtype=np.int64)
     return Flow(np.asarray(src, dtype=np.int64), np.asarray(dst, dtype=np.int64), o_src, o_dst)
+
+
+def node_ranges(node_json: str | None) -> list[tuple[int, int, int]]:
+    """``(storage, lo, hi)`` byte ranges of the tensors among a recorded ET node's inputs (its
+    ``pytorch_et_node`` attribute): what an op reads, and what a collective fills.
+
+    >>> node_ranges('{"inputs": {"values": [[7, 28, 4, 2, 4, "cpu"], false], "types": ["Tensor(float)", "Bool"]}}')
+    [(28, 16, 24)]
+    >>> node_ranges(None)
+    []
+    """
+    if not node_json:
+        return []
+    inputs = json.loads(node_json).get("inputs") or {}
+    return _ranges(tensors(inputs.get("values") or [], inputs.get("types") or []))

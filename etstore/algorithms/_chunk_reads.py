@@ -1,0 +1,207 @@
+"""A recording's consumers of an expanded collective wait for the chunks they read, not all of it.
+
+``expand`` gives a consumer of an expanded node an edge from every exit op of the node's
+part: it waits for the whole collective. A recording knows more: each op's tensor
+arguments name the bytes it reads (storage, offset, size), and the collective's the bytes it
+fills. A consumer that reads part of the result (DDP copying one parameter's gradient out
+of its bucket, a layer reading one parameter of an FSDP all-gather) needs only the chunks
+those bytes fall in, and on this rank only the op that wrote each chunk's final value.
+
+The algorithm's buffer of ``B`` bytes is cut into ``total_chunk_cnt`` chunks as
+:func:`~etstore.algorithms._parts.chunk_bytes` cuts it (``B // C`` each, the last one
+taking the rest); an op of the part writes chunks ``chunk_offset .. + msg_chunk_cnt`` when
+it is a receive or a reduction or copy (a send only reads). A consumer's data edges from
+the part are replaced by edges from the writers of the chunks it reads. Where that cannot
+be said exactly, the edges stay as they were (waiting for everything is never wrong): the
+consumer's bytes are not inside the filled tensor, the tensor is not the algorithm's whole
+buffer (a reduce-scatter's own shard), or a chunk it reads is written by no op of the part
+(the rank's own all-gather chunk).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from etstore.formats._torch_flow import node_ranges
+from etstore.model import Trace, decode_attrs, deps_table
+
+__all__ = ["NODE_ATTR", "narrow_consumers"]
+
+NODE_ATTR = "pytorch_et_node"
+"""The attribute holding a recorded op's ET node (``etstore.formats.pytorch_et``)."""
+
+_WRITERS = ("COMM_RECV_NODE", "COMP_NODE")
+
+
+def _node(blob: bytes | None) -> str | None:
+    value = decode_attrs(blob).get(NODE_ATTR)
+    return value if isinstance(value, str) else None
+
+
+def narrow_consumers(workload: Trace, expanded: Trace) -> tuple[Trace, int]:
+    """``expanded`` with each recorded consumer's data edges from an expanded collective
+    narrowed to the writers of the chunks it reads, and how many consumers were narrowed.
+
+    ``workload`` is the trace that was expanded (its collective nodes carry their tensors).
+    A trace without recorded tensors comes back unchanged.
+    """
+    blocks: Mapping[str, Any] = expanded.params.get("collective_blocks") or {}
+    if not blocks.get("rank") or NODE_ATTR not in _attr_names(workload):
+        return expanded, 0
+    ops = expanded.ops
+    rank = ops["rank"].to_numpy().astype(np.int64)
+    ids = ops["id"].to_numpy().astype(np.int64)
+    row_of = {(int(r), int(i)): k for k, (r, i) in enumerate(zip(rank.tolist(), ids.tolist(), strict=True))}
+    w_row = {
+        (int(r), int(i)): k
+        for k, (r, i) in enumerate(
+            zip(workload.ops["rank"].to_pylist(), workload.ops["id"].to_pylist(), strict=True)
+        )
+    }
+    block_of: dict[tuple[int, int], int] = {}  # (rank, id) of each op in a block -> the block
+    for b, (r, first, count) in enumerate(
+        zip(blocks["rank"], blocks["first_id"], blocks["ops"], strict=True)
+    ):
+        for i in range(int(first), int(first) + int(count)):
+            block_of[(int(r), i)] = b
+    deps = expanded.deps
+    d_rank, d_src, d_dst = (deps[c].to_numpy().astype(np.int64) for c in ("rank", "src", "dst"))
+    d_kind = deps["kind"].to_pylist()
+    groups: dict[tuple[int, int], list[int]] = defaultdict(list)  # (block, consumer id) -> edges
+    for e in range(deps.num_rows):
+        src_block = block_of.get((int(d_rank[e]), int(d_src[e])))
+        if src_block is not None and d_kind[e] == "data" and (int(d_rank[e]), int(d_dst[e])) not in block_of:
+            groups[(src_block, int(d_dst[e]))].append(e)
+    if not groups:
+        return expanded, 0
+    inner: dict[int, list[int]] = defaultdict(list)  # a block's own edges, by op row
+    for e in range(deps.num_rows):
+        key_s, key_d = (int(d_rank[e]), int(d_src[e])), (int(d_rank[e]), int(d_dst[e]))
+        if key_s in block_of and block_of.get(key_d) == block_of[key_s]:
+            inner[row_of[key_s]].append(row_of[key_d])
+    chunk = {c: ops[c].to_numpy(zero_copy_only=False) for c in ("chunk_offset", "msg_chunk_cnt")}
+    total = pc.fill_null(ops["total_chunk_cnt"], 0).to_numpy().astype(np.int64)
+    types = ops["type"].to_numpy(zero_copy_only=False)
+    attrs = expanded.ops["attrs"]
+    fills: dict[int, list[tuple[int, int, int]]] = {}
+    drop: list[int] = []
+    add_rank: list[int] = []
+    add_src: list[int] = []
+    add_dst: list[int] = []
+    for (b, consumer), edges in groups.items():
+        r = int(blocks["rank"][b])
+        if b not in fills:
+            parent = w_row.get((r, int(blocks["parent_id"][b])))
+            filled = node_ranges(_node(workload.ops["attrs"][parent].as_py())) if parent is not None else []
+            buffer = _buffer(blocks, b, expanded.params.get("comm_groups") or {}, len(set(rank.tolist())))
+            fills[b] = [f for f in filled if f[2] - f[1] == buffer]  # the tensor the chunks cut
+        crow = row_of.get((r, consumer))
+        if crow is None:
+            continue
+        first, count = int(blocks["first_id"][b]), int(blocks["ops"][b])
+        members = [row_of[(r, i)] for i in range(first, first + count) if (r, i) in row_of]
+        writers = _writers_of(
+            node_ranges(_node(attrs[crow].as_py())), fills[b], members, types, chunk, total, inner
+        )
+        if writers is None or {int(ids[w]) for w in writers} >= {int(d_src[e]) for e in edges}:
+            continue  # it reads every chunk the exits write: it waits for all of them anyway
+        drop += edges
+        add_rank += [r] * len(writers)
+        add_src += [int(ids[w]) for w in writers]
+        add_dst += [consumer] * len(writers)
+    if not drop:
+        return expanded, 0
+    keep = np.ones(deps.num_rows, dtype=bool)
+    keep[drop] = False
+    kept = deps.filter(pa.array(keep))
+    new = deps_table(add_rank, add_src, add_dst, "data")
+    both = pa.concat_tables([kept.drop_columns(["pos"]), new.drop_columns(["pos"])])
+    rebuilt = deps_table(both["rank"], both["src"], both["dst"], both["kind"].to_pylist())
+    order = np.argsort(rebuilt["rank"].to_numpy(), kind="stable")
+    count_narrowed = len({(r, d) for r, d in zip(add_rank, add_dst, strict=True)})
+    return expanded.replace(deps=rebuilt.take(pa.array(order))), count_narrowed
+
+
+def _buffer(blocks: Mapping[str, Any], b: int, groups: Mapping[str, Any], ranks: int) -> int:
+    """Bytes of block ``b``'s algorithm buffer: ``comm_size``, times the group for an all-gather."""
+    size = int(blocks.get("comm_size", [0] * (b + 1))[b] or 0)
+    if blocks.get("comm_type", [None] * (b + 1))[b] != "ALL_GATHER":
+        return size
+    group = groups.get(str(blocks.get("pg_name", [None] * (b + 1))[b] or ""))
+    return size * (len(group) if isinstance(group, list) else ranks)
+
+
+def _attr_names(trace: Trace) -> set[str]:
+    """Attribute names of the trace's first op that has any (recordings carry them on every op)."""
+    for blob in trace.ops["attrs"].to_pylist()[:64]:
+        if blob:
+            return set(decode_attrs(blob))
+    return set()
+
+
+def _writers_of(
+    reads: list[tuple[int, int, int]],
+    fills: list[tuple[int, int, int]],
+    members: list[int],
+    types: np.ndarray,
+    chunk: Mapping[str, np.ndarray],
+    total: np.ndarray,
+    inner: Mapping[int, list[int]],
+) -> list[int] | None:
+    """Rows of the part's ops that last wrote the chunks ``reads`` covers (of a chunk's writers,
+    those no other writer of it follows in the part), or None when that cannot be said exactly
+    (see the module's note)."""
+    writes = [m for m in members if types[m] in _WRITERS and chunk["chunk_offset"][m] is not None]
+    if not writes:
+        return None
+    c = int(total[writes[0]])
+    if c <= 0 or any(int(total[m]) != c for m in writes):
+        return None
+    slots: set[int] = set()
+    for storage, lo, hi in reads:
+        for f_storage, f_lo, f_hi in fills:
+            if storage != f_storage or hi <= f_lo or lo >= f_hi:
+                continue
+            if lo < f_lo or hi > f_hi:
+                return None  # reads past the tensor the collective filled
+            size = f_hi - f_lo
+            q = size // c
+            if q <= 0:
+                return None
+            first = min((lo - f_lo) // q, c - 1)
+            last = min((hi - 1 - f_lo) // q, c - 1)
+            slots.update(range(first, last + 1))
+    if not slots:
+        return None
+    out: list[int] = []
+    for s in sorted(slots):
+        found = [
+            m
+            for m in writes
+            if int(chunk["chunk_offset"][m])
+            <= s
+            < int(chunk["chunk_offset"][m]) + int(chunk["msg_chunk_cnt"][m] or 1)
+        ]
+        if not found:
+            return None
+        out += [m for m in found if not _follows(m, set(found) - {m}, inner)]
+    return sorted(set(out))
+
+
+def _follows(op: int, others: set[int], inner: Mapping[int, list[int]]) -> bool:
+    """Whether one of ``others`` comes after ``op`` in its part (a path of the part's edges)."""
+    seen, todo = {op}, [op]
+    while todo:
+        for nxt in inner.get(todo.pop(), ()):
+            if nxt in others:
+                return True
+            if nxt not in seen:
+                seen.add(nxt)
+                todo.append(nxt)
+    return False

@@ -1,0 +1,86 @@
+"""A recording's consumers of an expanded all-reduce wait for the chunks they read.
+
+DDP copies each parameter's gradient out of its bucket; with the bucket's all-reduce expanded
+into a ring, a copy of bytes in chunk ``j`` needs only the ops that wrote chunk ``j`` on its
+rank, checked here against the byte ranges of the recording itself.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from etstore.algorithms._chunk_reads import NODE_ATTR, narrow_consumers
+from etstore.algorithms.expand import expand
+from etstore.formats._torch_flow import node_ranges
+from etstore.formats.pytorch_et import read_pytorch_et
+from etstore.model import Trace, decode_attrs
+from etstore.sim.replay import replay
+
+DATA = Path(__file__).parent.parent / "data"
+
+
+def test_a_copy_out_of_a_bucket_waits_for_the_writers_of_its_chunks_only() -> None:
+    w = read_pytorch_et(DATA / "torch_ddp_buckets_2r")
+    x = expand(w, "ring:2").trace
+    y, narrowed = narrow_consumers(w, x)
+    assert narrowed > 0
+    ops = y.ops
+    key = {
+        (r, i): k for k, (r, i) in enumerate(zip(ops["rank"].to_pylist(), ops["id"].to_pylist(), strict=True))
+    }
+    w_key = {
+        (r, i): k
+        for k, (r, i) in enumerate(zip(w.ops["rank"].to_pylist(), w.ops["id"].to_pylist(), strict=True))
+    }
+    blocks = y.params["collective_blocks"]
+    block_of = {
+        (r, i): b
+        for b, (r, f, n) in enumerate(zip(blocks["rank"], blocks["first_id"], blocks["ops"], strict=True))
+        for i in range(f, f + n)
+    }
+
+    def edges(t: Trace) -> set[tuple[int, int, int]]:
+        d = t.deps.filter(np.asarray(t.deps["kind"].to_pylist()) == "data")
+        return set(zip(*(d[k].to_pylist() for k in ("rank", "src", "dst")), strict=True))
+
+    before, after = edges(x), edges(y)
+    narrowed_to = {(r, c) for r, _, c in before ^ after}
+    assert len(narrowed_to) == narrowed
+    # each waits for fewer of the collective's ops than the exits it waited for
+    assert {(r, c) for r, _, c in before - after} == narrowed_to
+    checked = partial = 0
+    for r, s, c in sorted(after):
+        b = block_of.get((r, s))
+        if b is None or (r, c) not in narrowed_to:
+            continue
+        # the consumer's bytes inside the bucket the all-reduce filled, in the recording
+        parent = w.ops["attrs"][w_key[(r, blocks["parent_id"][b])]].as_py()
+        (bucket,) = [
+            f for f in node_ranges(decode_attrs(parent)[NODE_ATTR]) if f[2] - f[1] == blocks["comm_size"][b]
+        ]
+        reads = node_ranges(decode_attrs(ops["attrs"][key[(r, c)]].as_py())[NODE_ATTR])
+        lo, hi = next((a - bucket[1], z - bucket[1]) for st, a, z in reads if st == bucket[0])
+        row = key[(r, s)]
+        total = ops["total_chunk_cnt"][row].as_py()
+        q = blocks["comm_size"][b] // total
+        first, cnt = ops["chunk_offset"][row].as_py(), ops["msg_chunk_cnt"][row].as_py()
+        # the writer's chunks overlap the consumer's bytes
+        assert ops["type"][row].as_py() in ("COMM_RECV_NODE", "COMP_NODE")
+        end = min((first + cnt) * q, blocks["comm_size"][b])
+        assert (first * q < hi and lo < end) or first + cnt == total
+        checked += 1
+        partial += int(hi - lo < blocks["comm_size"][b])
+    assert checked and partial  # copies of one parameter read part of their bucket
+    # no op waits for less than before on a thread: the replay is unchanged until a rewrite moves it
+    assert replay(y).result.total_ns == replay(x).result.total_ns
+
+
+def test_a_trace_without_recorded_tensors_is_left_as_it_is() -> None:
+    from etstore.sim.sweep import collective_workload
+
+    w = collective_workload("ALL_REDUCE", 4, 1 << 20)
+    x = expand(w, "ring").trace
+    y, narrowed = narrow_consumers(w, x)
+    assert narrowed == 0 and y is x
