@@ -1,10 +1,13 @@
 """Collective instances of a workload: which ``COMM_COLL_NODE`` rows form one, and which are chosen.
 
-The k-th collective node of communicator group g on every member rank is one
-*instance*. Instances are numbered by first appearance (file order); each has a
-group, a type and a size that all its nodes must agree on. Selection (a where
-predicate over the nodes' columns, and the algorithms given per type) chooses
-whole instances only.
+The k-th collective node of communicator group g on every member rank, counted in
+ascending node id (the order ASTRA-sim's workload layer issues a rank's nodes in,
+whatever the file's order), is one *instance*. Instances are numbered by first
+appearance in that issue order (rank by rank, each rank's nodes by id); each has a
+group, a type and a size that all its nodes must agree on. :func:`find_collectives`
+is the one finder: ``expand`` and the simulator both build on it, each raising its
+own error from the facts it returns. Selection (a where predicate over the nodes'
+columns, and the algorithms given per type) chooses whole instances only.
 """
 
 from __future__ import annotations
@@ -21,7 +24,21 @@ from etstore.formats.comm_groups import DEFAULT_GROUP_NAMES, find_group
 from etstore.model import Trace
 from etstore.sandbox import read_only_config
 
-__all__ = ["Collectives", "check_chosen", "find_collectives", "select"]
+__all__ = [
+    "CARRIERS",
+    "EVERY",
+    "GIVEN",
+    "Collectives",
+    "check_chosen",
+    "find_collectives",
+    "given_groups",
+    "select",
+]
+
+GIVEN, EVERY, CARRIERS = 0, 1, 2
+"""How a group's members were found (:attr:`Collectives.rule`): in the groups given, every
+rank (an absent name, or ``"0"`` that no group defines), or the ranks whose collectives
+carry the name (a name no group defines)."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -38,11 +55,13 @@ class Collectives:
     pg_names: list[str]
     pg_code: np.ndarray  # index into pg_names
     inst: np.ndarray  # instance of each node
-    first_of: np.ndarray  # per instance: its first node (index into rows)
+    first_of: np.ndarray  # per instance: its first node in issue order (index into rows)
     inst_seq: np.ndarray  # per instance: k, for the k-th collective of its group
-    members: list[tuple[int, ...]]  # per group: member ranks, ascending
+    members: list[tuple[int, ...]]  # per group: member ranks, in the order the group lists them
+    rule: list[int]  # per group: how its members were found (GIVEN, EVERY, CARRIERS)
     gsize: np.ndarray  # per group: member count
     apos: np.ndarray  # per node: its rank's position in the group (-1: not a member)
+    ranks: np.ndarray  # every rank of the workload, ascending
 
     @property
     def ninst(self) -> int:
@@ -63,9 +82,38 @@ class Collectives:
             return f"collective #{seq} ({ctype or 'no comm_type'}) of group {pg!r}"
         return f"collective #{seq} ({ctype or 'no comm_type'}) of the all-ranks group"
 
+    def issue_order(self) -> np.ndarray:
+        """The nodes (indices into ``rows``) in issue order: by rank, then node id."""
+        order: np.ndarray = np.lexsort((self.ids, self.rank))
+        return order
+
+    def by_instance(self) -> tuple[np.ndarray, np.ndarray]:
+        """(nodes, starts): instance i's nodes are ``nodes[starts[i]:starts[i + 1]]``, ascending rank."""
+        nodes = np.lexsort((self.rank, self.inst))
+        starts = np.zeros(self.ninst + 1, dtype=np.int64)
+        np.cumsum(np.bincount(self.inst, minlength=self.ninst), out=starts[1:])
+        return nodes, starts
+
+
+def given_groups(
+    trace: Trace, groups: Mapping[str, Sequence[int]] | None
+) -> Mapping[str, Sequence[int]] | None:
+    """The groups ``pg_name``s are looked up in: ``groups`` when given, else the trace's own
+    ``params["comm_groups"]`` (what the workload generator and a comm-group sidecar record)."""
+    if groups is not None:
+        return groups
+    found = (trace.params or {}).get("comm_groups")
+    if not isinstance(found, Mapping):
+        return None
+    return {str(k): v for k, v in found.items() if isinstance(v, Sequence)}
+
 
 def find_collectives(workload: Trace, groups: Mapping[str, Sequence[int]] | None) -> Collectives:
     """Every ``COMM_COLL_NODE`` of ``workload`` with its instance and group position.
+
+    ``groups`` are looked up as they are (:func:`given_groups` picks them); nothing is
+    checked beyond there being a collective: the callers judge the facts (type, size,
+    membership, completeness) and raise their own errors.
 
     Raises
     ------
@@ -83,6 +131,7 @@ def find_collectives(workload: Trace, groups: Mapping[str, Sequence[int]] | None
         raise ExpansionError(f"trace {workload.name!r} has no COMM_COLL_NODE to expand")
     rank_all = ops["rank"].to_numpy().astype(np.int64)
     crank = rank_all[rows]
+    ids = ops["id"].to_numpy()[rows]
     take = pa.array(rows)
     ctype = np.asarray(pc.fill_null(ops["comm_type"].take(take), "").to_pylist(), dtype=object)
     sizes = ops["comm_size"].take(take)
@@ -90,10 +139,9 @@ def find_collectives(workload: Trace, groups: Mapping[str, Sequence[int]] | None
     pg_names = [str(x) for x in pg_enc.dictionary.to_pylist()]
     pg_code = pg_enc.indices.to_numpy().astype(np.int64)
     span_r = int(rank_all.max()) + 1
-    inst, first_of, seq = _number_instances(pg_code, crank, span_r)
-    members = _members(
-        pg_names, [crank[pg_code == g] for g in range(len(pg_names))], np.unique(rank_all), groups
-    )
+    inst, first_of, seq = _number_instances(pg_code, crank, ids, span_r)
+    all_ranks = np.unique(rank_all)
+    members, rule = _members(pg_names, [crank[pg_code == g] for g in range(len(pg_names))], all_ranks, groups)
     top = max([span_r, *(max(m) + 1 for m in members if m)])
     pos_in = np.full((len(members), top), -1, dtype=np.int64)
     for g, m in enumerate(members):
@@ -102,7 +150,7 @@ def find_collectives(workload: Trace, groups: Mapping[str, Sequence[int]] | None
         workload=workload.name,
         rows=rows,
         rank=crank,
-        ids=ops["id"].to_numpy()[rows],
+        ids=ids,
         ctype=ctype,
         size=pc.fill_null(sizes, 0).to_numpy().astype(np.int64),
         size_ok=pc.is_valid(sizes).to_numpy(zero_copy_only=False),
@@ -112,28 +160,35 @@ def find_collectives(workload: Trace, groups: Mapping[str, Sequence[int]] | None
         first_of=first_of,
         inst_seq=seq[first_of],
         members=members,
+        rule=rule,
         gsize=np.array([len(m) for m in members], dtype=np.int64),
         apos=pos_in[pg_code, crank],
+        ranks=all_ranks,
     )
 
 
 def _number_instances(
-    pg_code: np.ndarray, crank: np.ndarray, span_r: int
+    pg_code: np.ndarray, crank: np.ndarray, ids: np.ndarray, span_r: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(instance of each node, first node of each instance, k of each node), instances by first appearance."""
+    """(instance of each node, first node of each instance, k of each node).
+
+    k counts a rank's nodes of a group in ascending id; instances are numbered by
+    first appearance in issue order (rank, then id), as the simulator runs them.
+    """
     key = pg_code * span_r + crank
-    order = np.argsort(key, kind="stable")
+    order = np.lexsort((ids, key))
     ks = key[order]
     new = np.r_[True, ks[1:] != ks[:-1]]
     seq = np.empty(len(crank), dtype=np.int64)
     seq[order] = np.arange(len(ks)) - np.maximum.accumulate(np.where(new, np.arange(len(ks)), 0))
-    ikey = pg_code * (int(seq.max()) + 1) + seq
-    _, first_of, inst = np.unique(ikey, return_index=True, return_inverse=True)
+    _, inst = np.unique(pg_code * (int(seq.max()) + 1) + seq, return_inverse=True)
     inst = inst.reshape(-1)
-    by_first = np.argsort(first_of, kind="stable")
+    issue = np.lexsort((ids, crank))
+    _, first_pos = np.unique(inst[issue], return_index=True)  # per instance: first place in issue order
+    by_first = np.argsort(first_pos, kind="stable")
     renum = np.empty_like(by_first)
     renum[by_first] = np.arange(len(by_first))
-    return renum[inst], first_of[by_first], seq
+    return renum[inst], issue[first_pos[by_first]], seq
 
 
 def _members(
@@ -141,21 +196,26 @@ def _members(
     used_rank: list[np.ndarray],
     all_ranks: np.ndarray,
     groups: Mapping[str, Sequence[int]] | None,
-) -> list[tuple[int, ...]]:
-    """Member ranks of each communicator group, as the simulator forms them: in the order the
-    groups give them (algorithm rank i is member i); a name found as ASTRA-sim reads it (``stoi``);
-    an absent name, or ``"0"`` that no group defines, is every rank."""
+) -> tuple[list[tuple[int, ...]], list[int]]:
+    """Member ranks of each communicator group and how they were found (``GIVEN``, ``EVERY``,
+    ``CARRIERS``), as the simulator forms them: in the order the groups give them (algorithm
+    rank i is member i); a name found as ASTRA-sim reads it (``stoi``); an absent name, or
+    ``"0"`` that no group defines, is every rank; any other name the ranks that carry it."""
     given = {str(k): tuple(int(r) for r in v) for k, v in (groups or {}).items()}
-    out = []
+    out: list[tuple[int, ...]] = []
+    rule: list[int] = []
     for name, used in zip(pg_names, used_rank, strict=True):
         key = find_group(name, given) if name else None
         if key is not None:
             out.append(given[key])
+            rule.append(GIVEN)
         elif name in DEFAULT_GROUP_NAMES:
             out.append(tuple(int(r) for r in all_ranks))
+            rule.append(EVERY)
         else:
             out.append(tuple(int(r) for r in np.unique(used)))
-    return out
+            rule.append(CARRIERS)
+    return out, rule
 
 
 def _where_mask(ops: pa.Table, rows: np.ndarray, where: str) -> np.ndarray:

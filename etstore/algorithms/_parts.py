@@ -7,13 +7,18 @@ for sizing, the in-rank edges as local indices, and the entry ops (no in-rank
 predecessor) and exit ops (no in-rank successor) of every rank. Several prepared
 algorithms are concatenated by :func:`concat` so one vectorised pass can expand
 collectives that use different algorithms.
+
+It is the one decomposition of an algorithm: ``expand`` stamps the parts into a
+workload, and the simulator's :func:`~etstore.sim._templates.trace_template` lays
+them out as a template; both size messages with :func:`part_bytes` (the rule of
+:func:`chunk_bytes` over :func:`buffer_bytes`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import NamedTuple, overload
 
 import numpy as np
 import pyarrow as pa
@@ -22,7 +27,7 @@ import pyarrow.compute as pc
 from etstore.errors import ExpansionError
 from etstore.model import CHUNK_COLUMNS, OPS_SCHEMA, Trace, op_rows
 
-__all__ = ["Parts", "concat", "prepare"]
+__all__ = ["Parts", "buffer_bytes", "chunk_bytes", "concat", "part_bytes", "prepare"]
 
 # op columns copied verbatim from the algorithm into the expansion
 COPIED = ("name", "type", "start_time_micros", "is_cpu_op", *CHUNK_COLUMNS, "attrs", "attr_order")
@@ -150,7 +155,7 @@ def prepare(trace: Trace, label: str) -> Parts:
         total=np.maximum(total, 1),
         first=msg.first,
         fixed_size=msg.fixed,
-        duration=ops["duration_micros"].to_numpy().astype(np.uint64),
+        duration=pc.fill_null(ops["duration_micros"], 0).to_numpy().astype(np.uint64),
         max_chunks=np.array([int(ms.max()) if len(ms) else 0], dtype=np.int64),
         tag_span=int(tag.max()) + 1 if len(tag) else 1,
         edge_start=_starts(np.bincount(drank, minlength=n)),
@@ -164,6 +169,60 @@ def prepare(trace: Trace, label: str) -> Parts:
         exit=local[exit_rows],
         columns={c: ops[c].combine_chunks() for c in COPIED},
     )
+
+
+@overload
+def buffer_bytes(coll: str, comm_size: int, n: int) -> int: ...
+
+
+@overload
+def buffer_bytes(coll: np.ndarray, comm_size: np.ndarray, n: np.ndarray) -> np.ndarray: ...
+
+
+def buffer_bytes(
+    coll: str | np.ndarray, comm_size: int | np.ndarray, n: int | np.ndarray
+) -> int | np.ndarray:
+    """Bytes of the buffer an algorithm's ``total_chunk_cnt`` divides, for a Chakra ``comm_size``
+    (one collective, or one per element of arrays).
+
+    ``comm_size`` follows ASTRA-sim: the per-rank contribution for ``ALL_GATHER`` (the
+    buffer is ``n`` times larger), the whole buffer for every other collective.
+    """
+    if isinstance(coll, str):
+        return int(comm_size) * int(n) if coll == "ALL_GATHER" else int(comm_size)
+    out: np.ndarray = np.where(np.asarray(coll) == "ALL_GATHER", np.multiply(comm_size, n), comm_size)
+    return out
+
+
+def chunk_bytes(
+    buffer: int | np.ndarray, cnt: np.ndarray, total: np.ndarray, first: np.ndarray
+) -> np.ndarray:
+    """Bytes of ``cnt`` chunks from chunk ``first`` of a ``buffer`` cut into ``total`` chunks.
+
+    ``buffer // total · cnt``, plus ``buffer % total`` when the chunks include the
+    last one, so a buffer's chunks add up to it exactly: the rule of
+    :func:`etstore.formats.message_sizes`.
+    """
+    total = np.maximum(np.asarray(total, dtype=np.int64), 1)
+    cnt = np.asarray(cnt, dtype=np.int64)
+    out: np.ndarray = (buffer // total) * cnt + np.where(
+        (first + cnt >= total) & (cnt > 0), buffer % total, 0
+    )
+    return out
+
+
+def part_bytes(parts: Parts, buffer: int | np.ndarray, q: np.ndarray | slice = slice(None)) -> np.ndarray:
+    """Bytes that pool ops ``q`` move (messages) or process (steps) for a ``buffer``-byte collective:
+    :func:`chunk_bytes` of the op's chunk columns, else its own ``comm_size`` (0 when absent).
+
+    ``buffer`` is one number, or one per op of ``q``.
+    """
+    out: np.ndarray = np.where(
+        parts.chunked[q],
+        chunk_bytes(buffer, parts.cnt[q], parts.total[q], parts.first[q]),
+        parts.fixed_size[q],
+    )
+    return out
 
 
 class _Messages(NamedTuple):
@@ -183,16 +242,24 @@ class _Messages(NamedTuple):
 
 def _messages(ops: pa.Table, rank: np.ndarray, n: int, where: str) -> _Messages:
     """Node kinds, peers, tags and sizes of the ops; raises on a node an expansion cannot place."""
-    types = ops["type"].to_numpy(zero_copy_only=False)
-    bad = ~np.isin(types, list(_ALLOWED_TYPES))
+    # node types dictionary-encoded: a mask is an integer compare, not one per Python string
+    enc = pc.dictionary_encode(pc.fill_null(ops["type"], "")).combine_chunks()
+    names = [str(x) for x in enc.dictionary.to_pylist()]
+    codes = enc.indices.to_numpy(zero_copy_only=False)
+
+    def of(*wanted: str) -> np.ndarray:
+        found: np.ndarray = np.array([x in wanted for x in names], dtype=bool)[codes]
+        return found
+
+    bad = ~of(*_ALLOWED_TYPES)
     if bad.any():
         i = int(np.argmax(bad))
         raise ExpansionError(
-            f"{where}: rank {int(rank[i])} node {ops['id'][i].as_py()} is a {types[i]}; an algorithm "
-            "expands into sends, receives and compute only"
+            f"{where}: rank {int(rank[i])} node {ops['id'][i].as_py()} is a {ops['type'][i].as_py()}; an "
+            "algorithm expands into sends, receives and compute only"
         )
-    is_send = types == "COMM_SEND_NODE"
-    is_recv = types == "COMM_RECV_NODE"
+    is_send = of("COMM_SEND_NODE")
+    is_recv = of("COMM_RECV_NODE")
     comm = is_send | is_recv
     dst, has_dst = _int(ops, "comm_dst", -1)
     src, has_src = _int(ops, "comm_src", -1)
@@ -201,7 +268,7 @@ def _messages(ops: pa.Table, rank: np.ndarray, n: int, where: str) -> _Messages:
     if bad.any():
         i = int(np.argmax(bad))
         raise ExpansionError(
-            f"{where}: rank {int(rank[i])} node {ops['id'][i].as_py()} ({types[i]}) names peer "
+            f"{where}: rank {int(rank[i])} node {ops['id'][i].as_py()} ({names[codes[i]]}) names peer "
             f"{int(peer[i])}, not another of its {n} ranks"
         )
     tag, _ = _int(ops, "comm_tag", 0)
@@ -226,7 +293,7 @@ def _messages(ops: pa.Table, rank: np.ndarray, n: int, where: str) -> _Messages:
     return _Messages(
         is_send,
         is_recv,
-        types == "COMP_NODE",
+        of("COMP_NODE"),
         peer,
         tag,
         np.where(has_cnt, cnt, 1),

@@ -16,7 +16,7 @@ import pyarrow as pa
 
 from etstore.algorithms._columns import gather_bytes, numeric, ragged
 from etstore.algorithms._instances import Collectives
-from etstore.algorithms._parts import Parts
+from etstore.algorithms._parts import Parts, part_bytes
 from etstore.model import OPS_SCHEMA, Trace
 
 __all__ = ["Placed", "place_ops"]
@@ -76,10 +76,7 @@ def place_ops(
     gpeer = _global_peers(colls, xinst[owner], parts.peer[q])
     is_send, is_recv = parts.is_send[q], parts.is_recv[q]
     comm = is_send | is_recv
-    S = inst_buf[xinst][owner]
-    c, C, f0 = parts.cnt[q], parts.total[q], parts.first[q]
-    chunk_bytes = (S // C) * c + np.where((f0 + c >= C) & (c > 0), S % C, 0)
-    size = np.where(parts.chunked[q], chunk_bytes, parts.fixed_size[q])
+    size = part_bytes(parts, inst_buf[xinst][owner], q)
     # a reduction or copy carries the bytes it processes, so the simulator charges it as
     # it charges the same step inside a collective node (docs/simulator.md, "Cost model")
     sized = comm | (parts.is_comp[q] & (parts.chunked[q] | (parts.fixed_size[q] > 0)))

@@ -29,8 +29,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from etstore.algorithms._instances import Collectives, check_chosen, find_collectives, select
-from etstore.algorithms._parts import Parts, concat, prepare
+from etstore.algorithms._instances import Collectives, check_chosen, find_collectives, given_groups, select
+from etstore.algorithms._parts import Parts, buffer_bytes, concat, prepare
 from etstore.algorithms._placement import Placed, place_ops
 from etstore.algorithms._rewire import rewire
 from etstore.algorithms.generators import generate
@@ -91,9 +91,10 @@ class Expansion:
         every other op keeps its rank and id.
     collectives
         :data:`EXPANDED_SCHEMA`, one row per expanded collective instance (all its
-        ranks), in order of first appearance: ``coll_seq`` (k-th collective of its
-        group), ``ops`` and ``sends`` written, ``bytes_sent`` (sum of the sends'
-        ``comm_size``), ``first_tag`` (the instance's tags are
+        ranks), in order of first appearance by rank, then node id: ``coll_seq`` (k-th
+        collective of its group, counted in node-id order), ``ops`` and ``sends``
+        written, ``bytes_sent`` (sum of the sends' ``comm_size``), ``first_tag`` (the
+        instance's tags are
         ``first_tag .. first_tag + tag_span - 1``).
     algorithms
         Every algorithm trace used (generated ones included), by name.
@@ -175,7 +176,7 @@ def expand(
     -----
     Ids: each rank's new ops take ids after the rank's largest workload id, in
     row order, one contiguous block per collective node. Tags: instance ``i``
-    (0-based among expanded ones, in order of first appearance) uses
+    (0-based among expanded ones, in order of first appearance by rank, then node id) uses
     ``tag_base + i·tag_span + algorithm tag``, ``tag_base`` one more than the
     workload's largest ``comm_tag``. Sizes follow the simulator's (and ASTRA-sim's)
     reading of ``comm_size``: the per-rank contribution for ``ALL_GATHER`` (buffer
@@ -201,9 +202,7 @@ def expand(
     if reduce_duration_micros is not None and reduce_duration_micros < 0:
         raise OptionError(f"reduce_duration_micros must not be negative, got {reduce_duration_micros}")
     specs = algorithms_by_type(algorithms)
-    if groups is None:
-        cg = workload.params.get("comm_groups")
-        groups = cg if isinstance(cg, Mapping) else None
+    groups = given_groups(workload, groups)
     step = progress or _no_progress
     step("collectives", 0, workload.num_ops)
     colls = find_collectives(workload, groups)
@@ -333,14 +332,9 @@ def _algorithm(spec: AlgorithmSpec, ctype: str, n: int, wname: str, what: str) -
 
 
 def _buffer_bytes(colls: Collectives, chosen: np.ndarray, parts: Parts, inst_alg: np.ndarray) -> np.ndarray:
-    """Per instance: the buffer its algorithm's chunks divide (bytes); refuses one smaller than the chunks.
-
-    ``ALL_GATHER``'s ``comm_size`` is the per-rank contribution, so its buffer is
-    ``comm_size · group size``; every other collective's is ``comm_size``.
-    """
-    inst_n = colls.gsize[colls.inst_pg]
-    inst_size = colls.size[colls.first_of]
-    inst_buf = np.where(colls.inst_type == "ALL_GATHER", inst_size * inst_n, inst_size)
+    """Per instance: the buffer its algorithm's chunks divide (bytes, :func:`buffer_bytes`); refuses one
+    smaller than the chunks."""
+    inst_buf = buffer_bytes(colls.inst_type, colls.size[colls.first_of], colls.gsize[colls.inst_pg])
     small = chosen & (inst_buf < parts.max_chunks[np.clip(inst_alg, 0, None)])
     if small.any():
         i = int(np.argmax(small))

@@ -295,7 +295,8 @@ def node_ranges(node_json: str | None) -> list[tuple[int, int, int]]:
     """``(storage, lo, hi)`` byte ranges of the tensors among a recorded ET node's inputs (its
     ``pytorch_et_node`` attribute): what an op reads, and what a collective fills.
 
-    >>> node_ranges('{"inputs": {"values": [[7, 28, 4, 2, 4, "cpu"], false], "types": ["Tensor(float)", "Bool"]}}')
+    >>> node = '{"inputs": {"values": [[7, 28, 4, 2, 4, "cpu"], 0], "types": ["Tensor(float)", "int"]}}'
+    >>> node_ranges(node)
     [(28, 16, 24)]
     >>> node_ranges(None)
     []

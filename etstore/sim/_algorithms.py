@@ -1,7 +1,8 @@
 """Collective instances of a trace and the algorithm each one runs.
 
 The k-th ``COMM_COLL_NODE`` of a communicator group on every member rank is one
-instance; :class:`Algorithms` turns an instance's (collective, size, group) into
+instance (:func:`sim_collectives`, on the finder ``expand`` uses too);
+:class:`Algorithms` turns an instance's (collective, size, group) into
 the :class:`~etstore.sim._templates.Template` its ranks expand into, or None to
 replay the node's own duration.
 
@@ -23,14 +24,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
 import pyarrow.compute as pc
 
+from etstore.algorithms._instances import CARRIERS, EVERY, Collectives, find_collectives, given_groups
 from etstore.algorithms.check import CheckReport, check_algorithm
 from etstore.algorithms.generators import GENERATORS, generate
 from etstore.collective import COLLECTIVE_NAMES
 from etstore.errors import ConfigError, EtstoreError
-from etstore.formats.comm_groups import DEFAULT_GROUP_NAMES, find_group
 from etstore.ir import run_verdict
 from etstore.model import Trace
 from etstore.sim import _templates as tpl
@@ -44,8 +44,8 @@ __all__ = [
     "AlgorithmSpec",
     "Algorithms",
     "CollectiveInstance",
-    "check_complete",
-    "collective_instances",
+    "group_members",
+    "sim_collectives",
     "vet_algorithm",
 ]
 
@@ -73,7 +73,7 @@ class CollectiveInstance:
     type: str
     size: int  # comm_size in bytes, as the nodes carry it
     group: tuple[int, ...]
-    rows: list[int] = field(default_factory=list)  # op rows of its COMM_COLL_NODEs, one per member
+    rows: list[int] = field(default_factory=list)  # op rows of its COMM_COLL_NODEs, one per member, by rank
     algorithm: str = ""  # label of the algorithm it ran ("replay" when none)
 
 
@@ -221,137 +221,123 @@ class Algorithms:
         return trace
 
 
-def _trace_groups(trace: Trace) -> dict[str, Sequence[int]] | None:
-    """The communicator groups a trace carries in ``params["comm_groups"]`` (the workload generator's)."""
-    found = (trace.params or {}).get("comm_groups")
-    if not isinstance(found, Mapping):
-        return None
-    return {str(k): v for k, v in found.items() if isinstance(v, Sequence)}
-
-
-def _comm_groups(
-    trace: Trace,
-    pg: np.ndarray,
-    is_coll: np.ndarray,
-    rank: np.ndarray,
-    ids: np.ndarray,
-    all_ranks: np.ndarray,
-    groups: Mapping[str, Sequence[int]] | None,
-) -> dict[str, tuple[int, ...]]:
-    """Member ranks of every communicator group used by a collective, in the order given.
-
-    An absent ``pg_name`` (null or ``""``) is every rank. A name is looked up in ``groups``
-    when given — a name it lacks is an error, as in ASTRA-sim — else in the trace's own
-    ``params["comm_groups"]``, first as written, then as ASTRA-sim reads it (``stoi``:
-    ``"0.0"`` finds group ``"0"``); members keep their order (a native ring runs in it,
-    and an algorithm's rank i is member i). ``"0"`` that no group defines is every rank
-    (ASTRA-sim's default group); any other unknown name is the ranks whose collectives
-    carry it.
-    """
-    out: dict[str, tuple[int, ...]] = {}
-    explicit = groups is not None
-    source = groups if explicit else _trace_groups(trace)
-    given = {str(k): tuple(int(r) for r in v) for k, v in (source or {}).items()}
-    world = (trace.params or {}).get("world_size")
-    for name in np.unique(pg[is_coll]):
-        name = str(name)
-        key = find_group(name, given) if name else None
-        if key is None and name in DEFAULT_GROUP_NAMES:
-            if isinstance(world, int) and world > len(all_ranks):  # a recording of some ranks only
-                lacking = sorted(set(range(world)) - {int(r) for r in all_ranks})
-                raise not_stuck(
-                    f"trace {trace.name!r} holds ranks {[int(r) for r in all_ranks]} of a world of {world}: "
-                    f"its collectives of group {name or 'all'} need ranks {lacking} too, which were not "
-                    "recorded"
-                )
-            out[name] = tuple(int(r) for r in all_ranks)
-        elif key is not None:
-            out[name] = given[key]
-        elif explicit:
-            i = int(np.flatnonzero(is_coll & (pg == name))[0])
-            raise ConfigError(
-                f"trace {trace.name!r}: rank {int(rank[i])} node {int(ids[i])}: communicator group "
-                f"{name} not found in the communicator groups given ({', '.join(sorted(given)) or 'none'})"
-            )
-        else:
-            out[name] = tuple(int(r) for r in np.unique(rank[is_coll & (pg == name)]))
-    return out
-
-
-def collective_instances(
-    trace: Trace,
-    is_coll: np.ndarray,
-    rank: np.ndarray,
-    ids: np.ndarray,
-    csize: np.ndarray,
-    all_ranks: np.ndarray,
-    groups: Mapping[str, Sequence[int]] | None,
-) -> list[CollectiveInstance]:
-    """Group the trace's ``COMM_COLL_NODE`` rows into instances: the k-th of a group on each
-    member rank, in node-id order, is instance k (instances numbered rank by rank).
+def sim_collectives(trace: Trace, groups: Mapping[str, Sequence[int]] | None) -> list[CollectiveInstance]:
+    """The trace's collective instances in the order the simulator runs them, each complete and
+    consistent (:func:`~etstore.algorithms._instances.find_collectives` numbers them: the k-th of
+    a group on each member rank in node-id order is instance k, instances rank by rank).
 
     Raises
     ------
     SimulationError
-        A node without ``comm_type``, an instance whose ranks disagree on type or
-        size, or a rank outside its group.
+        A node without ``comm_type``, an instance whose ranks disagree on type or size, a
+        rank outside its group, a member rank without the instance's node, or a group of
+        every rank in a trace that recorded only some of them.
     ConfigError
         ``groups`` is given and lacks a group a collective names.
+
+    Notes
+    -----
+    O(V + C log C) for V ops and C collective nodes, vectorised; one object per instance.
     """
-    ops = trace.ops
-    n0 = ops.num_rows
-    coll_rows = np.flatnonzero(is_coll)
-    # the k-th collective of a group on each rank in node-id order (the order ASTRA-sim
-    # issues them in, and so numbers their streams) is instance k
-    coll_rows = coll_rows[np.lexsort((ids[coll_rows], rank[coll_rows]))]
-    take = pa.array(coll_rows)
-    ctype = np.full(n0, "", dtype=object)
-    pg = np.full(n0, "", dtype=object)
-    ctype[coll_rows] = pc.fill_null(ops["comm_type"].take(take), "").to_pylist()
-    pg[coll_rows] = pc.fill_null(ops["pg_name"].take(take), "").to_pylist()
-    members = _comm_groups(trace, pg, is_coll, rank, ids, all_ranks, groups)
-    instances: list[CollectiveInstance] = []
-    seq_counter: dict[tuple[str, int], int] = {}
-    inst_index: dict[tuple[str, int], int] = {}
-    for row in coll_rows:
-        g = pg[row]
-        r = int(rank[row])
-        k = seq_counter.get((g, r), 0)
-        seq_counter[(g, r)] = k + 1
-        ikey = (g, k)
-        ct = ctype[row]
-        if not ct:
-            raise not_stuck(
-                f"trace {trace.name!r}: rank {r} node {int(ids[row])} is a COMM_COLL_NODE without comm_type"
-            )
-        if ikey not in inst_index:
-            inst_index[ikey] = len(instances)
-            instances.append(CollectiveInstance(g, k, ct, int(csize[row]), members[g]))
-        inst = instances[inst_index[ikey]]
-        if inst.type != ct or inst.size != int(csize[row]):
-            raise not_stuck(
-                f"trace {trace.name!r}: collective #{k} of group {g or 'all'} is {inst.type} of "
-                f"{inst.size} bytes on one rank but rank {r} node {int(ids[row])} is {ct} of "
-                f"{int(csize[row])} bytes"
-            )
-        if r not in inst.group:
-            raise not_stuck(
-                f"trace {trace.name!r}: rank {r} node {int(ids[row])} uses group {g!r} whose members "
-                f"are {list(inst.group)}"
-            )
-        inst.rows.append(int(row))
-    return instances
-
-
-def check_complete(trace: Trace, inst: CollectiveInstance, rank: np.ndarray) -> None:
-    """Raise :class:`SimulationError` unless every member rank of ``inst`` has its node."""
-    have = sorted(int(rank[x]) for x in inst.rows)
-    if have != sorted(inst.group):
-        lacking = sorted(set(inst.group) - set(have))
+    colls = _checked(trace, groups)
+    _check_nodes(trace, colls)
+    nodes, starts = colls.by_instance()
+    rows = colls.rows[nodes].tolist()
+    cuts = starts.tolist()
+    seqs, pgs = colls.inst_seq.tolist(), colls.inst_pg.tolist()
+    sizes = colls.size[colls.first_of].tolist()
+    types = [str(t) for t in colls.inst_type]
+    count = np.diff(starts)
+    lacking = np.flatnonzero(count != colls.gsize[colls.inst_pg])
+    if len(lacking):
+        i = int(lacking[0])
+        have = {int(r) for r in colls.rank[nodes[starts[i] : starts[i + 1]]]}
+        pg = colls.pg_names[pgs[i]]
         raise not_stuck(
-            f"trace {trace.name!r}: collective #{inst.seq} ({inst.type}) of group "
-            f"{inst.pg or 'all'} has no matching COMM_COLL_NODE on rank(s) {lacking}"
+            f"trace {trace.name!r}: collective #{seqs[i]} ({types[i]}) of group {pg or 'all'} has no "
+            f"matching COMM_COLL_NODE on rank(s) {sorted(set(colls.members[pgs[i]]) - have)}"
         )
+    return [
+        CollectiveInstance(
+            colls.pg_names[pgs[i]],
+            seqs[i],
+            types[i],
+            sizes[i],
+            colls.members[pgs[i]],
+            rows[cuts[i] : cuts[i + 1]],
+        )
+        for i in range(colls.ninst)
+    ]
+
+
+def group_members(trace: Trace, groups: Mapping[str, Sequence[int]] | None) -> dict[str, tuple[int, ...]]:
+    """Member ranks of every communicator group a collective of ``trace`` names, as its replay
+    forms them (:func:`sim_collectives`' rule and group errors); empty without collectives."""
+    if not pc.any(pc.equal(trace.ops["type"], "COMM_COLL_NODE")).as_py():
+        return {}
+    colls = _checked(trace, groups)
+    return dict(zip(colls.pg_names, colls.members, strict=True))
+
+
+def _checked(trace: Trace, groups: Mapping[str, Sequence[int]] | None) -> Collectives:
+    """The trace's collectives, its groups looked up as the simulator looks them up.
+
+    An absent ``pg_name`` (null or ``""``) is every rank. A name is looked up in ``groups``
+    when given (a name it lacks is an error, as in ASTRA-sim), else in the trace's own
+    ``params["comm_groups"]``, as written or as ASTRA-sim reads it (``stoi``); ``"0"``
+    that no group defines is every rank (ASTRA-sim's default group), which a trace that
+    recorded some ranks of a larger world cannot run; any other unknown name is the ranks
+    whose collectives carry it.
+    """
+    given = given_groups(trace, groups)
+    colls = find_collectives(trace, given)
+    world = (trace.params or {}).get("world_size")
+    ranks = [int(r) for r in colls.ranks]
+    for g in sorted(range(len(colls.pg_names)), key=colls.pg_names.__getitem__):
+        name, rule = colls.pg_names[g], colls.rule[g]
+        if rule == EVERY and isinstance(world, int) and world > len(ranks):  # a recording of some ranks
+            raise not_stuck(
+                f"trace {trace.name!r} holds ranks {ranks} of a world of {world}: its collectives of group "
+                f"{name or 'all'} need ranks {sorted(set(range(world)) - set(ranks))} too, which were not "
+                "recorded"
+            )
+        if rule == CARRIERS and groups is not None:
+            j = int(np.argmax(colls.pg_code == g))
+            known = ", ".join(sorted(map(str, groups))) or "none"
+            raise ConfigError(
+                f"trace {trace.name!r}: rank {int(colls.rank[j])} node {int(colls.ids[j])}: communicator "
+                f"group {name} not found in the communicator groups given ({known})"
+            )
+    return colls
+
+
+def _check_nodes(trace: Trace, colls: Collectives) -> None:
+    """Raise :class:`SimulationError` at the first node in issue order that has no ``comm_type``,
+    disagrees with its instance's first node on type or size, or is outside its group."""
+    ctype, size = colls.ctype, colls.size
+    j0 = colls.first_of[colls.inst]
+    untyped = ctype == ""
+    differs = (ctype != ctype[j0]) | (size != size[j0])
+    outside = colls.apos < 0
+    issue = colls.issue_order()
+    bad = (untyped | differs | outside)[issue]
+    if not bad.any():
+        return
+    j = int(issue[np.argmax(bad)])
+    r, node = int(colls.rank[j]), int(colls.ids[j])
+    where = f"trace {trace.name!r}: rank {r} node {node}"
+    if untyped[j]:
+        raise not_stuck(f"{where} is a COMM_COLL_NODE without comm_type")
+    g = int(colls.pg_code[j])
+    pg = colls.pg_names[g]
+    if differs[j]:
+        i = int(colls.inst[j])
+        raise not_stuck(
+            f"trace {trace.name!r}: collective #{int(colls.inst_seq[i])} of group {pg or 'all'} is "
+            f"{ctype[j0[j]]} of {int(size[j0[j]])} bytes on one rank but rank {r} node {node} is {ctype[j]} "
+            f"of {int(size[j])} bytes"
+        )
+    raise not_stuck(f"{where} uses group {pg!r} whose members are {list(colls.members[g])}")
 
 
 # verdicts of the trace algorithms seen, by object (a sweep simulates one algorithm many times):

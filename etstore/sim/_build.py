@@ -23,7 +23,7 @@ import pyarrow.compute as pc
 from etstore.dag import generations
 from etstore.model import Trace
 from etstore.sim import _templates as tpl
-from etstore.sim._algorithms import Algorithms, CollectiveInstance, check_complete, collective_instances
+from etstore.sim._algorithms import Algorithms, CollectiveInstance, sim_collectives
 from etstore.sim._defer import Deferred
 from etstore.sim._holds import collective_holds, recorded_blocks, rewire_holds
 from etstore.sim._kinds import (
@@ -361,7 +361,6 @@ def _defer_node(
 
 
 def _expand_collectives(
-    trace: Trace,
     plan: _Plan,
     ops: _Ops,
     instances: list[CollectiveInstance],
@@ -377,7 +376,6 @@ def _expand_collectives(
     kind, dur, rank = ops.kind, ops.dur, ops.rank
     unit = config.duration_unit_ns
     for idx, inst in enumerate(instances):
-        check_complete(trace, inst, rank)
         t, label = algos.template(inst.type, inst.size, tuple(inst.group))
         inst.algorithm = label if t is not None else "replay"
         if t is None:  # replay the node's own duration on the comm slot
@@ -476,13 +474,9 @@ def build(
         local=np.full(n0, -1),
     )
     es, ed = _dependency_rows(trace, ops.rank, ops.ids)
-    instances: list[CollectiveInstance] = []
-    if ops.is_coll.any():
-        instances = collective_instances(
-            trace, ops.is_coll, ops.rank, ops.ids, ops.csize, ops.all_ranks, groups
-        )
+    instances = sim_collectives(trace, groups) if ops.is_coll.any() else []
     deferred = Deferred() if defer else None
-    join_of, waits = _expand_collectives(trace, plan, ops, instances, algos, config, deferred)
+    join_of, waits = _expand_collectives(plan, ops, instances, algos, config, deferred)
     es, ed, hold_acq, hold_rel, hold_key = _hold_slots(trace, plan, ops, es, ed, config)
     # trace edges leave a collective from its join
     if len(es):
@@ -544,6 +538,21 @@ def _message_keys(
     return msrc, mdst, mkey
 
 
+def _hold_prio(prio: np.ndarray, built: Built, rank: np.ndarray, by_id: np.ndarray) -> None:
+    """Acquire ops wait where their removed collective nodes would have, in node-id order.
+
+    One (rank, id) order of trace ops and removed nodes together: acquires of nodes no
+    trace op separates are ordered by node id too (as the instances are), not by row,
+    which follows the file and may differ from rank to rank.
+    """
+    n0 = built.n0
+    keys = ((rank[:n0].astype(np.uint64) << np.uint64(40)) | built.ids)[by_id]
+    hord = np.argsort(built.hold_key, kind="stable")
+    before = np.searchsorted(keys, built.hold_key[hord])  # trace ops ahead of each acquire, by key
+    prio[by_id] = np.arange(n0, dtype=np.int64) + np.searchsorted(before, np.arange(n0), side="right")
+    prio[built.hold_acq[hord]] = before + np.arange(len(hord), dtype=np.int64)
+
+
 def loop_inputs(built: Built, config: SimConfig) -> LoopInputs:
     """What the event loop reads, derived from :func:`build`'s arrays (O(V + E log E))."""
     a = built.arrays
@@ -562,9 +571,8 @@ def loop_inputs(built: Built, config: SimConfig) -> LoopInputs:
     prio = np.zeros(n, dtype=np.int64)
     by_id = np.lexsort((built.ids, rank[: built.n0]))
     prio[by_id] = 2 * np.arange(built.n0, dtype=np.int64)
-    if len(built.hold_acq):  # a block's acquire op waits where its removed collective node would have
-        keys = ((rank[: built.n0].astype(np.uint64) << np.uint64(40)) | built.ids)[by_id]
-        prio[built.hold_acq] = 2 * np.searchsorted(keys, built.hold_key).astype(np.int64) - 1
+    if len(built.hold_acq):
+        _hold_prio(prio, built, rank, by_id)
     return LoopInputs(
         kind=kind,
         dur=a["dur"],

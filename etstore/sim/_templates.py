@@ -20,7 +20,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from etstore.errors import TemplateError
+from etstore.algorithms._parts import buffer_bytes, part_bytes, prepare
+from etstore.errors import ExpansionError, TemplateError
 from etstore.model import Trace
 
 __all__ = [
@@ -34,8 +35,6 @@ __all__ = [
     "Template",
     "Uniform",
     "assemble",
-    "buffer_bytes",
-    "chunk_bytes",
     "copy_steps",
     "empty_template",
     "mem_cost_ns",
@@ -330,33 +329,7 @@ def copy_steps(names: pa.Array | pa.ChunkedArray) -> np.ndarray:
     return found
 
 
-def chunk_bytes(
-    buffer: int | np.ndarray, cnt: np.ndarray, total: np.ndarray, first: np.ndarray
-) -> np.ndarray:
-    """Bytes of ``cnt`` chunks from chunk ``first`` of a ``buffer`` cut into ``total`` chunks.
-
-    ``buffer // total · cnt``, plus ``buffer % total`` when the chunks include the
-    last one, so a buffer's chunks add up to it exactly: the rule of
-    :func:`etstore.formats.message_sizes` and of ``expand``.
-    """
-    total = np.maximum(np.asarray(total, dtype=np.int64), 1)
-    cnt = np.asarray(cnt, dtype=np.int64)
-    base: np.ndarray = (buffer // total) * cnt + np.where(
-        (first + cnt >= total) & (cnt > 0), buffer % total, 0
-    )
-    return base
-
-
 # ---------------------------------------------------------------- algorithm traces
-
-
-def buffer_bytes(coll: str, comm_size: int, n: int) -> int:
-    """Bytes of the buffer an algorithm's ``total_chunk_cnt`` divides, for a Chakra ``comm_size``.
-
-    ``comm_size`` follows ASTRA-sim: the per-rank contribution for ``ALL_GATHER`` (the
-    buffer is ``n`` times larger), the whole buffer for every other collective.
-    """
-    return comm_size * n if coll == "ALL_GATHER" else comm_size
 
 
 def trace_template(
@@ -374,110 +347,60 @@ def trace_template(
 ) -> Template:
     """An algorithm trace (``docs/algorithms.md``) as a template for a collective of ``size_bytes``.
 
-    Message size is :func:`chunk_bytes` of ``B`` = :func:`buffer_bytes`, else the
-    op's ``comm_size``. A ``COMP_NODE`` lasts ``duration_micros`` if set, else
-    :func:`step_cost_ns` of its chunk bytes: a local reduction, or a copy when its
-    name starts with ``copy``. Other node types take no time; no op takes an NPU slot
-    (the collective node holds the communication slot while its algorithm runs).
+    The trace is cut by :func:`etstore.algorithms._parts.prepare`, the decomposition
+    ``expand`` stamps into workloads, so both paths read an algorithm (and refuse one)
+    alike. Message size is :func:`~etstore.algorithms._parts.part_bytes`: chunk bytes of
+    the :func:`~etstore.algorithms._parts.buffer_bytes` buffer, else the op's
+    ``comm_size``. A ``COMP_NODE`` lasts ``duration_micros`` if set, else
+    :func:`step_cost_ns` of its chunk bytes: a local reduction, or a copy when its name
+    starts with ``copy``. Memory nodes take no time; no op takes an NPU slot (the
+    collective node holds the communication slot while its algorithm runs).
 
     Raises
     ------
     TemplateError
-        A send or receive has neither chunk columns nor ``comm_size``, or a peer is
-        not one of the algorithm's ranks.
+        What ``prepare`` refuses, with its message: a rank without ops, a node that is
+        not a send, receive, compute or memory node, a peer that is not another of the
+        algorithm's ranks, a message with neither chunk columns nor ``comm_size``, a
+        negative tag, or dependencies on absent nodes.
 
     Notes
     -----
-    O(V + E log E) over the algorithm trace, vectorised.
+    O(V log V + E log E) over the algorithm trace, vectorised.
     """
     name = label or trace.name
-    ops = trace.ops
-    nops = ops.num_rows
-    ranks_all = ops["rank"].to_numpy().astype(np.int64)
-    uniq = np.unique(ranks_all)
-    n = len(uniq)
-    pos = np.searchsorted(uniq, ranks_all)
-    B = buffer_bytes(coll, size_bytes, n)
-    types = ops["type"].to_numpy(zero_copy_only=False)
-
-    def col(name_: str, fill: int) -> tuple[np.ndarray, np.ndarray]:
-        arr = ops[name_]
-        valid = pc.is_valid(arr).to_numpy(zero_copy_only=False)
-        vals = pc.fill_null(arr, fill).to_numpy(zero_copy_only=False).astype(np.int64)
-        return vals, valid
-
-    msg_cnt, has_msg = col("msg_chunk_cnt", 1)
-    tot_cnt, has_tot = col("total_chunk_cnt", 1)
-    csize, has_csize = col("comm_size", 0)
-    tag, _ = col("comm_tag", 0)
-    cdst, has_dst = col("comm_dst", -1)
-    csrc, has_src = col("comm_src", -1)
-    durm = ops["duration_micros"].to_numpy().astype(np.float64)
-    first, _ = col("msg_chunk_idx", 0)
-    chunked = has_tot & (tot_cnt > 0)
-    size = np.where(
-        chunked,
-        chunk_bytes(B, np.where(has_msg, msg_cnt, 1), np.where(chunked, tot_cnt, 1), first),
-        np.where(has_csize, csize, 0),
-    )
-    is_send = types == "COMM_SEND_NODE"
-    is_recv = types == "COMM_RECV_NODE"
-    is_comp = types == "COMP_NODE"
-    comm = is_send | is_recv
-    bad = comm & ~chunked & ~has_csize
-    if bad.any():
-        i = int(np.argmax(bad))
-        raise TemplateError(
-            f"algorithm {name}: rank {int(ranks_all[i])} node {ops['id'][i].as_py()} has neither "
-            "chunk columns (total_chunk_cnt) nor comm_size, so its message size is unknown"
-        )
-    peer_rank = np.where(is_send, cdst, np.where(is_recv, csrc, -1))
-    bad = comm & ((is_send & ~has_dst) | (is_recv & ~has_src) | ~np.isin(peer_rank, uniq))
-    if bad.any():
-        i = int(np.argmax(bad))
-        raise TemplateError(
-            f"algorithm {name}: rank {int(ranks_all[i])} node {ops['id'][i].as_py()} names peer "
-            f"{int(peer_rank[i])}, not one of its {n} ranks"
-        )
-    peer = np.where(comm, np.searchsorted(uniq, np.where(comm, peer_rank, uniq[0])), -1)
-    kind = np.where(is_send, K_SEND, np.where(is_recv, K_RECV, K_DELAY)).astype(np.int8)
-    is_copy = copy_steps(ops["name"])
+    try:
+        parts = prepare(trace, name)  # the cut expand uses: ranks, peers, tags, sizes, in-rank edges
+    except ExpansionError as exc:
+        raise TemplateError(str(exc)) from exc
+    n = int(parts.ranks[0])
+    size = part_bytes(parts, buffer_bytes(coll, size_bytes, n))
+    kind = np.where(parts.is_send, K_SEND, np.where(parts.is_recv, K_RECV, K_DELAY)).astype(np.int8)
     mem = step_cost_ns(
         size,
-        is_copy,
+        copy_steps(parts.columns["name"]),
         local_mem_bw_gb_per_s=local_mem_bw_gb_per_s,
         reduction_mem_accesses=reduction_mem_accesses,
         copy_mem_accesses=copy_mem_accesses,
         integer_ns=integer_ns,
         min_ns=min_comp_ns,
     )
-    dur = np.where(is_comp, np.where(durm > 0, durm * duration_unit_ns, mem), 0.0)
+    durm = parts.duration.astype(np.float64)
+    dur = np.where(parts.is_comp, np.where(durm > 0, durm * duration_unit_ns, mem), 0.0)
     if integer_ns:
         dur = np.floor(dur)
-    # dependencies -> global rows
-    ids = ops["id"].to_numpy().astype(np.uint64)
-    key = (ranks_all.astype(np.uint64) << np.uint64(40)) | ids
-    korder = np.argsort(key, kind="stable")
-    deps = trace.deps
-    if deps.num_rows:
-        dkey_src = (deps["rank"].to_numpy().astype(np.uint64) << np.uint64(40)) | deps["src"].to_numpy()
-        dkey_dst = (deps["rank"].to_numpy().astype(np.uint64) << np.uint64(40)) | deps["dst"].to_numpy()
-        sk = key[korder]
-        es = korder[np.clip(np.searchsorted(sk, dkey_src), 0, nops - 1)]
-        ed = korder[np.clip(np.searchsorted(sk, dkey_dst), 0, nops - 1)]
-        ok = (key[es] == dkey_src) & (key[ed] == dkey_dst)
-        es, ed = es[ok], ed[ok]
-    else:
-        es = ed = np.zeros(0, dtype=np.int64)
+    everyone = np.arange(n, dtype=np.int64)
+    erank = np.repeat(everyone, np.diff(parts.edge_start))
+    base = parts.op_start[erank]  # a part's local indices -> rows of the rank-major pool
     return assemble(
         name,
         n,
-        pos.astype(np.int64),
+        np.repeat(everyone, np.diff(parts.op_start)),
         kind,
         dur,
-        peer,
-        np.where(comm, tag, 0),
+        parts.peer,
+        parts.tag,
         size,
-        es.astype(np.int64),
-        ed.astype(np.int64),
+        base + parts.esrc,
+        base + parts.edst,
     )

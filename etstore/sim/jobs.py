@@ -32,7 +32,7 @@ import pyarrow.compute as pc
 from etstore.errors import ConfigError
 from etstore.model import Trace
 from etstore.progress import ProgressFn
-from etstore.sim._algorithms import AlgorithmSpec, _comm_groups
+from etstore.sim._algorithms import AlgorithmSpec, group_members
 from etstore.sim._holds import recorded_blocks
 from etstore.sim.config import SimConfig
 from etstore.sim.engine import RECORDED, simulate
@@ -229,20 +229,6 @@ def read_placement(path: str | Path) -> dict[str, int]:
     return data
 
 
-def _job_groups(trace: Trace, groups: Mapping[str, Sequence[int]] | None) -> dict[str, tuple[int, ...]]:
-    """The members of every group the job's collectives name, as its own replay reads them."""
-    ops = trace.ops
-    is_coll = pc.equal(ops["type"], "COMM_COLL_NODE").to_numpy(zero_copy_only=False)
-    if not is_coll.any():
-        return {}
-    pg = np.full(ops.num_rows, "", dtype=object)
-    rows = np.flatnonzero(is_coll)
-    pg[rows] = pc.fill_null(ops["pg_name"].take(pa.array(rows)), "").to_pylist()
-    rank = ops["rank"].to_numpy().astype(np.int64)
-    ids = ops["id"].to_numpy()
-    return _comm_groups(trace, pg, is_coll, rank, ids, np.unique(rank), groups)
-
-
 def _mapped(column: pa.ChunkedArray, lookup: np.ndarray) -> pa.Array:
     """``column`` (ranks, nulls kept) through ``lookup``; values outside it stay as they are."""
     values = pc.fill_null(column, -1).to_numpy().astype(np.int64)
@@ -354,7 +340,7 @@ def combine(
     comm_groups: dict[str, list[int]] = {}
     blocks: dict[str, list[int]] = {"rank": [], "parent_id": [], "first_id": [], "ops": []}
     for i, trace in enumerate(traces):
-        members = _job_groups(trace, groups[i] if groups is not None else None)
+        members = group_members(trace, groups[i] if groups is not None else None)
         renamed: dict[str, str] = {}
         for own in sorted(members):
             renamed[own] = str(len(comm_groups) + 1)
