@@ -29,6 +29,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from etstore.algorithms._chunk_reads import narrow_consumers
 from etstore.algorithms._instances import Collectives, check_chosen, find_collectives, given_groups, select
 from etstore.algorithms._parts import Parts, buffer_bytes, concat, prepare
 from etstore.algorithms._placement import Placed, place_ops
@@ -255,6 +256,7 @@ def expand(
         source=f"expand({wname!r})",
         params=params,
     )
+    trace = narrow_consumers(workload, trace)[0]  # a recording's consumers wait for their chunks
     skipped = len(colls.rows) - len(placed.xrows)
     log.debug("expanded %d collective nodes of %s into %d ops", len(placed.xrows), wname, len(placed.owner))
     return Expansion(trace=trace, lineage=lineage, collectives=summary, algorithms=used, skipped=skipped)
