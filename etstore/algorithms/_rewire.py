@@ -2,7 +2,9 @@
 
 An edge into an expanded node becomes one edge into each entry op of its part; an
 edge out of one becomes one edge out of each exit op; both ends expanded gives the
-cross product. The parts' internal edges are stamped with the blocks' ids.
+cross product. A lane's order (``thread``, ``stream``) stays a chain: of those edges only
+the one into the first entry and out of the last exit keep the lane's kind, the others
+order as ``ctrl``. The parts' internal edges are stamped with the blocks' ids.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import pyarrow as pa
 from etstore.algorithms._columns import gather_bytes, ragged
 from etstore.algorithms._parts import Parts
 from etstore.algorithms._placement import Placed
-from etstore.model import DEPS_SCHEMA, Trace, dep_kind_codes, deps_table, op_rows
+from etstore.model import DEPS_SCHEMA, LANE_KINDS, Trace, dep_kind_codes, deps_table, op_rows
 
 __all__ = ["rewire"]
 
@@ -92,8 +94,12 @@ def _external_deps(
     base = np.concatenate([xbase, np.zeros(1, dtype=np.uint64)])
     new_src = np.where(so >= 0, base[so] + exit_local.astype(np.uint64), src[owner])
     new_dst = np.where(do >= 0, base[do] + entry_local.astype(np.uint64), dst[owner])
-    kinds = d["kind"].take(pa.array(owner))
-    table = deps_table(rank[owner], new_src, new_dst, kinds)
+    kinds = np.asarray(d["kind"].take(pa.array(owner)).to_pylist(), dtype=object)
+    # a lane (thread, stream) stays a chain through an expanded node: it enters the part at its
+    # first entry and leaves from its last exit; its other entries and exits keep the order as ctrl
+    side = (np.isin(kinds, list(LANE_KINDS))) & ((si != ns[owner] - 1) | (di != 0))
+    kinds[side] = "ctrl"
+    table = deps_table(rank[owner], new_src, new_dst, kinds.tolist())
     miss = is_missing[owner]
     return table.filter(pa.array(~miss)), table.filter(pa.array(miss))
 

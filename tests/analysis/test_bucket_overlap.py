@@ -96,3 +96,39 @@ def test_updates_of_reduced_buckets_move_ahead_of_the_wait_for_a_later_bucket() 
     moved_us = sum(t.ops["duration_micros"][m].as_py() for h in opp.hoists for m in h.moved)
     assert 0 < opp.alone_gain_ns <= moved_us * 1e3
     assert opp.alone_gain_ns <= max(h.gap_ns for h in opp.hoists)
+
+
+def test_expanded_a_copy_moves_ahead_of_the_wait_for_its_own_all_reduce() -> None:
+    """Per chunk: with the buckets' all-reduces expanded into rings, a gradient copy whose bytes
+    landed in an earlier chunk runs before the wait for the rest of its own bucket."""
+    from etstore.algorithms.expand import expand
+
+    t = expand(recorded_trace(DATA / "torch_ddp_buckets_2r"), "ring:2").trace
+    base, found = find_hoists(t)
+    assert base.network == "fitted"
+    blocks = t.params["collective_blocks"]
+    block_of = {
+        (r, i): b
+        for b, (r, f, n) in enumerate(zip(blocks["rank"], blocks["first_id"], blocks["ops"], strict=True))
+        for i in range(f, f + n)
+    }
+    names, ids, ranks = (t.ops[c].to_pylist() for c in ("name", "id", "rank"))
+    d = t.deps
+    preds: dict[tuple[int, int], list[tuple[int, str]]] = {}
+    for r, s, x, k in zip(*(d[c].to_pylist() for c in ("rank", "src", "dst", "kind")), strict=True):
+        preds.setdefault((r, x), []).append((s, k))
+    early = []
+    for opp in found:
+        for h in opp.hoists:
+            r = ranks[h.before]
+            waited = {block_of[(r, s)] for s, _ in preds.get((r, ids[h.before]), []) if (r, s) in block_of}
+            for m in h.moved:
+                own = {block_of.get((r, s)) for s, k in preds.get((r, ids[m]), []) if k == "data"}
+                if own & waited:
+                    early.append((opp, ids[m], names[m]))
+    assert early, "no consumer moved ahead of the wait for its own collective"
+    opp = early[0][0]
+    moved = apply_hoists(t, lanes_of(t), list(opp.hoists))
+    check_rewrite(t, moved)
+    assert base.result.total_ns - replay(moved).result.total_ns == pytest.approx(opp.alone_gain_ns, abs=1.0)
+    assert opp.alone_gain_ns > 0
