@@ -92,10 +92,32 @@ def _columns_and_rows(table: pa.Table | Rows) -> tuple[list[str], list[list[Any]
         return names, values, numeric
     import pyarrow as pa  # only an Arrow table needs it; plain rows render without loading it
 
-    names = list(table.column_names)
-    types = [table.schema.field(n).type for n in names]
+    types = list(table.schema.types)
     numeric = [pa.types.is_integer(t) or pa.types.is_floating(t) for t in types]
-    return names, [list(r.values()) for r in table.to_pylist()], numeric
+    columns = [c.to_pylist() for c in table.columns]  # by position: a query may repeat a name
+    return _unique(table.column_names), [list(r) for r in zip(*columns, strict=True)], numeric
+
+
+def _unique(names: list[str]) -> list[str]:
+    """Column names with repeats numbered as DuckDB numbers them (``name``, ``name_1``, ...), so
+    a JSON row keeps every column.
+
+    >>> _unique(["name", "id", "name", "name"])
+    ['name', 'id', 'name_1', 'name_2']
+    """
+    seen: dict[str, int] = {}
+    out = []
+    taken = set(names)
+    for n in names:
+        k = seen.get(n, 0)
+        seen[n] = k + 1
+        cand = n if k == 0 else f"{n}_{k}"
+        while k and cand in taken:
+            k += 1
+            cand = f"{n}_{k}"
+        taken.add(cand)
+        out.append(cand)
+    return out
 
 
 def render(

@@ -202,3 +202,22 @@ def test_ctrl_c_while_duckdb_runs_a_query_is_one_line(tmp_path: Path) -> None:
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=60)
     assert (proc.returncode, out, err) == (130, "", "etstore: interrupted\n")
+
+
+def test_a_query_repeating_a_column_name_keeps_every_column(tmp_path: Path) -> None:
+    """``SELECT s.name, t.name`` (a join) names two columns alike: both print, numbered as DuckDB
+    numbers repeats, in every format."""
+    import duckdb
+
+    table = duckdb.sql("SELECT 'a' AS name, 1 AS id, 'b' AS name").to_arrow_table()
+    assert table.column_names == ["name", "id", "name"]
+    for fmt in ("json", "csv", "table"):
+        out = io.StringIO()
+        render(table, fmt, out=out, console=Console(file=out, width=80))
+        text = out.getvalue()
+        if fmt == "json":
+            assert json.loads(text) == [{"name": "a", "id": 1, "name_1": "b"}]
+        elif fmt == "csv":
+            assert text.splitlines() == ["name,id,name_1", "a,1,b"]
+        else:
+            assert "name_1" in text and " b " in text
