@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 from etstore.errors import EtstoreError, QueryError, StoreError, TraceFormatError, UnknownTraceError
 from etstore.lazy import lazy_exports
+from etstore.store.tables import declare
 
 if TYPE_CHECKING:
     from etstore.analysis import critical_path
@@ -58,6 +59,20 @@ _LAZY = {
     "write_chakra_json": "etstore.formats",
     "write_et": "etstore.formats",
 }
+
+# Every feature's warehouse tables, declared beside the module of app/ that writes them
+# (etstore.store.tables.TableSet): named here because store/ imports no feature, yet every
+# store holds them all from its first open. A module is imported only when a store needs its set.
+declare(
+    {
+        "runs": "etstore.app.runs:RUN_TABLES",
+        "measured": "etstore.app.measured:MEASURED_TABLES",
+        "tuner": "etstore.app.tuner:TUNER_TABLES",
+        "calibrations": "etstore.app.calibrate:CALIBRATION_TABLES",
+        "comparisons": "etstore.app.compare:COMPARISON_TABLES",
+        "opportunities": "etstore.app.opportunities:OPPORTUNITY_TABLES",
+    }
+)
 
 if not TYPE_CHECKING:  # mypy sees the imports above instead
     __getattr__, __dir__ = lazy_exports(__name__, _LAZY, __all__)

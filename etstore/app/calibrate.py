@@ -4,8 +4,8 @@ The fit is :func:`etstore.sim.calibrate.fit_curve` (pure: a measured curve and a
 in, a :class:`~etstore.sim.calibrate.Calibration` out). This module is what reads and writes
 the warehouse around it: :func:`measured_curve` reads what a calibration fits out of
 ``measured_runs`` and ``measurements`` (:mod:`etstore.app.measured` stores them);
-:func:`record_calibration` writes a fit to ``calibrations`` and ``calibration_points`` (DDL in
-:data:`etstore.store.schema.CALIBRATION_DDL`, view ``v_measured_vs_sim``);
+:func:`record_calibration` writes a fit to ``calibrations`` and ``calibration_points`` (declared
+here with view ``v_measured_vs_sim``: :data:`CALIBRATION_TABLES`);
 :func:`load_calibration` reads one back to simulate with; :func:`calibrate` does all three.
 """
 
@@ -25,12 +25,56 @@ from etstore.model import Trace
 from etstore.sim.calibrate import Calibration, MeasuredCurve, fit_curve
 from etstore.sim.config import SimConfig, collective_name
 from etstore.sim.result import busbw_factor
+from etstore.store.tables import TableSet
 from etstore.store.warehouse import Warehouse
 from etstore.topology import DEFAULT_BANDWIDTH_GB_PER_S, DEFAULT_LATENCY_NS, Topology
 
-__all__ = ["StoredCalibration", "calibrate", "load_calibration", "measured_curve", "record_calibration"]
+__all__ = [
+    "CALIBRATION_TABLES",
+    "StoredCalibration",
+    "calibrate",
+    "load_calibration",
+    "measured_curve",
+    "record_calibration",
+]
 
 log = logging.getLogger(__name__)
+
+CALIBRATION_TABLES = TableSet(
+    "calibrations",
+    {
+        "calibrations": """CREATE TABLE IF NOT EXISTS calibrations (
+        calibration_id BIGINT PRIMARY KEY, name VARCHAR NOT NULL UNIQUE, measured_run_id BIGINT,
+        measured_run VARCHAR, collective VARCHAR, ranks INTEGER, algorithm VARCHAR, congestion VARCHAR,
+        start_spec VARCHAR, spec VARCHAR, local_mem_bw_gb_per_s DOUBLE, params VARCHAR, busbw_factor DOUBLE,
+        min_size_bytes BIGINT, max_size_bytes BIGINT, points INTEGER, rms_error_before_pct DOUBLE,
+        rms_error_after_pct DOUBLE, max_error_before_pct DOUBLE, max_error_after_pct DOUBLE, rounds INTEGER,
+        simulations INTEGER, created_at TIMESTAMP DEFAULT (now()::TIMESTAMP))""",
+        "calibration_points": """CREATE TABLE IF NOT EXISTS calibration_points (
+        calibration_id BIGINT NOT NULL, size_bytes BIGINT, fitted BOOLEAN, measured_time_us DOUBLE,
+        sim_before_time_us DOUBLE, sim_after_time_us DOUBLE)""",
+    },
+    {
+        "v_measured_vs_sim": """CREATE OR REPLACE VIEW v_measured_vs_sim AS
+        SELECT c.measured_run_id, c.measured_run, c.calibration_id, c.name AS calibration, c.collective,
+            c.ranks, c.algorithm, c.spec, c.local_mem_bw_gb_per_s, p.size_bytes, p.fitted,
+            p.measured_time_us, p.size_bytes / p.measured_time_us / 1e3 * c.busbw_factor
+                AS measured_busbw_gb_per_s,
+            p.sim_before_time_us, p.size_bytes / p.sim_before_time_us / 1e3 * c.busbw_factor
+                AS sim_before_busbw_gb_per_s,
+            p.sim_after_time_us, p.size_bytes / p.sim_after_time_us / 1e3 * c.busbw_factor
+                AS sim_after_busbw_gb_per_s,
+            100 * (p.sim_before_time_us / p.measured_time_us - 1) AS error_before_pct,
+            100 * (p.sim_after_time_us / p.measured_time_us - 1) AS error_after_pct
+        FROM calibration_points p JOIN calibrations c USING (calibration_id)""",
+    },
+)
+"""The calibrations (``docs/measured.md`` documents them) and view ``v_measured_vs_sim``: per
+calibrated size, the measured time beside the simulated ones before and after the fit. Its
+bandwidths are computed from the times the way nccl-tests does (``size / time · busbw_factor``,
+bytes per ns), so they are GB/s with GB = 10^9, the one unit of every reported rate: they
+compare directly with ``measurements`` and with the simulator's ``collectives`` and
+``sweep_points``."""
 
 
 class StoredCalibration(NamedTuple):
@@ -160,6 +204,7 @@ def record_calibration(warehouse: Warehouse, cal: Calibration, *, name: str | No
     O(sizes): one row and one columnar insert, in one transaction.
     """
     with warehouse.transaction():
+        warehouse.ensure(CALIBRATION_TABLES)
         wanted = name or f"{cal.run}-{cal.algorithm}"
         clash = f"calibration {wanted!r} already exists; choose another name"
         chosen = warehouse.unused_name("calibrations", wanted, explicit=name is not None, clash=clash)

@@ -3,7 +3,7 @@
 The simulation and the per-rank table are :func:`etstore.sim.compare.compare_traces` (pure);
 this module loads the traces from a store and records what it returned: both runs in the
 metrics tables (:func:`~etstore.app.runs.record_run`) and the table in ``comparisons``
-(:data:`~etstore.store.schema.COMPARISONS_DDL`), all in one transaction:
+(declared here, :data:`COMPARISON_TABLES`), all in one transaction:
 
 ``comparisons`` (one row per rank, plus a total row with ``rank`` NULL)
     ``comparison_id``, ``trace_a``, ``trace_b``, ``run_a``, ``run_b`` (ids in
@@ -20,17 +20,31 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from etstore.app.runs import create_schema, record_run
+from etstore.app.runs import record_run
 from etstore.errors import QueryError, StoreError
 from etstore.sim._algorithms import AlgorithmSpec
 from etstore.sim.compare import DIFFERENCES_SCHEMA, TraceComparison, compare_traces
 from etstore.sim.config import SimConfig
 from etstore.store.base import Store
+from etstore.store.tables import TableSet
 from etstore.topology import Topology
 
-__all__ = ["Comparison", "compare"]
+__all__ = ["COMPARISON_TABLES", "Comparison", "compare"]
 
 log = logging.getLogger(__name__)
+
+COMPARISON_TABLES = TableSet(
+    "comparisons",
+    {
+        "comparisons": """CREATE TABLE IF NOT EXISTS comparisons (
+    comparison_id BIGINT NOT NULL, trace_a VARCHAR, trace_b VARCHAR, run_a BIGINT, run_b BIGINT,
+    topology VARCHAR, congestion VARCHAR, rank INTEGER, total_a_ns DOUBLE, total_b_ns DOUBLE,
+    diff_ns DOUBLE, speedup DOUBLE, exposed_comm_a_ns DOUBLE, exposed_comm_b_ns DOUBLE,
+    idle_a_ns DOUBLE, idle_b_ns DOUBLE, overlap_a_ns DOUBLE, overlap_b_ns DOUBLE,
+    created_at TIMESTAMP DEFAULT (now()::TIMESTAMP))"""
+    },
+)
+"""The ``comparisons`` table (the module docstring lists its columns)."""
 
 
 @dataclass(frozen=True)
@@ -104,8 +118,8 @@ def compare(
         store.load(a), store.load(b), topo, config=config, congestion=congestion, algorithms=algorithms
     )
     warehouse = store.warehouse
-    create_schema(warehouse)
     with warehouse.transaction():  # both runs and the comparison, or nothing
+        warehouse.ensure(COMPARISON_TABLES)
         ra = record_run(warehouse, found.a, trace_name=a, params={"compare": [a, b]})
         rb = record_run(warehouse, found.b, trace_name=b, params={"compare": [a, b]})
         try:

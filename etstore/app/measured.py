@@ -3,8 +3,8 @@
 One log is one run: a ``measured_runs`` row (what ran, where, the header's parameters)
 and one ``measurements`` row per table row and placement, written in one transaction.
 Storing the same bytes again returns the run already stored (the content hash decides),
-so re-ingesting a directory of logs is harmless. The tables are declared in
-:data:`~etstore.store.schema.MEASURED_DDL` and documented in ``docs/measured.md``.
+so re-ingesting a directory of logs is harmless. The tables are declared here
+(:data:`MEASURED_TABLES`) and documented in ``docs/measured.md``.
 """
 
 from __future__ import annotations
@@ -16,11 +16,33 @@ from typing import Any
 import pyarrow as pa
 
 from etstore.formats.nccl_tests import NcclTestsLog
+from etstore.store.tables import TableSet
 from etstore.store.warehouse import Warehouse
 
-__all__ = ["MeasuredReport", "store_measured_run"]
+__all__ = ["MEASURED_TABLES", "MeasuredReport", "store_measured_run"]
 
 log = logging.getLogger(__name__)
+
+MEASURED_TABLES = TableSet(
+    "measured",
+    {
+        "measured_runs": """CREATE TABLE IF NOT EXISTS measured_runs (
+            run_id BIGINT PRIMARY KEY, name VARCHAR NOT NULL UNIQUE, source VARCHAR,
+            content_hash VARCHAR NOT NULL,
+            tool VARCHAR, tool_version VARCHAR, library_version VARCHAR, benchmark VARCHAR,
+            collective VARCHAR,
+            ranks INTEGER, nodes INTEGER, gpu_model VARCHAR, hosts VARCHAR, rows BIGINT, errors_kind VARCHAR,
+            avg_busbw_gb_per_s DOUBLE, out_of_bounds INTEGER, header VARCHAR,
+            created_at TIMESTAMP DEFAULT (now()::TIMESTAMP))""",
+        "measurements": """CREATE TABLE IF NOT EXISTS measurements (
+            run_id BIGINT NOT NULL, source VARCHAR, collective VARCHAR, ranks INTEGER, nodes INTEGER,
+            gpu_model VARCHAR, size_bytes BIGINT, count BIGINT, dtype VARCHAR, redop VARCHAR, root INTEGER,
+            in_place BOOLEAN, time_us DOUBLE, algbw_gb_per_s DOUBLE, busbw_gb_per_s DOUBLE, errors DOUBLE,
+            line INTEGER)""",
+    },
+)
+"""The measured-run tables, one ``measured_runs`` row per log and its ``measurements``
+(``docs/measured.md``). Bandwidths are GB/s with GB = 10^9 bytes, as nccl-tests prints them."""
 
 
 @dataclass(frozen=True)
@@ -83,6 +105,7 @@ def store_measured_run(
     O(rows of the log): one insert of the run row and one columnar insert of its rows.
     """
     with warehouse.transaction():
+        warehouse.ensure(MEASURED_TABLES)
         found = warehouse.query(
             "SELECT run_id, name FROM measured_runs WHERE content_hash = $h ORDER BY run_id LIMIT 1",
             {"h": parsed.content_hash},

@@ -3,7 +3,7 @@
 :func:`etstore.app.overlap.find_opportunities` finds a stored trace's overlap, chunk and
 reorder opportunities and measures their gains; it reads the store and writes nothing. This
 module replaces the trace's rows of DuckDB table ``opportunities``
-(:data:`~etstore.store.schema.OPPORTUNITIES_DDL`) with what was found, numbered from 1:
+(declared here, :data:`OPPORTUNITY_TABLES`) with what was found, numbered from 1:
 the numbers ``etstore rewrite --opportunity N`` reads back (:mod:`etstore.app.rewrite`).
 """
 
@@ -20,11 +20,28 @@ from etstore.errors import StoreError
 from etstore.progress import ProgressFn
 from etstore.sim.config import SimConfig
 from etstore.store.base import Store
-from etstore.store.schema import OPPORTUNITIES_DDL
+from etstore.store.tables import TableSet
 from etstore.store.warehouse import Warehouse
 from etstore.topology import Topology
 
-__all__ = ["RECORD_SQL", "explain", "find_and_record", "record_opportunities"]
+__all__ = ["OPPORTUNITY_TABLES", "RECORD_SQL", "explain", "find_and_record", "record_opportunities"]
+
+
+def _number_older_rows(warehouse: Warehouse) -> None:
+    """Give a store made before opportunities were numbered the column (NULL in its old rows)."""
+    warehouse.execute("ALTER TABLE opportunities ADD COLUMN IF NOT EXISTS opportunity INTEGER")
+
+
+OPPORTUNITY_TABLES = TableSet(
+    "opportunities",
+    {
+        "opportunities": "CREATE TABLE IF NOT EXISTS opportunities (trace VARCHAR, kind VARCHAR, "
+        "rank INTEGER, op_id UBIGINT, other_id UBIGINT, gain_ns DOUBLE, detail VARCHAR, opportunity INTEGER)"
+    },
+    upgrade=_number_older_rows,
+)
+"""The ``opportunities`` table (``opportunity`` numbers a trace's rows from 1, what
+``etstore rewrite --opportunity`` takes)."""
 
 RECORD_SQL = (
     "INSERT INTO opportunities (trace, kind, rank, op_id, other_id, gain_ns, detail, opportunity) "
@@ -38,7 +55,7 @@ def explain() -> list[tuple[str, str, str]]:
     (:func:`etstore.app.overlap.explain`), then the recording's."""
     return [
         *overlap.explain(),
-        ("record", "sql", OPPORTUNITIES_DDL),
+        *(("record", "sql", ddl) for ddl in OPPORTUNITY_TABLES.statements()),
         ("record", "sql", "DELETE FROM opportunities WHERE trace = $trace; " + RECORD_SQL),
     ]
 
@@ -53,6 +70,7 @@ def record_opportunities(warehouse: Warehouse, trace: str, table: pa.Table) -> N
     """
     try:
         with warehouse.transaction():
+            warehouse.ensure(OPPORTUNITY_TABLES)
             warehouse.execute("DELETE FROM opportunities WHERE trace = $trace", {"trace": trace})
             with warehouse.registered(_etstore_found=table):
                 warehouse.execute(RECORD_SQL)

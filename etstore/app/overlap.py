@@ -24,7 +24,7 @@ rewrites use, so what is found is what gets applied); timings and gains come fro
 the simulated op timings.
 :func:`explain` lists every query. Nothing is written: :mod:`etstore.app.opportunities`
 records what is found in DuckDB table ``opportunities``
-(:data:`~etstore.store.schema.OPPORTUNITIES_DDL`), replacing the trace's earlier rows.
+(:data:`~etstore.app.opportunities.OPPORTUNITY_TABLES`), replacing the trace's earlier rows.
 """
 
 from __future__ import annotations

@@ -6,8 +6,8 @@ nothing; this module writes results into a store's warehouse: one run
 sensitivity sweep's runs (:func:`record_sensitivity`) and a bus-bandwidth sweep
 (:func:`record_sweep`).
 
-Tables (declared in :mod:`etstore.store.schema`, created when a writable store
-opens and by :func:`create_schema`; every time is ns, every size bytes; reported
+Tables (declared here, :data:`RUN_TABLES`: created with the store, applied again by this
+module's first write on a connection; every time is ns, every size bytes; reported
 rates ``algbw_gb_per_s`` / ``busbw_gb_per_s`` are GB/s with GB = 10^9 as nccl-tests prints
 them, so they join ``measurements`` like with like; ``link_util.bandwidth_gb_per_s`` is the
 topology's input, GB = 2^30 as ASTRA-sim):
@@ -44,7 +44,7 @@ topology's input, GB = 2^30 as ASTRA-sim):
     ``algorithm``, ``congestion``, ``size_bytes``, ``time_ns``, ``algbw_gb_per_s``,
     ``busbw_gb_per_s`` (GB = 10^9), ``events``, ``wall_s``, ``params`` (JSON).
 
-Views (re-created by :func:`create_schema`; stable names and columns for dashboards):
+Views (re-created with the tables; stable names and columns for dashboards):
 
 ``v_collective_busbw``
     ``collectives`` joined with the run's ``topology``, ``num_npus`` and
@@ -61,7 +61,8 @@ Views (re-created by :func:`create_schema`; stable names and columns for dashboa
 
 ``docs/metrics.md`` documents keys, units and example SQL for dashboard tools.
 The schema version is kept in ``etstore_sim_schema``; columns are only ever added. Rates
-that version 1 stored in GB = 2^30 are rescaled to GB = 10^9 by the first writable open.
+that version 1 stored in GB = 2^30 are rescaled to GB = 10^9 in the transaction that applies
+the tables (the first writable open of such a store).
 
 Examples
 --------
@@ -91,9 +92,19 @@ from etstore.errors import QueryError, StoreError
 from etstore.sim.jobs import JobRuns, JobsResult
 from etstore.sim.result import SimResult
 from etstore.sim.sweep import SensitivityPoint
+from etstore.store.tables import TableSet
 from etstore.store.warehouse import Warehouse
 
-__all__ = ["create_schema", "record_jobs", "record_run", "record_sensitivity", "record_sweep"]
+__all__ = [
+    "GIB_RATE_COLUMNS",
+    "RUN_TABLES",
+    "SCHEMA_VERSION",
+    "create_schema",
+    "record_jobs",
+    "record_run",
+    "record_sensitivity",
+    "record_sweep",
+]
 
 log = logging.getLogger(__name__)
 
@@ -112,8 +123,97 @@ _SWEEP_COLUMNS = (
 )
 
 
+SCHEMA_VERSION = 2
+"""Version of the metrics tables; columns are only ever added.
+
+Version 2: ``algbw_gb_per_s`` and ``busbw_gb_per_s`` of ``collectives`` and ``sweep_points``
+are GB/s with GB = 10^9 (nccl-tests, like ``measurements``); version 1 stored them with
+GB = 2^30, and the first writable open rescales such rows."""
+
+GIB_RATE_COLUMNS: dict[str, tuple[str, ...]] = {
+    "collectives": ("algbw_gb_per_s", "busbw_gb_per_s"),
+    "sweep_points": ("algbw_gb_per_s", "busbw_gb_per_s"),
+}
+"""The rate columns metrics schema 1 stored in GB = 2^30, by table (now GB = 10^9)."""
+
+_TABLES: dict[str, str] = {
+    "etstore_sim_schema": "CREATE TABLE IF NOT EXISTS etstore_sim_schema (version INTEGER)",
+    "runs": """CREATE TABLE IF NOT EXISTS runs (
+        run_id BIGINT PRIMARY KEY, trace VARCHAR NOT NULL, topology VARCHAR, num_npus INTEGER,
+        congestion VARCHAR, scheduling_policy VARCHAR, params VARCHAR, total_ns DOUBLE, wall_s DOUBLE,
+        loop_s DOUBLE, events BIGINT, events_per_s DOUBLE, num_ops BIGINT, sim_ops BIGINT,
+        created_at TIMESTAMP DEFAULT (now()::TIMESTAMP))""",
+    "op_timings": """CREATE TABLE IF NOT EXISTS op_timings (
+        run_id BIGINT NOT NULL, trace VARCHAR NOT NULL, rank INTEGER, id UBIGINT, name VARCHAR,
+        type VARCHAR, ready_ns DOUBLE, start_ns DOUBLE, end_ns DOUBLE, duration_ns DOUBLE, wait_ns DOUBLE)""",
+    "rank_breakdown": """CREATE TABLE IF NOT EXISTS rank_breakdown (
+        run_id BIGINT NOT NULL, trace VARCHAR NOT NULL, rank INTEGER, total_ns DOUBLE, compute_ns DOUBLE,
+        comm_ns DOUBLE, exposed_comm_ns DOUBLE, overlap_ns DOUBLE, idle_ns DOUBLE)""",
+    "collectives": """CREATE TABLE IF NOT EXISTS collectives (
+        run_id BIGINT NOT NULL, trace VARCHAR NOT NULL, coll_seq BIGINT, pg_name VARCHAR, comm_type VARCHAR,
+        algorithm VARCHAR, group_size INTEGER, size_bytes BIGINT, start_ns DOUBLE, end_ns DOUBLE,
+        time_ns DOUBLE, algbw_gb_per_s DOUBLE, busbw_gb_per_s DOUBLE, busbw_factor DOUBLE)""",
+    "link_util": """CREATE TABLE IF NOT EXISTS link_util (
+        run_id BIGINT NOT NULL, link INTEGER, src INTEGER, dst INTEGER, latency_ns DOUBLE,
+        bandwidth_gb_per_s DOUBLE, bytes DOUBLE, messages BIGINT, busy_ns DOUBLE, utilization DOUBLE)""",
+    "sweep_points": """CREATE TABLE IF NOT EXISTS sweep_points (
+        sweep_id BIGINT NOT NULL, topology VARCHAR, num_npus INTEGER, collective VARCHAR, algorithm VARCHAR,
+        congestion VARCHAR, size_bytes BIGINT, time_ns DOUBLE, algbw_gb_per_s DOUBLE, busbw_gb_per_s DOUBLE,
+        events BIGINT, wall_s DOUBLE, params VARCHAR)""",
+}
+
+# Views answer the common dashboard questions; their columns, like the tables', are only ever added.
+_VIEWS: dict[str, str] = {
+    "v_collective_busbw": """CREATE OR REPLACE VIEW v_collective_busbw AS
+        SELECT c.run_id, c.trace, r.topology, r.num_npus, r.congestion, c.coll_seq, c.pg_name,
+            c.comm_type, c.algorithm, c.group_size, c.size_bytes, c.size_bytes / 2^20 AS size_mib,
+            c.start_ns, c.end_ns, c.time_ns, c.time_ns / 1e3 AS time_us, c.algbw_gb_per_s,
+            c.busbw_gb_per_s, c.busbw_factor
+        FROM collectives c JOIN runs r USING (run_id)""",
+    "v_rank_exposed_comm": """CREATE OR REPLACE VIEW v_rank_exposed_comm AS
+        SELECT run_id, trace, rank, total_ns, compute_ns, comm_ns, exposed_comm_ns, overlap_ns, idle_ns,
+            CASE WHEN total_ns > 0 THEN exposed_comm_ns / total_ns END AS exposed_share,
+            CASE WHEN total_ns > 0 THEN idle_ns / total_ns END AS idle_share,
+            CASE WHEN comm_ns > 0 THEN overlap_ns / comm_ns END AS hidden_share
+        FROM rank_breakdown""",
+    "v_link_utilization": """CREATE OR REPLACE VIEW v_link_utilization AS
+        SELECT l.run_id, r.trace, r.topology, l.link, l.src, l.dst, l.latency_ns, l.bandwidth_gb_per_s,
+            l.bytes, l.bytes / 2^20 AS mib, l.messages, l.busy_ns, l.utilization, r.total_ns,
+            CASE WHEN r.total_ns > 0 THEN l.bytes / 2^30 / (r.total_ns / 1e9) END AS gib_per_s,
+            CASE WHEN r.total_ns > 0 THEN l.bytes / r.total_ns END AS gb_per_s
+        FROM link_util l JOIN runs r USING (run_id)""",
+    "v_sweep_busbw": """CREATE OR REPLACE VIEW v_sweep_busbw AS
+        SELECT sweep_id, topology, num_npus, collective, algorithm, congestion, size_bytes,
+            size_bytes / 2^20 AS size_mib, time_ns, time_ns / 1e3 AS time_us, algbw_gb_per_s, busbw_gb_per_s
+        FROM sweep_points""",
+}
+
+
+def _upgrade(warehouse: Warehouse) -> None:
+    """Refuse metrics of a newer schema; rescale the rates of version 1 (GB = 2^30); record
+    :data:`SCHEMA_VERSION` (inside the transaction that applies :data:`RUN_TABLES`)."""
+    have = warehouse.query("SELECT max(version) FROM etstore_sim_schema").scalar()
+    if have is not None and have > SCHEMA_VERSION:
+        raise StoreError(
+            f"the metrics tables are schema version {have}; this etstore writes version "
+            f"{SCHEMA_VERSION}: upgrade etstore"
+        )
+    if have is not None and have < 2:  # rates stored with GB = 2^30
+        for table, columns in GIB_RATE_COLUMNS.items():
+            sets = ", ".join(f"{c} = {c} * $k" for c in columns)
+            warehouse.execute(f"UPDATE {table} SET {sets}", {"k": 2**30 / 1e9})
+    if have is None or have < SCHEMA_VERSION:
+        warehouse.execute("INSERT INTO etstore_sim_schema VALUES ($v)", {"v": SCHEMA_VERSION})
+
+
+RUN_TABLES = TableSet("runs", _TABLES, _VIEWS, upgrade=_upgrade)
+"""The simulator's metrics tables and dashboard views (the module docstring lists them), with
+their version in ``etstore_sim_schema`` (:data:`SCHEMA_VERSION`, :func:`_upgrade`)."""
+
+
 def create_schema(warehouse: Warehouse) -> None:
-    """Create every warehouse table (if absent) and (re)create the views.
+    """Create every warehouse table (if absent) and (re)create the views: the store's own and
+    every feature's (:meth:`~etstore.store.warehouse.Warehouse.create_schema`).
 
     A writable store's warehouse already has them; this is for a warehouse over
     another DuckDB database (``Warehouse(duckdb.connect(path))``). Idempotent.
@@ -125,6 +225,14 @@ def create_schema(warehouse: Warehouse) -> None:
     """
     try:
         warehouse.create_schema()
+    except StoreError as exc:
+        raise StoreError(f"cannot create the simulator metrics tables: {exc}") from exc
+
+
+def _ensure(warehouse: Warehouse) -> None:
+    """Apply :data:`RUN_TABLES` before a recording writes (once per connection)."""
+    try:
+        warehouse.ensure(RUN_TABLES)
     except StoreError as exc:
         raise StoreError(f"cannot create the simulator metrics tables: {exc}") from exc
 
@@ -205,7 +313,7 @@ def record_run(
     -----
     O(ops + ranks + collectives + links) rows, inserted from Arrow in one transaction.
     """
-    create_schema(warehouse)
+    _ensure(warehouse)
     name = trace_name or result.trace_name
     ops = result.ops
     ops = ops.append_column("duration_ns", pc.subtract(ops["end_ns"], ops["start_ns"]))
@@ -242,7 +350,7 @@ def record_jobs(
         DuckDB refuses an insert; nothing is written.
     """
     base = dict(params or {})
-    create_schema(warehouse)
+    _ensure(warehouse)
     combined = result.combined
     with warehouse.transaction():
         joint = record_run(
@@ -279,7 +387,7 @@ def record_sensitivity(
     StoreError
         DuckDB refuses an insert; nothing is written.
     """
-    create_schema(warehouse)
+    _ensure(warehouse)
     ids: list[int] = []
     with warehouse.transaction():
         first = warehouse.next_id("runs", "run_id")
@@ -320,7 +428,7 @@ def record_sweep(warehouse: Warehouse, points: pa.Table, *, params: Mapping[str,
     -----
     O(points), one columnar insert.
     """
-    create_schema(warehouse)
+    _ensure(warehouse)
     data = points.select([c for c in _SWEEP_COLUMNS if c in points.column_names])
     encoded = json.dumps(dict(params or {}), sort_keys=True, default=str)
     data = data.append_column("params", pa.array([encoded] * data.num_rows, pa.string()))

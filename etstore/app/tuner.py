@@ -9,7 +9,7 @@ algorithm trace its action ran (:func:`link_steps`), and its node's ``trace_id``
 ``Op.trace_id`` of that trace's ops, so ``MATCH (s:TunerStep), (o:Op) WHERE
 o.trace_id = s.trace_id`` joins a step to the DAG it ran, in a store and on a server.
 
-The tables are declared in :data:`~etstore.store.schema.TUNER_DDL` and documented in
+The tables and views are declared here (:data:`TUNER_TABLES`) and documented in
 ``docs/measured.md``; the node table in :data:`~etstore.store.graph.TUNER_STEP_NODE_DDL`.
 """
 
@@ -25,11 +25,75 @@ from etstore.collective import short_name
 from etstore.errors import UnknownTraceError
 from etstore.formats.tuner import TunerLog
 from etstore.store.base import Store
+from etstore.store.tables import TableSet
 from etstore.store.warehouse import Warehouse
 
-__all__ = ["TunerReport", "link_steps", "remove_tuner_run", "store_tuner_run"]
+__all__ = ["TUNER_TABLES", "TunerReport", "link_steps", "remove_tuner_run", "store_tuner_run"]
 
 log = logging.getLogger(__name__)
+
+_TABLES = {
+    "tuner_runs": """CREATE TABLE IF NOT EXISTS tuner_runs (
+        run_id BIGINT PRIMARY KEY, name VARCHAR NOT NULL UNIQUE, source VARCHAR,
+        content_hash VARCHAR NOT NULL, format VARCHAR, fields VARCHAR, rows BIGINT, linked BIGINT,
+        created_at TIMESTAMP DEFAULT (now()::TIMESTAMP))""",
+    "tuner_steps": """CREATE TABLE IF NOT EXISTS tuner_steps (
+        run_id BIGINT NOT NULL, step BIGINT NOT NULL, line INTEGER, collective VARCHAR, size_bytes BIGINT,
+        ranks INTEGER, nodes INTEGER, topology VARCHAR, gpu_model VARCHAR, algorithm VARCHAR,
+        protocol VARCHAR, channels INTEGER, chunk_bytes BIGINT, algorithm_trace VARCHAR, trace VARCHAR,
+        trace_rule VARCHAR, time_us DOUBLE, busbw_gb_per_s DOUBLE, reward DOUBLE, extra VARCHAR)""",
+}
+
+# A step's size bucket is the power of two at or below its size (0 for empty messages).
+_SIZE_BUCKET = "CASE WHEN s.size_bytes > 0 THEN 1::BIGINT << floor(log2(s.size_bytes))::INTEGER ELSE 0 END"
+
+_VIEWS: dict[str, str] = {
+    "v_tuner_best": f"""CREATE OR REPLACE VIEW v_tuner_best AS
+        WITH per_action AS (
+            SELECT s.run_id, r.name AS run, s.topology, s.collective, {_SIZE_BUCKET} AS size_bucket_bytes,
+                s.algorithm, s.protocol, s.channels, s.chunk_bytes, s.trace, count(*) AS steps,
+                median(s.time_us) AS median_time_us, median(s.busbw_gb_per_s) AS median_busbw_gb_per_s
+            FROM tuner_steps s JOIN tuner_runs r USING (run_id) GROUP BY ALL)
+        SELECT *, count(*) OVER bucket AS actions_tried, sum(steps) OVER bucket AS bucket_steps
+        FROM per_action
+        WINDOW bucket AS (PARTITION BY run_id, topology, collective, size_bucket_bytes)
+        QUALIFY row_number() OVER (PARTITION BY run_id, topology, collective, size_bucket_bytes
+            ORDER BY median_time_us, algorithm, protocol, channels, chunk_bytes, trace) = 1""",
+    "v_tuner_vs_sim": """CREATE OR REPLACE VIEW v_tuner_vs_sim AS
+        WITH per_algorithm AS (
+            SELECT sweep_id, topology, congestion, collective, num_npus, size_bytes, algorithm,
+                min(time_ns) AS time_ns
+            FROM sweep_points GROUP BY ALL),
+        fastest AS (
+            SELECT sweep_id, topology, congestion, collective, num_npus, size_bytes,
+                arg_min(algorithm, time_ns) AS sim_fastest, min(time_ns) / 1e3 AS sim_fastest_us,
+                count(*) AS sim_algorithms
+            FROM per_algorithm GROUP BY ALL),
+        joined AS (
+            SELECT s.run_id, r.name AS run, s.step, s.collective, s.size_bytes, s.ranks, s.topology,
+                coalesce(s.algorithm, s.trace) AS picked, s.algorithm, s.trace, s.time_us,
+                f.sweep_id, f.topology AS sim_topology, f.congestion, f.sim_algorithms, f.sim_fastest,
+                f.sim_fastest_us,
+                (SELECT min(p.time_ns) FROM per_algorithm p
+                 WHERE p.sweep_id = f.sweep_id AND p.topology IS NOT DISTINCT FROM f.topology
+                    AND p.congestion IS NOT DISTINCT FROM f.congestion AND p.collective = f.collective
+                    AND p.num_npus = f.num_npus AND p.size_bytes = f.size_bytes
+                    AND (lower(p.algorithm) = lower(s.algorithm) OR p.algorithm = s.trace)
+                ) / 1e3 AS sim_picked_us
+            FROM tuner_steps s JOIN tuner_runs r USING (run_id)
+            JOIN fastest f
+                ON f.collective = s.collective AND f.num_npus = s.ranks AND f.size_bytes = s.size_bytes)
+        SELECT *,
+            CASE WHEN sim_picked_us IS NOT NULL
+                THEN coalesce(lower(sim_fastest) = lower(algorithm), false)
+                    OR coalesce(sim_fastest = trace, false) END AS picked_is_fastest
+        FROM joined""",
+}
+TUNER_TABLES = TableSet("tuner", _TABLES, _VIEWS, requires=("runs",))
+"""The tuner-trajectory tables and views: the best action per size bucket (``v_tuner_best``)
+and each step beside the simulator's sweeps of the same collective, ranks and size
+(``v_tuner_vs_sim``, which reads ``sweep_points``: it requires the ``runs`` set); columns in
+``docs/measured.md``."""
 
 
 @dataclass(frozen=True)
@@ -89,6 +153,7 @@ def store_tuner_run(store: Store, parsed: TunerLog, *, name: str | None = None) 
     """
     warehouse = store.warehouse
     with warehouse.transaction():
+        warehouse.ensure(TUNER_TABLES)
         found = warehouse.query(
             "SELECT run_id, name, rows, linked FROM tuner_runs WHERE content_hash = $h "
             "ORDER BY run_id LIMIT 1",

@@ -8,7 +8,7 @@ of a recording realises is the difference of its replays. Any other pair is simu
 Typical use: a trace against its rewrite (``etstore rewrite``), both on the same network
 and configuration. Nothing is stored here: :func:`etstore.app.compare.compare` loads two
 stored traces, calls :func:`compare_traces` and records both runs and the table in
-``comparisons`` (:data:`~etstore.store.schema.COMPARISONS_DDL`).
+``comparisons`` (:data:`~etstore.app.compare.COMPARISON_TABLES`).
 
 The table (one row per rank, ascending, plus a total row with ``rank`` null)
     ``rank``; ``total_a_ns``, ``total_b_ns`` (the rank's finish time; total row: the

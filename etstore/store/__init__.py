@@ -1,9 +1,10 @@
 """Stores: the embedded default (Ladybug + DuckDB + catalog), and a Neo4j server's published
 data read through the same interface.
 
-The backends, the interface and the warehouse are imported on first use (PEP 562), so
-importing the package, or a light module of it (the catalog, the lock, the listing of an
-embedded store that ``etstore ls`` reads), loads no engine, numpy or pyarrow.
+Every name is imported on first use (PEP 562), so importing the package, or a light module
+of it (the catalog, the lock, the listing of an embedded store that ``etstore ls`` reads, the
+table-set declarations ``import etstore`` fills), loads no engine, numpy or pyarrow, and
+nothing the module asked for does not need.
 """
 
 from __future__ import annotations
@@ -11,12 +12,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from etstore.lazy import lazy_exports
-from etstore.store._location import DEFAULT_STORE, ENV_VAR, store_exists
-from etstore.store.info import TraceInfo
 
 if TYPE_CHECKING:
+    from etstore.store._location import DEFAULT_STORE, ENV_VAR, store_exists
     from etstore.store.base import IngestReport, Store
     from etstore.store.embedded import EmbeddedStore
+    from etstore.store.info import TraceInfo
     from etstore.store.neo4j import Neo4jStore
     from etstore.store.opening import open_store
     from etstore.store.result import Result
@@ -38,6 +39,10 @@ __all__ = [
 
 # name → the module that defines it; imported by __getattr__ on first access
 _LAZY = {
+    "DEFAULT_STORE": "etstore.store._location",
+    "ENV_VAR": "etstore.store._location",
+    "TraceInfo": "etstore.store.info",
+    "store_exists": "etstore.store._location",
     "EmbeddedStore": "etstore.store.embedded",
     "IngestReport": "etstore.store.base",
     "Neo4jStore": "etstore.store.neo4j",

@@ -167,15 +167,17 @@ def _remove_legacy(store: Path) -> None:
 def _upgrade_format1(catalog: legacy.Catalog, warehouse_path: Path) -> Warehouse:
     """Bring a format-1 store to format 2 (warehouse re-keyed, then the catalog)."""
     old = catalog.legacy_traces()
-    digests = {r.seq: upgraded_identity(r.content_hash, r.kind, json.loads(r.params or "{}")) for r in old}
+    digests = {
+        r.trace_id: upgraded_identity(r.content_hash, r.kind, json.loads(r.params or "{}")) for r in old
+    }
     ready = [r for r in old if r.status == "ready"]
-    seq_of = {r.name: r.seq for r in ready}
+    trace_id_of = {r.name: r.trace_id for r in ready}
     table = pa.table(
         {
             "name": pa.array([r.name for r in ready], pa.string()),
-            "trace_id": pa.array([r.seq for r in ready], pa.int64()),
-            "parent_trace_id": pa.array([seq_of.get(r.parent or "") for r in ready], pa.int64()),
-            "content_hash": pa.array([digests[r.seq] for r in ready], pa.string()),
+            "trace_id": pa.array([r.trace_id for r in ready], pa.int64()),
+            "parent_trace_id": pa.array([trace_id_of.get(r.parent or "") for r in ready], pa.int64()),
+            "content_hash": pa.array([digests[r.trace_id] for r in ready], pa.string()),
         }
     )
     warehouse = Warehouse.open(warehouse_path, legacy=table)

@@ -124,9 +124,9 @@ def may_be_stored(trace: Trace, contents: Iterable[Counted]) -> bool:
 
 
 def choose_name(
-    taken: Mapping[str, int], wanted: str, *, explicit: bool, seq: int | None
+    taken: Mapping[str, int], wanted: str, *, explicit: bool, trace_id: int | None
 ) -> tuple[str, bool]:
-    """The name to store content ``seq`` under, and whether that name already points at it.
+    """The name to store content ``trace_id`` under, and whether that name already points at it.
 
     ``taken`` maps every stored name to its content's id. A name the user chose
     (``explicit``) is used as given; a default name that other content holds gets the
@@ -141,6 +141,6 @@ def choose_name(
     for cand in candidates:
         if cand not in taken:
             return cand, False
-        if seq is not None and taken[cand] == seq:
+        if trace_id is not None and taken[cand] == trace_id:
             return cand, True
     raise StoreError(f"a different trace is already named {wanted!r}; pick another name or remove it")

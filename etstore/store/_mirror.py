@@ -51,7 +51,7 @@ class NameRow(NamedTuple):
 
     info: TraceInfo
     """The name's catalog entry (``trace_id`` is its content)."""
-    parent_seq: int | None
+    parent_trace_id: int | None
     """The parent's content when the name was published."""
 
 
@@ -89,6 +89,9 @@ class Mirror:
                 wh.execute("DROP TABLE IF EXISTS _etstore_mirror")  # per-name bookkeeping before names
                 for ddl in MIRROR_STATE_DDL:
                     wh.execute(ddl)
+                # no feature writes here to bring its tables up to date (a column added since the
+                # copy was made): the published records are copied into them as they are now
+                wh.create_schema()
             except BaseException:
                 wh.close()
                 raise
@@ -165,35 +168,35 @@ class Mirror:
         and its lineage rows by parent content), ``names``, and the published records
         (``records``: their fingerprint, and how to read them when it is not the one held)."""
         have = self.keys()
-        for seq, key in have.items():
-            if contents.get(seq) != key:
-                self._drop(seq)
-        for seq, key in contents.items():
-            if have.get(seq) != key:
-                trace, links = fetch(seq)
-                self._add(trace, seq, key[0], links)
+        for trace_id, key in have.items():
+            if contents.get(trace_id) != key:
+                self._drop(trace_id)
+        for trace_id, key in contents.items():
+            if have.get(trace_id) != key:
+                trace, links = fetch(trace_id)
+                self._add(trace, trace_id, key[0], links)
         self._set_names(names)
         fingerprint, read = records
         held = self._current().query("SELECT fingerprint, server FROM _etstore_mirror_records").to_pylist()
         if held != [{"fingerprint": fingerprint, "server": self.server_id}]:
             self._set_records(fingerprint, read())
 
-    def _add(self, trace: Trace, seq: int, content_hash: str, lineage: Mapping[int, pa.Table]) -> None:
+    def _add(self, trace: Trace, trace_id: int, content_hash: str, lineage: Mapping[int, pa.Table]) -> None:
         """Insert one content's rows (one DuckDB transaction); ``lineage`` maps a parent content
         to the lineage rows from it."""
         wh = self._open(read_only=False)
-        base = uid_base(seq)
+        base = uid_base(trace_id)
         dep_uids = dep_edges(trace, base)
         msgs, _, _ = message_edges(trace, base)
         with wh.transaction():
-            self._delete(wh, seq)
-            rows.insert_content(wh, trace, seq, base, dep_uids, msgs)
-            for pseq, table in lineage.items():
-                rows.insert_lineage(wh, seq, pseq, table.select(_LINEAGE_COLUMNS))
+            self._delete(wh, trace_id)
+            rows.insert_content(wh, trace, trace_id, base, dep_uids, msgs)
+            for parent_trace_id, table in lineage.items():
+                rows.insert_lineage(wh, trace_id, parent_trace_id, table.select(_LINEAGE_COLUMNS))
             wh.execute(
                 "INSERT INTO _etstore_mirror_contents VALUES ($t, $h, $l, $server)",
                 {
-                    "t": seq,
+                    "t": trace_id,
                     "h": content_hash,
                     "l": ",".join(map(str, sorted(lineage))),
                     "server": self.server_id,
@@ -213,7 +216,7 @@ class Mirror:
                 {
                     "name": n.info.name,
                     "trace_id": n.info.trace_id,
-                    "parent_trace_id": n.parent_seq,
+                    "parent_trace_id": n.parent_trace_id,
                     "parent": n.info.parent,
                     "source": n.info.source,
                     "params": json.dumps(dict(n.info.params), sort_keys=True, default=str),
@@ -243,7 +246,7 @@ class Mirror:
                     "created": i.created,
                 }
                 assert i.trace_id is not None  # server names always point at a content
-                rows.insert_name(wh, i.name, i.trace_id, n.parent_seq, row)
+                rows.insert_name(wh, i.name, i.trace_id, n.parent_trace_id, row)
 
     def _set_records(self, fingerprint: str, tables: Mapping[str, list[dict[str, Any]]]) -> None:
         """Replace the run tables' rows with the published records' (one DuckDB transaction)."""
@@ -265,16 +268,16 @@ class Mirror:
                 "INSERT INTO _etstore_mirror_records VALUES ($f, $s)", {"f": fingerprint, "s": self.server_id}
             )
 
-    def _drop(self, seq: int) -> None:
+    def _drop(self, trace_id: int) -> None:
         """Remove one content's rows (one DuckDB transaction)."""
         wh = self._open(read_only=False)
         with wh.transaction():
-            self._delete(wh, seq)
+            self._delete(wh, trace_id)
 
     @staticmethod
-    def _delete(wh: Warehouse, seq: int) -> None:
-        rows.delete_content(wh, seq)
-        wh.execute("DELETE FROM _etstore_mirror_contents WHERE trace_id = $t", {"t": seq})
+    def _delete(wh: Warehouse, trace_id: int) -> None:
+        rows.delete_content(wh, trace_id)
+        wh.execute("DELETE FROM _etstore_mirror_contents WHERE trace_id = $t", {"t": trace_id})
 
 
 def _parents(text: str | None) -> list[int]:

@@ -133,12 +133,14 @@ def upgrade(bolt: Bolt) -> int:
         {"id": LEGACY_STORE, "loc": bolt.location},
         write=True,
     )
-    for seq in _abandoned(bolt):
-        log.warning("%s: removing trace id %d, left incomplete by the former backend", bolt.location, seq)
-        _purge(bolt, seq)
+    for trace_id in _abandoned(bolt):
+        log.warning(
+            "%s: removing trace id %d, left incomplete by the former backend", bolt.location, trace_id
+        )
+        _purge(bolt, trace_id)
     done = 0
-    for seq in [int(r["s"]) for r in bolt.run("MATCH (c:EtstoreContent) RETURN c.seq AS s ORDER BY s")]:
-        _content(bolt, seq)
+    for trace_id in [int(r["s"]) for r in bolt.run("MATCH (c:EtstoreContent) RETURN c.seq AS s ORDER BY s")]:
+        _content(bolt, trace_id)
         done += 1
     bolt.run(
         "MATCH (p:EtstorePayload) CALL { WITH p DELETE p } IN TRANSACTIONS OF 10 ROWS", write=True
@@ -167,10 +169,10 @@ def _abandoned(bolt: Bolt) -> list[int]:
     return [int(r["s"]) for r in rows]
 
 
-def _purge(bolt: Bolt, seq: int) -> None:
-    """Remove content ``seq`` of the former backend: ops and their edges (by uid range), payload,
+def _purge(bolt: Bolt, trace_id: int) -> None:
+    """Remove content ``trace_id`` of the former backend: ops and their edges (by uid range), payload,
     names, lineage records naming it, and last its catalog node."""
-    lo = uid_base(seq)
+    lo = uid_base(trace_id)
     bolt.run(
         "MATCH (o:Op) WHERE o.uid >= $lo AND o.uid < $hi "
         "CALL { WITH o DETACH DELETE o } IN TRANSACTIONS OF 10000 ROWS",
@@ -179,19 +181,19 @@ def _purge(bolt: Bolt, seq: int) -> None:
     )
     bolt.run(
         "MATCH (p:EtstorePayload {seq: $s}) CALL { WITH p DELETE p } IN TRANSACTIONS OF 10 ROWS",
-        {"s": seq},
+        {"s": trace_id},
         write=True,
     )
-    bolt.run("MATCH (x:Trace {trace_id: $s}) WHERE x.store IS NULL DELETE x", {"s": seq}, write=True)
-    bolt.run("MATCH (t:EtstoreTrace {seq: $s}) DELETE t", {"s": seq}, write=True)
+    bolt.run("MATCH (x:Trace {trace_id: $s}) WHERE x.store IS NULL DELETE x", {"s": trace_id}, write=True)
+    bolt.run("MATCH (t:EtstoreTrace {seq: $s}) DELETE t", {"s": trace_id}, write=True)
     for label in ("EtstoreContent", "Content"):
         bolt.run(
             f"MATCH (x:{label}) WHERE $s IN x.lineage_from "
             "SET x.lineage_from = [p IN x.lineage_from WHERE p <> $s]",
-            {"s": seq},
+            {"s": trace_id},
             write=True,
         )
-    bolt.run("MATCH (c:EtstoreContent {seq: $s}) DELETE c", {"s": seq}, write=True)
+    bolt.run("MATCH (c:EtstoreContent {seq: $s}) DELETE c", {"s": trace_id}, write=True)
 
 
 # a name's Trace node as publish writes it, from its catalog node t and the content's id $to
@@ -217,20 +219,20 @@ REMOVE p:EtstorePayload, p.seq
 """
 
 
-def _content(bolt: Bolt, seq: int) -> None:
+def _content(bolt: Bolt, trace_id: int) -> None:
     """Upgrade one ready content (step 3 of the module docstring)."""
     neo4j = driver()
     row = bolt.run(
         "MATCH (c:EtstoreContent {seq: $s}) "
         "OPTIONAL MATCH (x:Content {content_hash: c.content_hash, kind: c.kind}) "
         "RETURN x.trace_id AS other, x.status AS status",
-        {"s": seq},
+        {"s": trace_id},
     )[0]
     other, status = row["other"], row["status"]
     taken = bolt.run(
         "MATCH (t:EtstoreTrace {seq: $s}) MATCH (x:Trace {name: t.name}) "
         "WHERE x.store IS NOT NULL AND x.store <> $store RETURN t.name AS n",
-        {"s": seq, "store": LEGACY_STORE},
+        {"s": trace_id, "store": LEGACY_STORE},
     )
     if taken:
         raise StoreError(
@@ -239,12 +241,12 @@ def _content(bolt: Bolt, seq: int) -> None:
         )
     if other is not None and status != "ready":
         raise StoreError(
-            f"{bolt.location}: trace id {seq} is being published by another client as trace id {other}; "
+            f"{bolt.location}: trace id {trace_id} is being published by another client as trace id {other}; "
             "retry when that finishes"
         )
 
     def work(tx: Any) -> None:
-        params = {"s": seq, "to": seq if other is None else int(other), "store": LEGACY_STORE}
+        params = {"s": trace_id, "to": trace_id if other is None else int(other), "store": LEGACY_STORE}
         if other is None:
             tx.run(_CONTENT, params).consume()
         tx.run(_NAMES, params).consume()
@@ -258,15 +260,15 @@ def _content(bolt: Bolt, seq: int) -> None:
         with bolt.session(write=True) as s:
             s.execute_write(work)
     except (neo4j.exceptions.Neo4jError, neo4j.exceptions.DriverError) as exc:
-        raise StoreError(f"{bolt.location}: upgrading trace id {seq} failed: {message(exc)}") from exc
+        raise StoreError(f"{bolt.location}: upgrading trace id {trace_id} failed: {message(exc)}") from exc
     if other is not None:
         log.warning(
             "%s: trace id %d was published as trace id %d: its names now point there",
             bolt.location,
-            seq,
+            trace_id,
             other,
         )
-        _purge(bolt, seq)
+        _purge(bolt, trace_id)
 
 
 # ---------------------------------------------------------------- formats 1 and 2 (as the backend did)
@@ -292,12 +294,12 @@ def _format1_to_2(bolt: Bolt) -> None:
     """Split format-1 ``EtstoreTrace`` nodes into names and contents in one transaction (trace
     ids stay; algorithm digests gain their parameters, :func:`upgraded_identity`)."""
     nodes = [r["t"] for r in bolt.run("MATCH (t:EtstoreTrace) WHERE t.content_hash IS NOT NULL RETURN t")]
-    seq_of = {t["name"]: int(t["seq"]) for t in nodes if t.get("status") == "ready"}
+    trace_id_of = {t["name"]: int(t["seq"]) for t in nodes if t.get("status") == "ready"}
     rows = [
         {
             "seq": int(t["seq"]),
             "hash": upgraded_identity(t["content_hash"], t["kind"], json.loads(t.get("params") or "{}")),
-            "parent_seq": seq_of.get(t.get("parent") or ""),
+            "parent_seq": trace_id_of.get(t.get("parent") or ""),
         }
         for t in nodes
     ]

@@ -29,7 +29,7 @@ FORMAT_VERSION = 2
 names; 2: names and contents)."""
 
 # The schema of format 2, statement for statement as stores hold it (sqlite_master drops IF NOT EXISTS).
-# AUTOINCREMENT: a seq is never reused, because graph uids derive from it.
+# AUTOINCREMENT: a trace id (column seq) is never reused, because graph uids derive from it.
 _DDL = (
     "CREATE TABLE IF NOT EXISTS contents (\n"
     "\tseq INTEGER NOT NULL PRIMARY KEY AUTOINCREMENT, \n"
@@ -82,7 +82,8 @@ def _read_time(text: str) -> datetime:
 class LegacyTrace:
     """A row of a format-1 catalog's ``traces`` table (read by :meth:`Catalog.legacy_traces`)."""
 
-    seq: int
+    trace_id: int
+    """Its column ``seq``: the content's trace id."""
     name: str
     kind: str
     content_hash: str
@@ -202,9 +203,9 @@ class Catalog:
     def upgrade(self, digests: Mapping[int, str]) -> None:
         """Turn a format-1 catalog into this format, in one SQLite transaction.
 
-        Every ``traces`` row becomes a content with the same sequence number (so graph
+        Every ``traces`` row becomes a content with the same trace id (column ``seq``, so graph
         uids and warehouse rows keep their trace ids) and, if it was ready, a name.
-        ``digests`` maps each row's sequence number to its content's identity in this
+        ``digests`` maps each row's trace id to its content's identity in this
         format (an algorithm's digest gains its parameters:
         :func:`~etstore.store._identity.upgraded_identity`). Rows that were not ready
         stay as contents without names, which the next sweep removes.
@@ -216,20 +217,22 @@ class Catalog:
         """
         if self.format_version() != 1:
             raise StoreError(f"{self.path}: not a format-1 catalog; nothing to upgrade")
-        seq_of = {r.name: r.seq for r in self.legacy_traces() if r.status == "ready"}
+        trace_id_of = {r.name: r.trace_id for r in self.legacy_traces() if r.status == "ready"}
         with self._write() as db:
             for statement in _DDL:
                 db.execute(statement)
             cur = db.execute("SELECT * FROM traces ORDER BY seq")
             cols = [d[0] for d in cur.description]
             for r in (dict(zip(cols, row, strict=True)) for row in cur.fetchall()):
-                self._upgrade_row(db, r, seq_of, digests[r["seq"]])
+                self._upgrade_row(db, r, trace_id_of, digests[r["seq"]])
             db.execute("DROP TABLE traces")
             db.execute(_FORMAT_DDL)
             db.execute("INSERT INTO etstore_format VALUES (?)", (FORMAT_VERSION,))
 
     @staticmethod
-    def _upgrade_row(db: sqlite3.Connection, r: dict[str, Any], seq_of: dict[str, int], digest: str) -> None:
+    def _upgrade_row(
+        db: sqlite3.Connection, r: dict[str, Any], trace_id_of: dict[str, int], digest: str
+    ) -> None:
         """One format-1 ``traces`` row as a content with identity ``digest`` (and a name, if it was ready)."""
         ready = r["status"] == "ready"
         db.execute(
@@ -253,7 +256,7 @@ class Catalog:
                     r["seq"],
                     r["source"],
                     r["parent"],
-                    seq_of.get(r["parent"]) if r["parent"] else None,
+                    trace_id_of.get(r["parent"]) if r["parent"] else None,
                     r["params"],
                     r["created"],
                 ),
@@ -262,7 +265,7 @@ class Catalog:
     # ------------------------------------------------------------ reads
 
     def content_rows(self) -> list[tuple[Any, ...]]:
-        """Every content in any state: (seq, content_hash, kind, ranks, ops, deps, missing,
+        """Every content in any state: (trace id, content_hash, kind, ranks, ops, deps, missing,
         messages, status, created), for the upgrade to format 3."""
         got = self._rows(
             "SELECT seq, content_hash, kind, ranks, ops, deps, missing, messages, status, created "

@@ -119,7 +119,7 @@ def write_parts(
         known = catalog.by_identity(staged.digest, rec.kind)
         if known is None and taken:
             choose_name(
-                catalog.name_ids(), name.name, explicit=True, seq=None
+                catalog.name_ids(), name.name, explicit=True, trace_id=None
             )  # raises: other content holds it
         if known is None:
             for k, v in staged.counts().items():

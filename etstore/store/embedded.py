@@ -324,7 +324,7 @@ class EmbeddedStore:
             catalog.name_ids(),
             name or trace.name,
             explicit=name is not None,
-            seq=existing.trace_id if existing else None,
+            trace_id=existing.trace_id if existing else None,
         )
         name_rec = NameRecord.new(final, trace.source, trace.params, parent, parent_id)
         if existing is not None:
@@ -368,7 +368,7 @@ class EmbeddedStore:
         final = (
             wanted
             if taken
-            else choose_name(catalog.name_ids(), wanted, explicit=name is not None, seq=None)[0]
+            else choose_name(catalog.name_ids(), wanted, explicit=name is not None, trace_id=None)[0]
         )
         name_rec = NameRecord.new(final, first.source, first.params, None, None)
         self.session.doing("ingest", final)
@@ -383,7 +383,7 @@ class EmbeddedStore:
         if known is not None:  # the same content is stored (these rows are gone): point the name at it
             self.session.done()
             final, same = choose_name(
-                catalog.name_ids(), wanted, explicit=name is not None, seq=known.trace_id
+                catalog.name_ids(), wanted, explicit=name is not None, trace_id=known.trace_id
             )
             name_rec.name = final
             return self._name_known(known, name_rec, same, first, None, started)

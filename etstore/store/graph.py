@@ -1,6 +1,6 @@
 """The graph shape of a trace, as Arrow tables any backend can bulk-load, and its Ladybug DDL.
 
-Nodes are ops keyed by a store-wide ``uid`` (``trace_seq << 40 | row``). Edges:
+Nodes are ops keyed by a store-wide ``uid`` (``trace_id << 40 | row``). Edges:
 ``DEP`` (``src → dst`` within a rank, kind ``data``/``ctrl``), ``MSG``
 (a ``COMM_SEND`` to the ``COMM_RECV`` it matches, across ranks) and ``BECOMES``
 (an op of a parent trace to the ops of a derived trace that replace it, e.g. a
@@ -121,11 +121,11 @@ def graph_ddl() -> list[str]:
     ]
 
 
-def uid_base(seq: int) -> int:
-    """First uid of the trace with catalog sequence number ``seq``."""
-    if not 0 < seq < (1 << 22):
-        raise StoreError(f"trace sequence {seq} out of range")
-    return seq << UID_SHIFT
+def uid_base(trace_id: int) -> int:
+    """First uid of the content ``trace_id``."""
+    if not 0 < trace_id < (1 << 22):
+        raise StoreError(f"trace id {trace_id} out of range")
+    return trace_id << UID_SHIFT
 
 
 def op_nodes(trace: Trace, trace_id: int, base: int, columns: Sequence[str] = GRAPH_OP_COLUMNS) -> pa.Table:

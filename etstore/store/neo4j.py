@@ -291,7 +291,7 @@ class Neo4jStore:
 
     def _names(self) -> list[NameRow]:
         return [
-            NameRow(info=self._info(r["t"], r["c"]), parent_seq=r["t"].get("parent_trace_id"))
+            NameRow(info=self._info(r["t"], r["c"]), parent_trace_id=r["t"].get("parent_trace_id"))
             for r in self._rows()
         ]
 

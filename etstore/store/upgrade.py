@@ -23,8 +23,9 @@ __all__ = ["main", "upgrade_store"]
 
 
 def upgrade_store(location: str | os.PathLike[str] | None = None) -> None:
-    """Open a store directory writable (which upgrades an older format in place) and close it;
-    upgrade a server of etstore's former Neo4j backend to the published form.
+    """Open a store directory writable (which upgrades an older format in place), bring every
+    feature's tables and views up to this etstore's declarations (:mod:`etstore.store.tables`),
+    and close it; upgrade a server of etstore's former Neo4j backend to the published form.
 
     Parameters
     ----------
@@ -48,7 +49,8 @@ def upgrade_store(location: str | os.PathLike[str] | None = None) -> None:
     if backend == "neo4j":
         upgrade_server(loc)
         return
-    open_store(loc, write=True).close()
+    with open_store(loc, write=True) as store:
+        store.warehouse.create_schema()  # every feature's tables as this etstore declares them
 
 
 def main(argv: list[str] | None = None) -> int:

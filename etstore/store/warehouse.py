@@ -1,7 +1,8 @@
-"""The DuckDB warehouse: the one way to talk to it (the tables it holds: :mod:`etstore.store.schema`).
+"""The DuckDB warehouse: the one way to talk to it (the store's tables: :mod:`etstore.store.schema`;
+the features': :mod:`etstore.store.tables`).
 
 :class:`Warehouse` wraps one DuckDB connection behind a narrow API (``query``,
-``execute``, ``append``, ``next_id``, ``transaction``, ``registered``) and turns
+``execute``, ``append``, ``next_id``, ``transaction``, ``registered``, ``ensure``) and turns
 DuckDB's errors into :class:`~etstore.errors.QueryError` (reads) and
 :class:`~etstore.errors.StoreError` (writes) carrying the engine's message.
 """
@@ -22,21 +23,8 @@ from etstore.errors import QueryError, StoreError
 from etstore.sandbox import read_only_config
 from etstore.store._identity import choose_name
 from etstore.store.result import Result
-from etstore.store.schema import (
-    CALIBRATION_DDL,
-    CATALOG_DDL,
-    COMPARISONS_DDL,
-    GIB_RATE_COLUMNS,
-    MEASURED_DDL,
-    OPPORTUNITIES_DDL,
-    SCHEMA_VERSION,
-    TABLES,
-    TRACE_DDL,
-    TRACE_VIEWS,
-    TUNER_DDL,
-    TUNER_VIEWS,
-    VIEWS,
-)
+from etstore.store.schema import CATALOG_DDL, TABLE_SETS_DDL, TRACE_DDL, TRACE_VIEWS
+from etstore.store.tables import TableSet, declared, table_set
 from etstore.units import BUDGET_ENV_VAR
 
 if TYPE_CHECKING:
@@ -44,6 +32,8 @@ if TYPE_CHECKING:
 
 __all__ = ["Warehouse", "read_only_config"]
 
+# Appends of at least one row group go straight to the database file at commit
+# instead of through the WAL and a checkpoint (a second full write). DuckDB's
 # default group of 122,880 rows leaves a typical algorithm trace (10^4-10^5 ops)
 # below that line; this size puts it above, at a third less DuckDB time per ingest.
 # DuckDB does not persist the size, so every open attaches with it.
@@ -75,7 +65,7 @@ class Warehouse:
     con
         An open DuckDB connection; the warehouse owns it from now on (:meth:`close`).
         ``Warehouse(duckdb.connect())`` is a fresh in-memory warehouse (no tables
-        until :meth:`create_schema`).
+        until :meth:`create_schema`, or a feature's own until :meth:`ensure`).
     read_only
         Whether ``con`` was opened read-only (:meth:`open` says what that refuses).
 
@@ -84,7 +74,7 @@ class Warehouse:
     Not thread-safe: one thread at a time may use a warehouse.
     """
 
-    __slots__ = ("_con", "_depth", "_error", "_spill", "_statements", "read_only")
+    __slots__ = ("_con", "_depth", "_ensured", "_error", "_pending", "_spill", "_statements", "read_only")
 
     def __init__(
         self, con: duckdb.DuckDBPyConnection, *, read_only: bool = False, statements: list[int] | None = None
@@ -95,12 +85,15 @@ class Warehouse:
         self._error: type[Exception] = _duckdb().Error
         self._depth = 0  # open transaction() blocks; only the outermost one talks to DuckDB
         self._spill: str | None = None  # a read-only warehouse's private spill directory (close removes it)
+        self._ensured: set[str] = set()  # table sets applied through this connection (committed)
+        self._pending: set[str] = set()  # ... in the transaction under way
 
     @classmethod
     def open(
         cls, path: str | Path, *, read_only: bool = False, legacy: pa.Table | Literal["discard"] | None = None
     ) -> Warehouse:
-        """Open (or create) the warehouse file at ``path``; writable ones get the full schema.
+        """Open (or create) the warehouse file at ``path``; writable ones get the store's schema
+        and every declared table set they lack (:meth:`create_schema`).
 
         Parameters
         ----------
@@ -125,7 +118,7 @@ class Warehouse:
         ------
         StoreError
             DuckDB cannot open the file (locked by another process, not a DuckDB file,
-            ...) or the metrics tables are of a newer schema version.
+            ...), or a table set it creates refuses the database (a newer etstore's).
         """
         duckdb = _duckdb()
         if read_only:  # spills go to a directory of this process's own, never beside the store
@@ -157,7 +150,7 @@ class Warehouse:
             raise
         warehouse = cls(con)
         try:
-            warehouse.create_schema(legacy=legacy)
+            warehouse.create_schema(legacy=legacy, refresh=False)
         except BaseException:
             warehouse.close()
             raise
@@ -165,7 +158,7 @@ class Warehouse:
 
     @classmethod
     def empty_read_only(cls) -> Warehouse:
-        """A read-only warehouse with the full schema and no rows: what a store that has no
+        """A read-only warehouse with every table and no rows: what a store that has no
         warehouse file yet (nothing was ever stored) shows its readers. The schema is built
         in a scratch file opened read-only like a real one, so queries see empty tables,
         writes are refused, and nothing lands in the store."""
@@ -300,7 +293,7 @@ class Warehouse:
         ).to_arrow()["name"]
         held = {str(n): 0 for n in taken.to_pylist()}
         try:
-            return choose_name(held, wanted, explicit=explicit, seq=None)[0]
+            return choose_name(held, wanted, explicit=explicit, trace_id=None)[0]
         except StoreError as exc:
             raise StoreError(clash) from exc
 
@@ -328,12 +321,14 @@ class Warehouse:
         try:
             yield
             self.execute("COMMIT")
+            self._ensured |= self._pending
         except BaseException:
             with suppress(self._error):  # a failed COMMIT has already ended it
                 self._con.execute("ROLLBACK")
             raise
         finally:
             self._depth = 0
+            self._pending.clear()
 
     @contextmanager
     def registered(self, **tables: pa.Table) -> Iterator[None]:
@@ -358,19 +353,32 @@ class Warehouse:
 
     # ------------------------------------------------------------ schema
 
-    def create_schema(self, *, legacy: pa.Table | Literal["discard"] | None = None) -> None:
-        """Create every table (if absent) and (re)create every view, in one transaction.
+    def create_schema(
+        self, *, legacy: pa.Table | Literal["discard"] | None = None, refresh: bool = True
+    ) -> None:
+        """Create the store's tables (if absent) and views, and every declared table set, in one
+        transaction.
 
         Idempotent; views are replaced so a database written by an older etstore gains
-        the views (and their newer columns) the first time this version writes to it.
-        Trace tables of store format 1 (``ops`` ... keyed by trace name) are re-keyed
-        by content in the same transaction, as ``legacy`` says (see :meth:`open`).
+        the views (and their newer columns). Trace tables of store format 1 (``ops`` ... keyed
+        by trace name) are re-keyed by content in the same transaction, as ``legacy`` says
+        (see :meth:`open`).
+
+        Parameters
+        ----------
+        legacy
+            What to do with trace tables of store format 1 (:meth:`open`).
+        refresh
+            Apply every declared set (:mod:`etstore.store.tables`), each module imported; with
+            False, only the sets the database does not record yet: what a writable open does,
+            so that it imports no feature once the store holds them all (each feature applies
+            its own set again when it writes, :meth:`ensure`).
 
         Raises
         ------
         StoreError
-            The database holds a newer metrics schema, trace tables of format 1 and no
-            ``legacy`` instruction, or DuckDB refuses the DDL.
+            Trace tables of format 1 and no ``legacy`` instruction, a table set refuses the
+            database (one a newer etstore wrote), or DuckDB refuses the DDL.
         """
         with self.transaction():
             if self._has_format1_tables():
@@ -380,7 +388,7 @@ class Warehouse:
                         "writable to upgrade it"
                     )
                 self._upgrade_format1(legacy)
-            for ddl in (*TRACE_DDL, *CATALOG_DDL):
+            for ddl in (*TRACE_DDL, *CATALOG_DDL, TABLE_SETS_DDL):
                 self.execute(ddl)
             # names stored before format 3 have no creation time here (the catalog held it)
             self.execute("ALTER TABLE traces ADD COLUMN IF NOT EXISTS created TIMESTAMP")
@@ -388,34 +396,55 @@ class Warehouse:
             for view, ddl in TRACE_VIEWS.items():
                 if view not in own:
                     self.execute(ddl)
-            self._create_metrics()
-            self.execute(OPPORTUNITIES_DDL)
-            # stores made before opportunities were numbered get the column, NULL in old rows
-            self.execute("ALTER TABLE opportunities ADD COLUMN IF NOT EXISTS opportunity INTEGER")
-            self.execute(COMPARISONS_DDL)
-            for ddl in MEASURED_DDL:
-                self.execute(ddl)
-            for ddl in (*TUNER_DDL, *TUNER_VIEWS.values()):
-                self.execute(ddl)
-            for ddl in CALIBRATION_DDL:
-                self.execute(ddl)
+            held = self._held_sets()
+            done: set[str] = set()
+            for name in declared():
+                if refresh or name not in held:
+                    self._apply(table_set(name), held, done)
 
-    def _create_metrics(self) -> None:
-        self.execute("CREATE TABLE IF NOT EXISTS etstore_sim_schema (version INTEGER)")
-        have = self.query("SELECT max(version) FROM etstore_sim_schema").scalar()
-        if have is not None and have > SCHEMA_VERSION:
-            raise StoreError(
-                f"the metrics tables are schema version {have}; this etstore writes version "
-                f"{SCHEMA_VERSION}: upgrade etstore"
-            )
-        for ddl in (*TABLES.values(), *VIEWS.values()):
+    def ensure(self, tables: TableSet) -> None:
+        """Apply ``tables`` (and create the sets it requires, where absent) unless this
+        connection already did: what a feature calls before it writes its tables.
+
+        The first call per connection runs the set's statements (idempotent: tables created
+        where absent, its ``upgrade``, views re-created) and records the set; later calls cost
+        nothing. Inside a :meth:`transaction` it joins it (rolled back with it). A read-only
+        warehouse is left as it is (the feature's write is refused as any other).
+
+        Raises
+        ------
+        StoreError
+            The set's ``upgrade`` refuses the database (a newer etstore's), or DuckDB refuses
+            the DDL; nothing of it stays.
+        """
+        if self.read_only or tables.name in self._ensured or tables.name in self._pending:
+            return
+        with self.transaction():
+            self.execute(TABLE_SETS_DDL)
+            self._apply(tables, self._held_sets(), set())
+
+    def _held_sets(self) -> set[str]:
+        """The table sets this database records (``etstore_table_sets``)."""
+        return {str(r[0]) for r in self.query("SELECT name FROM etstore_table_sets")}
+
+    def _apply(self, tables: TableSet, held: set[str], done: set[str]) -> None:
+        """Run one set's statements and record it (inside the caller's transaction), after
+        creating the sets it requires that ``held`` lacks; ``done``: sets applied in this call."""
+        if tables.name in done:
+            return
+        done.add(tables.name)
+        for name in tables.requires:
+            if name not in held:
+                self._apply(table_set(name), held, done)
+        for ddl in tables.tables.values():
             self.execute(ddl)
-        if have is not None and have < 2:  # rates stored with GB = 2^30
-            for table, columns in GIB_RATE_COLUMNS.items():
-                sets = ", ".join(f"{c} = {c} * $k" for c in columns)
-                self.execute(f"UPDATE {table} SET {sets}", {"k": 2**30 / 1e9})
-        if have is None or have < SCHEMA_VERSION:
-            self.execute("INSERT INTO etstore_sim_schema VALUES ($v)", {"v": SCHEMA_VERSION})
+        if tables.upgrade is not None:
+            tables.upgrade(self)
+        for ddl in tables.views.values():
+            self.execute(ddl)
+        self.execute("INSERT OR IGNORE INTO etstore_table_sets VALUES ($n)", {"n": tables.name})
+        held.add(tables.name)
+        self._pending.add(tables.name)
 
     # ------------------------------------------------------------ store format 1
 

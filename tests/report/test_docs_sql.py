@@ -8,7 +8,7 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from etstore.store.schema import VIEWS
+from etstore.app.runs import RUN_TABLES
 from etstore.testing import RecordedStore as Recorded
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "metrics.md"
@@ -18,7 +18,7 @@ EXAMPLES = re.findall(r"```sql\n(.*?)```", DOC.read_text(), re.S)
 def test_the_doc_has_examples_for_every_view() -> None:
     assert len(EXAMPLES) >= 10
     text = "\n".join(EXAMPLES)
-    for view in VIEWS:
+    for view in RUN_TABLES.views:
         assert view in text, f"docs/metrics.md has no example using {view}"
 
 

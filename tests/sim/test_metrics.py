@@ -10,11 +10,10 @@ import duckdb
 import pyarrow as pa
 import pytest
 
-from etstore.app.runs import create_schema, record_run, record_sweep
+from etstore.app.runs import RUN_TABLES, SCHEMA_VERSION, create_schema, record_run, record_sweep
 from etstore.errors import StoreError
 from etstore.model import Trace, deps_table, ops_table
 from etstore.sim import SimConfig, collective_workload, simulate, sweep
-from etstore.store.schema import SCHEMA_VERSION, TABLES
 from etstore.store.warehouse import Warehouse
 from etstore.topology import Topology
 
@@ -48,7 +47,7 @@ def test_schema_is_created_once(wh: Warehouse) -> None:
     create_schema(wh)
     create_schema(wh)
     tables = {r[0] for r in wh.query("SELECT table_name FROM information_schema.tables")}
-    assert set(TABLES) <= tables
+    assert set(RUN_TABLES.tables) <= tables
     assert list(wh.query("SELECT count(*), max(version) FROM etstore_sim_schema")) == [(1, SCHEMA_VERSION)]
 
 

@@ -146,12 +146,12 @@ def test_an_upgrade_cut_short_is_finished_by_the_next_open(
     xml = shared_fixture("msccl/allreduce_1step_mccl_8_2_131072_LL.xml")
     # the warehouse step done, the catalog step not (a crash between the two transactions)
     legacy = Catalog(old_store / "catalog.sqlite", create=False).legacy_traces()
-    seq = {r.name: r.seq for r in legacy}
+    trace_id_of = {r.name: r.trace_id for r in legacy}
     table = pa.table(
         {
             "name": [r.name for r in legacy],
-            "trace_id": pa.array([r.seq for r in legacy], pa.int64()),
-            "parent_trace_id": pa.array([seq.get(r.parent or "") for r in legacy], pa.int64()),
+            "trace_id": pa.array([r.trace_id for r in legacy], pa.int64()),
+            "parent_trace_id": pa.array([trace_id_of.get(r.parent or "") for r in legacy], pa.int64()),
             "content_hash": [upgraded_identity(r.content_hash, r.kind, json.loads(r.params)) for r in legacy],
         }
     )

@@ -9,9 +9,9 @@ import duckdb
 import pyarrow as pa
 import pytest
 
+from etstore.app.runs import RUN_TABLES, SCHEMA_VERSION
 from etstore.errors import QueryError, StoreError
 from etstore.store import EmbeddedStore, _trace_rows
-from etstore.store.schema import SCHEMA_VERSION, TABLES
 from etstore.store.warehouse import Warehouse
 from etstore.testing import assert_trace_equal
 from etstore.workloads import transformer
@@ -77,7 +77,8 @@ def test_errors_carry_the_engine_message(wh: Warehouse) -> None:
 def test_open_file_schema_and_read_only(tmp_path: Path) -> None:
     path = tmp_path / "w.duckdb"
     with Warehouse.open(path) as w:
-        assert set(TABLES) <= {r[0] for r in w.query("SELECT table_name FROM information_schema.tables")}
+        tables = {r[0] for r in w.query("SELECT table_name FROM information_schema.tables")}
+        assert {*RUN_TABLES.tables, *RUN_TABLES.views} <= tables
         w.execute("INSERT INTO runs (run_id, trace) VALUES (7, 't')")
     with Warehouse.open(path, read_only=True) as r:
         assert r.query("SELECT run_id FROM runs").scalar() == 7
@@ -85,6 +86,11 @@ def test_open_file_schema_and_read_only(tmp_path: Path) -> None:
             r.execute("DELETE FROM runs")
     with Warehouse.open(path) as w:
         w.execute("INSERT INTO etstore_sim_schema VALUES ($v)", {"v": SCHEMA_VERSION + 1})
+    # metrics a newer etstore wrote: refused where runs are written, and nothing changes
+    with Warehouse.open(path) as w, pytest.raises(StoreError, match=f"schema version {SCHEMA_VERSION + 1}"):
+        w.ensure(RUN_TABLES)
+    with Warehouse.open(path) as w:  # a store that does not record the set: refused at open
+        w.execute("DELETE FROM etstore_table_sets WHERE name = 'runs'")
     with pytest.raises(StoreError, match=f"schema version {SCHEMA_VERSION + 1}"):
         Warehouse.open(path)
     (tmp_path / "junk.duckdb").write_bytes(b"not a database" * 100)
@@ -95,8 +101,9 @@ def test_open_file_schema_and_read_only(tmp_path: Path) -> None:
 def _metrics_of_schema_1(path: Path) -> None:
     """A warehouse as etstore wrote it with metrics schema 1: rates with GB = 2^30."""
     with duckdb.connect(str(path)) as con:
-        for ddl in TABLES.values():
-            con.execute(ddl)
+        for table, ddl in RUN_TABLES.tables.items():
+            if table != "etstore_sim_schema":
+                con.execute(ddl)
         con.execute("CREATE TABLE etstore_sim_schema (version INTEGER)")
         con.execute("INSERT INTO etstore_sim_schema VALUES (1)")
         # 1 MiB in 20,031 ns: algbw 52.35 bytes per ns, stored as 48.75 "GB/s" with GB = 2^30
