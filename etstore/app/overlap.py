@@ -369,7 +369,7 @@ def find_opportunities(
         raise OptionError(f"unknown opportunity kind {bad[0]!r}; expected {', '.join(OPPORTUNITY_KINDS)}")
     tr = store.load(trace)
     rows: list[dict[str, Any]] = []
-    if tr.params.get("execution") == RECORDED and tr.kind != "expanded":  # its lanes, as recorded
+    if tr.params.get("execution") == RECORDED:  # its lanes, as recorded (expanded too)
         if "overlap" in kinds:
             if run_id is not None:
                 raise OptionError(

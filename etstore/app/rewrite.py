@@ -132,7 +132,7 @@ def rewrite_stored(
     if kind not in REWRITE_KINDS:
         raise RewriteError(f"unknown rewrite {kind!r}; expected one of {', '.join(REWRITE_KINDS)}")
     original = store.load(trace)
-    if original.params.get("execution") == RECORDED and original.kind != "expanded":
+    if original.params.get("execution") == RECORDED:  # expanded too: its lanes stay chains
         if kind != "overlap":
             raise RewriteError(
                 f"{trace!r} is a recording: its ops move only within their thread or stream, which "
