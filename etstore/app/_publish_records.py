@@ -122,9 +122,9 @@ RECORD_KINDS: tuple[RecordKind, ...] = (
     ),
     RecordKind(
         "Opportunity",
-        """SELECT DISTINCT md5(CAST((trace, kind, rank, op_id, other_id, gain_ns, detail, opportunity)
-                AS VARCHAR)) AS key, trace, kind, rank, op_id, other_id, gain_ns, detail, opportunity
-        FROM opportunities ORDER BY trace, opportunity, key""",
+        """SELECT DISTINCT md5(CAST((trace, kind, rank, op_id, other_id, gain_ns, detail, id)
+                AS VARCHAR)) AS key, trace, kind, rank, op_id, other_id, gain_ns, detail, id
+        FROM opportunities ORDER BY trace, id, key""",
         links=(_OF_TRACE.format(label="Opportunity", rel="IN", column="trace"),),
         traces=("trace",),
     ),

@@ -28,24 +28,33 @@ __all__ = ["OPPORTUNITY_TABLES", "RECORD_SQL", "explain", "find_and_record", "re
 
 
 def _number_older_rows(warehouse: Warehouse) -> None:
-    """Give a store made before opportunities were numbered the column (NULL in its old rows)."""
-    warehouse.execute("ALTER TABLE opportunities ADD COLUMN IF NOT EXISTS opportunity INTEGER")
+    """Give a store made before opportunities were numbered the column ``id`` (NULL in its old
+    rows); one that numbered them as ``opportunity`` has it renamed."""
+    cols = {
+        str(r["column_name"])
+        for r in warehouse.query(
+            "SELECT column_name FROM information_schema.columns WHERE table_name = 'opportunities'"
+        ).to_pylist()
+    }
+    if "opportunity" in cols and "id" not in cols:
+        warehouse.execute("ALTER TABLE opportunities RENAME COLUMN opportunity TO id")
+    warehouse.execute("ALTER TABLE opportunities ADD COLUMN IF NOT EXISTS id INTEGER")
 
 
 OPPORTUNITY_TABLES = TableSet(
     "opportunities",
     {
         "opportunities": "CREATE TABLE IF NOT EXISTS opportunities (trace VARCHAR, kind VARCHAR, "
-        "rank INTEGER, op_id UBIGINT, other_id UBIGINT, gain_ns DOUBLE, detail VARCHAR, opportunity INTEGER)"
+        "rank INTEGER, op_id UBIGINT, other_id UBIGINT, gain_ns DOUBLE, detail VARCHAR, id INTEGER)"
     },
     upgrade=_number_older_rows,
 )
-"""The ``opportunities`` table (``opportunity`` numbers a trace's rows from 1, what
+"""The ``opportunities`` table (``id`` numbers a trace's rows from 1, what
 ``etstore rewrite --opportunity`` takes)."""
 
 RECORD_SQL = (
-    "INSERT INTO opportunities (trace, kind, rank, op_id, other_id, gain_ns, detail, opportunity) "
-    "SELECT trace, kind, rank, op_id, other_id, gain_ns, detail, opportunity FROM _etstore_found"
+    "INSERT INTO opportunities (trace, kind, rank, op_id, other_id, gain_ns, detail, id) "
+    "SELECT trace, kind, rank, op_id, other_id, gain_ns, detail, id FROM _etstore_found"
 )
 """The insert of :func:`record_opportunities` (``_etstore_found``: the finders' table)."""
 

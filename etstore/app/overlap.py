@@ -80,7 +80,7 @@ OPPORTUNITIES_SCHEMA = pa.schema(
         ("other_id", pa.uint64()),
         ("gain_ns", pa.float64()),
         ("detail", pa.string()),
-        ("opportunity", pa.int32()),
+        ("id", pa.int32()),
     ]
 )
 
@@ -348,7 +348,7 @@ def find_opportunities(
         collective, or the send/collective for reorder), ``other_id`` (overlap: the
         first freed compute op; chunk: the consumer; reorder: the compute op right
         ahead), ``gain_ns`` (> 0), ``detail`` (JSON: timings in ns and op ids),
-        ``opportunity`` (1, 2, ... in row order: what ``etstore rewrite --opportunity``
+        ``id`` (1, 2, ... in row order: what ``etstore rewrite --opportunity``
         takes). Ordered by kind, then in the order measured (largest estimate first); with
         ``measure=False``, by kind, rank, op_id.
 
@@ -428,7 +428,7 @@ def find_opportunities(
             "other_id": pa.array([r["other_id"] for r in rows], pa.uint64()),
             "gain_ns": pa.array([r["gain_ns"] for r in rows], pa.float64()),
             "detail": pa.array([json.dumps(r["detail"], sort_keys=True) for r in rows], pa.string()),
-            "opportunity": pa.array(range(1, len(rows) + 1), pa.int32()),
+            "id": pa.array(range(1, len(rows) + 1), pa.int32()),
         },
         schema=OPPORTUNITIES_SCHEMA,
     )

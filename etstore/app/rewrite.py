@@ -28,14 +28,14 @@ __all__ = ["rewrite_stored"]
 
 
 def _numbered_rows(store: Store, trace: str, numbers: Sequence[int]) -> list[tuple[int, str, dict[str, Any]]]:
-    """``(opportunity, kind, detail)`` of the numbered opportunities of a trace, in the order
+    """``(id, kind, detail)`` of the numbered opportunities of a trace, in the order
     asked; a number the last ``etstore overlap`` did not record is refused."""
     rows = store.sql(
-        "SELECT opportunity, kind, detail FROM opportunities "
-        "WHERE trace = $t AND opportunity IN (SELECT unnest($n))",
+        "SELECT id, kind, detail FROM opportunities "
+        "WHERE trace = $t AND id IN (SELECT unnest($n))",
         {"t": trace, "n": [int(x) for x in numbers]},
     ).to_pylist()
-    have = {int(r["opportunity"]): (str(r["kind"]), json.loads(r["detail"])) for r in rows}
+    have = {int(r["id"]): (str(r["kind"]), json.loads(r["detail"])) for r in rows}
     lost = [int(x) for x in numbers if int(x) not in have]
     if lost:
         raise RewriteError(
@@ -73,17 +73,17 @@ def _recorded_details(
     the last ``overlap`` of it recorded, else of every one found now on ``topo``."""
     if not numbers:
         recorded = store.sql(
-            "SELECT opportunity FROM opportunities WHERE trace = $t AND kind = 'overlap' "
-            "AND opportunity IS NOT NULL ORDER BY opportunity",
+            "SELECT id FROM opportunities WHERE trace = $t AND kind = 'overlap' "
+            "AND id IS NOT NULL ORDER BY id",
             {"t": trace.name},
         ).to_arrow()
         if not recorded.num_rows or topo is not None:
             found = find_opportunities(store, trace.name, topo=topo, kinds=("overlap",))
             return [
                 {**json.loads(d), "opportunity": int(o)}
-                for d, o in zip(found["detail"].to_pylist(), found["opportunity"].to_pylist(), strict=True)
+                for d, o in zip(found["detail"].to_pylist(), found["id"].to_pylist(), strict=True)
             ]
-        numbers = recorded["opportunity"].to_pylist()
+        numbers = recorded["id"].to_pylist()
     return [
         {**detail, "opportunity": number} for number, _, detail in _numbered_rows(store, trace.name, numbers)
     ]

@@ -95,9 +95,8 @@ def _overlap(args: argparse.Namespace, console: Console) -> int:
             split=_split(args),
         )
     if args.format == "json":
-        rows = found.to_pylist()
-        for r in rows:
-            r["detail"] = json.loads(r["detail"])
+        # id first: what `rewrite --opportunity` takes; detail says what moves
+        rows = [{"id": r.pop("id"), **r, "detail": json.loads(r["detail"])} for r in found.to_pylist()]
         sys.stdout.write(json_text(rows) + "\n")
         return 0
     details = [json.loads(d) for d in found["detail"].to_pylist()]
@@ -127,7 +126,7 @@ def hoist_table(found: pa.Table) -> pa.Table:
     the estimate, the gain its replay measured (on top of the ones above) and alone."""
     rows = []
     for o, gain, raw in zip(
-        found["opportunity"].to_pylist(),
+        found["id"].to_pylist(),
         found["gain_ns"].to_pylist(),
         found["detail"].to_pylist(),
         strict=True,
@@ -136,7 +135,7 @@ def hoist_table(found: pa.Table) -> pa.Table:
         moves = d["moves"]
         rows.append(
             {
-                "opportunity": o,
+                "id": o,
                 "in front of": d["held"],
                 "ranks": len(moves),
                 "ops moved": sum(len(m["moved"]) for m in moves),

@@ -152,7 +152,7 @@ def test_cli_expand_overlap_rewrite_compare_realise_each_gain(
     rows = json.loads(capsys.readouterr().out)
     assert rows and all(r["kind"] == "overlap" and r["gain_ns"] > 0 for r in rows)
     for r in rows:
-        n = str(r["opportunity"])
+        n = str(r["id"])
         assert main([*s, "rewrite", "x", "--apply", "overlap", "--opportunity", n, "--name", f"y{n}"]) == 0
         capsys.readouterr()
         assert main([*s, "compare", "x", f"y{n}", "--format", "json"]) == 0

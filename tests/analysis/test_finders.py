@@ -293,7 +293,7 @@ def test_finders_match_the_reference_on_expanded_workloads(stored: tuple[Embedde
     timings = {
         (r["rank"], r["id"]): (r["ready_ns"], r["start_ns"], r["end_ns"]) for r in t.to_arrow().to_pylist()
     }
-    rows = [{**r, "detail": json.loads(r["detail"])} for r in got.drop(["trace", "opportunity"]).to_pylist()]
+    rows = [{**r, "detail": json.loads(r["detail"])} for r in got.drop(["trace", "id"]).to_pylist()]
     want = _ref_rows(trace, timings)
     assert [_ids(r) for r in rows] == [_ids(r) for r in want]
     got_ns, want_ns = [x for r in rows for x in _ns(r)], [x for r in want for x in _ns(r)]

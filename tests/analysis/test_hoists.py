@@ -141,7 +141,7 @@ def test_cli_overlap_rewrite_compare_realise_the_reported_gains(
     capsys.readouterr()
     assert main([*store, "overlap", "ddp", "--format", "json"]) == 0
     rows = json.loads(capsys.readouterr().out)
-    assert [r["opportunity"] for r in rows] == list(range(1, len(rows) + 1))
+    assert [r["id"] for r in rows] == list(range(1, len(rows) + 1))
     assert all(r["kind"] == "overlap" and r["detail"]["measured"] for r in rows)
     assert main([*store, "rewrite", "ddp", "--opportunity", "1", "--name", "one", "--format", "json"]) == 0
     assert main([*store, "rewrite", "ddp", "--apply", "overlap", "--name", "all", "--format", "json"]) == 0

@@ -105,7 +105,7 @@ def test_measured_gains_are_what_the_simulator_says_with_each_applied(store: Emb
     store.ingest(hand_workload(), name="hand")
     found = find_and_record(store, "hand", topo="ring:2")
     assert rows(found) == [("overlap", 0, 1, 2, 20000.0), ("reorder", 0, 5, 4, 20031.0)]
-    assert found["opportunity"].to_pylist() == [1, 2]
+    assert found["id"].to_pylist() == [1, 2]
     for r in found.to_pylist():
         d = json.loads(r["detail"])
         assert d["measured"] and d["makespan_ns"] == 141131.0 and d["alone_gain_ns"] == r["gain_ns"]
@@ -181,12 +181,12 @@ def test_recorded_rows_replace_the_traces_earlier_rows(store: EmbeddedStore) -> 
         ("other_id", "UBIGINT"),
         ("gain_ns", "DOUBLE"),
         ("detail", "VARCHAR"),
-        ("opportunity", "INTEGER"),
+        ("id", "INTEGER"),
     ]
     numbers = store.sql(
-        "SELECT opportunity FROM opportunities WHERE trace = 'hand' ORDER BY rank"
+        "SELECT id FROM opportunities WHERE trace = 'hand' ORDER BY rank"
     ).to_pylist()
-    assert [r["opportunity"] for r in numbers] == [1]
+    assert [r["id"] for r in numbers] == [1]
 
 
 def test_timings_from_a_recorded_run(store: EmbeddedStore) -> None:

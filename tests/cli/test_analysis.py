@@ -34,8 +34,11 @@ def test_overlap_rewrite_compare(capsys: pytest.CaptureFixture[str], loaded: Pat
     # what the compare below realises
     assert found == [("overlap", 0, 1, 2, 20000.0), ("reorder", 0, 5, 4, 20031.0)]
     assert json.loads(out)[0]["detail"]["collective_ns"] == 55100.0
+    # each row leads with its id, what `rewrite --opportunity` takes
+    assert [list(r)[:3] for r in json.loads(out)] == [["id", "trace", "kind"]] * 2
+    assert [r["id"] for r in json.loads(out)] == [1, 2]
     code, out, _ = run(capsys, loaded, "overlap", "hand", "--kind", "reorder", "--format", "csv")
-    assert code == 0 and out.splitlines()[0] == "trace,kind,rank,op_id,other_id,gain_ns,detail,opportunity"
+    assert code == 0 and out.splitlines()[0] == "trace,kind,rank,op_id,other_id,gain_ns,detail,id"
     assert len(out.splitlines()) == 2
     code, out, _ = run(
         capsys, loaded, "overlap", "hand", "--topo", "ring:2", "--estimates", "--format", "json"

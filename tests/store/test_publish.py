@@ -63,7 +63,7 @@ TABLES = {
     "runs": "run_id",
     "rank_breakdown": "run_id, rank",
     "comparisons": "comparison_id, rank NULLS FIRST",
-    "opportunities": "trace, opportunity",
+    "opportunities": "trace, id",
     "measured_runs": "run_id",
     "measurements": "run_id, line, in_place",
     "tuner_runs": "run_id",

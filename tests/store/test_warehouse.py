@@ -146,8 +146,8 @@ def test_opportunities_of_an_older_store_get_their_numbers_column(tmp_path: Path
         )
         con.execute("INSERT INTO opportunities VALUES ('t', 'overlap', 0, 1, 2, 5.0, '{}')")
     with Warehouse.open(path) as w:
-        assert w.query("SELECT opportunity, gain_ns FROM opportunities").to_pylist() == [
-            {"opportunity": None, "gain_ns": 5.0}
+        assert w.query("SELECT id, gain_ns FROM opportunities").to_pylist() == [
+            {"id": None, "gain_ns": 5.0}
         ]
 
 
@@ -170,3 +170,17 @@ def test_a_load_read_range_by_range_is_the_trace_stored(
             got = s.load(trace.name)
             assert got.num_ops > 7 and got.deps.num_rows > 7
             assert_trace_equal(got, trace)
+
+
+def test_opportunities_numbered_as_opportunity_are_renamed_id(tmp_path: Path) -> None:
+    """A store that numbered its opportunities in a column ``opportunity`` keeps the numbers,
+    now under ``id`` (what ``overlap --format json`` and ``rewrite --opportunity`` call them)."""
+    path = tmp_path / "w.duckdb"
+    with duckdb.connect(str(path)) as con:
+        con.execute(
+            "CREATE TABLE opportunities (trace VARCHAR, kind VARCHAR, rank INTEGER, op_id UBIGINT, "
+            "other_id UBIGINT, gain_ns DOUBLE, detail VARCHAR, opportunity INTEGER)"
+        )
+        con.execute("INSERT INTO opportunities VALUES ('t', 'overlap', 0, 1, 2, 5.0, '{}', 3)")
+    with Warehouse.open(path) as w:
+        assert w.query("SELECT id, gain_ns FROM opportunities").to_pylist() == [{"id": 3, "gain_ns": 5.0}]
