@@ -31,8 +31,7 @@ def _numbered_rows(store: Store, trace: str, numbers: Sequence[int]) -> list[tup
     """``(id, kind, detail)`` of the numbered opportunities of a trace, in the order
     asked; a number the last ``etstore overlap`` did not record is refused."""
     rows = store.sql(
-        "SELECT id, kind, detail FROM opportunities "
-        "WHERE trace = $t AND id IN (SELECT unnest($n))",
+        "SELECT id, kind, detail FROM opportunities WHERE trace = $t AND id IN (SELECT unnest($n))",
         {"t": trace, "n": [int(x) for x in numbers]},
     ).to_pylist()
     have = {int(r["id"]): (str(r["kind"]), json.loads(r["detail"])) for r in rows}

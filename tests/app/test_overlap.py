@@ -183,9 +183,7 @@ def test_recorded_rows_replace_the_traces_earlier_rows(store: EmbeddedStore) -> 
         ("detail", "VARCHAR"),
         ("id", "INTEGER"),
     ]
-    numbers = store.sql(
-        "SELECT id FROM opportunities WHERE trace = 'hand' ORDER BY rank"
-    ).to_pylist()
+    numbers = store.sql("SELECT id FROM opportunities WHERE trace = 'hand' ORDER BY rank").to_pylist()
     assert [r["id"] for r in numbers] == [1]
 
 

@@ -146,9 +146,7 @@ def test_opportunities_of_an_older_store_get_their_numbers_column(tmp_path: Path
         )
         con.execute("INSERT INTO opportunities VALUES ('t', 'overlap', 0, 1, 2, 5.0, '{}')")
     with Warehouse.open(path) as w:
-        assert w.query("SELECT id, gain_ns FROM opportunities").to_pylist() == [
-            {"id": None, "gain_ns": 5.0}
-        ]
+        assert w.query("SELECT id, gain_ns FROM opportunities").to_pylist() == [{"id": None, "gain_ns": 5.0}]
 
 
 def test_a_load_read_range_by_range_is_the_trace_stored(
