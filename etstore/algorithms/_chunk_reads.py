@@ -14,8 +14,9 @@ it is a receive or a reduction or copy (a send only reads). A consumer's data ed
 the part are replaced by edges from the writers of the chunks it reads. Where that cannot
 be said exactly, the edges stay as they were (waiting for everything is never wrong): the
 consumer's bytes are not inside the filled tensor, the tensor is not the algorithm's whole
-buffer (a reduce-scatter's own shard), or a chunk it reads is written by no op of the part
-(the rank's own all-gather chunk).
+buffer (a reduce-scatter's own shard), a chunk it reads is written by no op of the part
+(the rank's own all-gather chunk), or it reads a reduce-scatter's chunk outside the rank's own
+share (a partial sum on this rank, passed on: not a result here).
 """
 
 from __future__ import annotations
@@ -90,6 +91,8 @@ def narrow_consumers(workload: Trace, expanded: Trace) -> tuple[Trace, int]:
     types = ops["type"].to_numpy(zero_copy_only=False)
     attrs = expanded.ops["attrs"]
     fills: dict[int, list[tuple[int, int, int]]] = {}
+    groups_of: Mapping[str, Any] = expanded.params.get("comm_groups") or {}
+    all_ranks = sorted(set(rank.tolist()))
     drop: list[int] = []
     add_rank: list[int] = []
     add_src: list[int] = []
@@ -99,7 +102,7 @@ def narrow_consumers(workload: Trace, expanded: Trace) -> tuple[Trace, int]:
         if b not in fills:
             parent = w_row.get((r, int(blocks["parent_id"][b])))
             filled = node_ranges(_node(workload.ops["attrs"][parent].as_py())) if parent is not None else []
-            buffer = _buffer(blocks, b, expanded.params.get("comm_groups") or {}, len(set(rank.tolist())))
+            buffer = _buffer(blocks, b, groups_of, all_ranks)
             fills[b] = [f for f in filled if f[2] - f[1] == buffer]  # the tensor the chunks cut
         crow = row_of.get((r, consumer))
         if crow is None:
@@ -107,7 +110,14 @@ def narrow_consumers(workload: Trace, expanded: Trace) -> tuple[Trace, int]:
         first, count = int(blocks["first_id"][b]), int(blocks["ops"][b])
         members = [row_of[(r, i)] for i in range(first, first + count) if (r, i) in row_of]
         writers = _writers_of(
-            node_ranges(_node(attrs[crow].as_py())), fills[b], members, types, chunk, total, inner
+            node_ranges(_node(attrs[crow].as_py())),
+            fills[b],
+            members,
+            types,
+            chunk,
+            total,
+            inner,
+            _share(blocks, b, groups_of, all_ranks),
         )
         if writers is None or {int(ids[w]) for w in writers} >= {int(d_src[e]) for e in edges}:
             continue  # it reads every chunk the exits write: it waits for all of them anyway
@@ -128,13 +138,30 @@ def narrow_consumers(workload: Trace, expanded: Trace) -> tuple[Trace, int]:
     return expanded.replace(deps=rebuilt.take(pa.array(order))), count_narrowed
 
 
-def _buffer(blocks: Mapping[str, Any], b: int, groups: Mapping[str, Any], ranks: int) -> int:
+def _members(blocks: Mapping[str, Any], b: int, groups: Mapping[str, Any], ranks: list[int]) -> list[int]:
+    """Block ``b``'s group: its ``comm_groups`` entry, else every rank."""
+    group = groups.get(str(blocks.get("pg_name", [None] * (b + 1))[b] or ""))
+    return [int(x) for x in group] if isinstance(group, list) else ranks
+
+
+def _buffer(blocks: Mapping[str, Any], b: int, groups: Mapping[str, Any], ranks: list[int]) -> int:
     """Bytes of block ``b``'s algorithm buffer: ``comm_size``, times the group for an all-gather."""
     size = int(blocks.get("comm_size", [0] * (b + 1))[b] or 0)
     if blocks.get("comm_type", [None] * (b + 1))[b] != "ALL_GATHER":
         return size
-    group = groups.get(str(blocks.get("pg_name", [None] * (b + 1))[b] or ""))
-    return size * (len(group) if isinstance(group, list) else ranks)
+    return size * len(_members(blocks, b, groups, ranks))
+
+
+def _share(
+    blocks: Mapping[str, Any], b: int, groups: Mapping[str, Any], ranks: list[int]
+) -> tuple[int, int] | None:
+    """(the rank's position, the group's size) for a reduce-scatter, whose other chunks on the
+    rank are partial sums passed on; None for collectives whose every chunk is a result."""
+    if blocks.get("comm_type", [None] * (b + 1))[b] != "REDUCE_SCATTER":
+        return None
+    members = _members(blocks, b, groups, ranks)
+    r = int(blocks["rank"][b])
+    return (members.index(r), len(members)) if r in members else None
 
 
 def _attr_names(trace: Trace) -> set[str]:
@@ -153,6 +180,7 @@ def _writers_of(
     chunk: Mapping[str, np.ndarray],
     total: np.ndarray,
     inner: Mapping[int, list[int]],
+    share: tuple[int, int] | None,
 ) -> list[int] | None:
     """Rows of the part's ops that last wrote the chunks ``reads`` covers (of a chunk's writers,
     those no other writer of it follows in the part), or None when that cannot be said exactly
@@ -179,6 +207,10 @@ def _writers_of(
             slots.update(range(first, last + 1))
     if not slots:
         return None
+    if share is not None:  # a reduce-scatter: only the rank's own share is a result on it
+        pos, n = share
+        if min(slots) < pos * c // n or max(slots) >= (pos + 1) * c // n:
+            return None
     out: list[int] = []
     for s in sorted(slots):
         found = [

@@ -93,3 +93,35 @@ def test_a_trace_without_recorded_tensors_is_left_as_it_is() -> None:
     x = expand(w, "ring").trace
     y, narrowed = narrow_consumers(w, x)
     assert narrowed == 0 and y is x
+
+
+def test_fsdp_gradient_division_waits_for_its_own_reduced_shard_only() -> None:
+    """FSDP2 on gloo reduce-scatters gradients (an all-reduce of the whole buffer, recognised as
+    a reduce-scatter) and divides the rank's own shard: the division waits for the reduction
+    that finished that shard on the rank, and for no other chunk."""
+    w = read_pytorch_et(DATA / "torch_fsdp2_2r")
+    y = expand(w, "ring").trace
+    ops = y.ops
+    names, types, ids, ranks = (ops[c].to_pylist() for c in ("name", "type", "id", "rank"))
+    key = {(r, i): k for k, (r, i) in enumerate(zip(ranks, ids, strict=True))}
+    blocks = y.params["collective_blocks"]
+    block_of = {
+        (r, i): b
+        for b, (r, f, n) in enumerate(zip(blocks["rank"], blocks["first_id"], blocks["ops"], strict=True))
+        for i in range(f, f + n)
+    }
+    d = y.deps
+    seen = 0
+    for r, s, c, k in zip(*(d[x].to_pylist() for x in ("rank", "src", "dst", "kind")), strict=True):
+        if k != "data" or (r, s) not in block_of or names[key[(r, c)]] != "aten::div_":
+            continue
+        b = block_of[(r, s)]
+        assert blocks["comm_type"][b] == "REDUCE_SCATTER"  # gloo's all-reduce, recognised
+        row = key[(r, s)]
+        assert types[row] == "COMP_NODE"  # the rank's last reduction of its shard, not a receive
+        # the rank's own share: its position's slots of the buffer
+        total = ops["total_chunk_cnt"][row].as_py()
+        own = range(r * total // 2, (r + 1) * total // 2)
+        assert ops["chunk_offset"][row].as_py() in own
+        seen += 1
+    assert seen >= 4  # two divisions (weight, bias shards) per reduce-scatter on each rank
