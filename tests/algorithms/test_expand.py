@@ -60,6 +60,32 @@ def _sends(trace: Trace) -> pa.Table:
 # ---------------------------------------------------------------- hand-checked
 
 
+def test_a_thread_stays_a_chain_through_an_expanded_collective() -> None:
+    """a → coll → b ordered by its thread (``thread`` edges): the thread enters the part at its
+    first entry and leaves from its last exit; every other entry and exit keeps the order as
+    ``ctrl``, so the lanes of the expanded recording are chains and nothing starts earlier."""
+    from etstore.analysis.lanes import lanes_of
+
+    w = _coll_workload(2, 1000)
+    w = w.replace(
+        deps=deps_table(np.repeat(np.arange(2), 2), np.tile([10, 20], 2), np.tile([20, 30], 2), "thread"),
+        params={"execution": "recorded"},
+    )
+    t = expand(w, "ring:2").trace  # two channels: two entries and two exits per rank
+    d = t.deps.filter(pc.equal(t.deps["rank"], 0))
+    edges = sorted(zip(d["src"].to_pylist(), d["dst"].to_pylist(), d["kind"].to_pylist(), strict=True))
+    into = [(s, x, k) for s, x, k in edges if s == 10]
+    out = [(s, x, k) for s, x, k in edges if x == 30]
+    assert len(into) == 2 and len(out) == 2
+    assert sorted(k for *_, k in into) == ["ctrl", "thread"] == sorted(k for *_, k in out)
+    (first,) = [x for _, x, k in into if k == "thread"]
+    (last,) = [s for s, _, k in out if k == "thread"]
+    assert first == min(x for _, x, _ in into) and last == max(s for s, _, _ in out)
+    lanes = lanes_of(t)  # no fork
+    rows = {i: k for k, i in enumerate(t.ops["id"].to_pylist()[: t.ops.num_rows // 2])}
+    assert lanes.next[rows[10]] == rows[first] and lanes.prev[rows[30]] == rows[last]
+
+
 def test_two_rank_ring_is_wired_between_the_collectives_neighbours() -> None:
     w = _coll_workload(2, 1000)
     x = expand(w, "ring")
