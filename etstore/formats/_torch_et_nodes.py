@@ -82,7 +82,8 @@ class EtNodes:
     header: dict[str, Any] = field(default_factory=dict)
 
 
-def _io(node: dict[str, Any], key: str) -> tuple[list[Any], list[Any]]:
+def node_io(node: dict[str, Any], key: str) -> tuple[list[Any], list[Any]]:
+    """A node's ``inputs`` or ``outputs`` as (values, types), whichever schema wrote it."""
     io = node.get(key)
     if isinstance(io, dict):  # ≥ 1.0.2-chakra: {"values", "shapes", "types"}
         values, types = io.get("values", []), io.get("types", [])
@@ -135,8 +136,8 @@ def parse_nodes(doc: Any, path: Path) -> EtNodes:
         parent_row=parent_row,
         tids=np.asarray(tids, dtype=np.int64)[order],
         rf_ids=np.asarray(rf_ids, dtype=np.int64)[order],
-        inputs=[_io(n, "inputs") for n, _ in ordered],
-        outputs=[_io(n, "outputs") for n, _ in ordered],
+        inputs=[node_io(n, "inputs") for n, _ in ordered],
+        outputs=[node_io(n, "outputs") for n, _ in ordered],
         attrs=[a for _, a in ordered],
         raw=[dumps(n) for n, _ in ordered],
         header={k: v for k, v in doc.items() if k != "nodes"},

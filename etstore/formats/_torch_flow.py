@@ -28,7 +28,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from etstore.formats._torch_et_nodes import tensors
+from etstore.formats._torch_et_nodes import node_io, tensors
 
 __all__ = ["NO_READ_OPS", "Flow", "node_ranges", "returns_alias", "storage_flow"]
 
@@ -298,10 +298,11 @@ def node_ranges(node_json: str | None) -> list[tuple[int, int, int]]:
     >>> node = '{"inputs": {"values": [[7, 28, 4, 2, 4, "cpu"], 0], "types": ["Tensor(float)", "int"]}}'
     >>> node_ranges(node)
     [(28, 16, 24)]
+    >>> node_ranges('{"inputs": [[7, 28, 4, 2, 4, "cpu"]], "input_types": ["Tensor(float)"]}')  # schema 1.0.1
+    [(28, 16, 24)]
     >>> node_ranges(None)
     []
     """
     if not node_json:
         return []
-    inputs = json.loads(node_json).get("inputs") or {}
-    return _ranges(tensors(inputs.get("values") or [], inputs.get("types") or []))
+    return _ranges(tensors(*node_io(json.loads(node_json), "inputs")))
