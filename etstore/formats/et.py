@@ -16,7 +16,7 @@ import os
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -52,7 +52,17 @@ except ImportError:  # pragma: no cover - depends on the build
 _etcodec = None if _native is None else _native._etcodec
 
 Progress = Callable[[int], None]
-_Decoded = tuple[pa.Table, pa.Table, bytes | None, int]  # ops, deps, metadata, bytes read
+
+
+class _Decoded(NamedTuple):
+    """One rank file decoded (:func:`read_rank_file`): its ops, its dependencies on nodes of the
+    file and on absent ones, its GlobalMetadata frame (None without one), bytes read."""
+
+    ops: pa.Table
+    deps: pa.Table
+    missing: pa.Table
+    meta: bytes | None
+    nbytes: int
 
 
 # ---------------------------------------------------------------- decoding
@@ -441,14 +451,45 @@ def _decode_file(path: Path, rank: int) -> tuple[pa.Table, pa.Table, bytes | Non
 
 
 def read_rank_file(item: RankFile) -> _Decoded:
-    """``(ops, deps, metadata, bytes read)`` of one ``(rank, path)`` file: decoded, and refused
-    when two of its nodes share an id (:class:`TraceFormatError` naming the file)."""
+    """``(ops, deps, missing, metadata, bytes read)`` of one ``(rank, path)`` file: decoded, its
+    dependencies split as :func:`split_missing` splits them (a rank's dependencies name nodes of
+    that rank only, so each file splits on its own, on the decoding thread), and refused when
+    two of its nodes share an id (:class:`TraceFormatError` naming the file)."""
     rank, path = item
     ops, deps, meta, data = _decode_file(path, rank)
-    dup = duplicate_ids(ops)
+    ids = ops["id"].to_numpy()
+    in_order = _ascending(ids, strict=True)  # ids written in order have no repeat to look for
+    dup = None if in_order else duplicate_ids(ops)
     if dup is not None:
         raise TraceFormatError(f"{path}: node id {dup[1]} appears twice on rank {dup[0]}")
-    return ops, deps, meta, len(data)
+    present, missing = _split_rank(ids, in_order, deps)
+    return _Decoded(ops, present, missing, meta, len(data))
+
+
+def _split_rank(ids: np.ndarray, in_order: bool, deps: pa.Table) -> tuple[pa.Table, pa.Table]:
+    """One rank's dependencies split into (present, missing): missing = ``src`` not in ``ids``
+    (that rank's node ids, each once; ``in_order``: ascending).
+
+    Notes
+    -----
+    O(E) when the ids are ``0 .. n-1`` in order (what Chakra's converters and our writer
+    emit), else O((V + E) log V). Per rank, so that it runs on the decoding threads instead
+    of after them over the whole trace.
+    """
+    if deps.num_rows == 0:
+        return deps, deps
+    src, n = deps["src"].to_numpy(), len(ids)
+    if n == 0:
+        present = np.zeros(len(src), dtype=bool)
+    elif in_order and int(ids[0]) == 0 and int(ids[-1]) == n - 1:
+        present = src < np.uint64(n)
+    else:
+        ordered = ids if in_order else np.sort(ids)
+        present = ordered[np.minimum(np.searchsorted(ordered, src), n - 1)] == src
+    if present.all():
+        return deps, deps.slice(0, 0)
+    mask = pa.array(present)
+    return deps.filter(mask), deps.filter(pc.invert(mask))
 
 
 # below this many bytes in all, ranks decode in this thread: starting workers and handing
@@ -477,6 +518,11 @@ def _total_bytes(files: Sequence[RankFile]) -> int:
         with contextlib.suppress(OSError):
             total += path.stat().st_size
     return total
+
+
+def _concat(tables: list[pa.Table], schema: pa.Schema) -> pa.Table:
+    """``tables`` as one table of one chunk per column (``schema``'s empty table for none)."""
+    return pa.concat_tables(tables).combine_chunks() if tables else schema.empty_table()
 
 
 def read_et(
@@ -510,9 +556,9 @@ def read_et(
 
     Notes
     -----
-    O(total bytes) decode plus O(E log V) to find missing dependencies. Inputs of
-    :data:`PARALLEL_DECODE_BYTES` (8 MiB) or more decode on all cores, smaller ones in the
-    calling thread.
+    O(total bytes) decode plus O(E) for the missing dependencies (O(E log V) where ids are not
+    ``0 .. n-1``). Inputs of :data:`PARALLEL_DECODE_BYTES` (8 MiB) or more decode (and split
+    missing dependencies) on all cores, smaller ones in the calling thread.
     """
     if isinstance(spec, (str, Path)):
         prefix, files = resolve_rank_files(spec)
@@ -522,19 +568,18 @@ def read_et(
         prefix = files[0][1].name.split(".")[0] if files else "trace"
         source = ",".join(str(p) for _, p in files)
 
-    ops_parts, deps_parts, meta_ranks, meta_blobs = [], [], [], []
-    for (rank, _), (ops, deps, meta, size) in zip(files, _in_order(read_rank_file, files), strict=True):
-        ops_parts.append(ops)
-        deps_parts.append(deps)
+    ops_parts, deps_parts, missing_parts, meta_ranks, meta_blobs = [], [], [], [], []
+    for (rank, _), got in zip(files, _in_order(read_rank_file, files), strict=True):
+        ops_parts.append(got.ops)
+        deps_parts.append(got.deps)
+        missing_parts.append(got.missing)
         meta_ranks.append(rank)
-        meta_blobs.append(meta)
+        meta_blobs.append(got.meta)
         if progress is not None:
-            progress(size)
-    ops = pa.concat_tables(ops_parts) if ops_parts else OPS_SCHEMA.empty_table()
-    deps = pa.concat_tables(deps_parts) if deps_parts else DEPS_SCHEMA.empty_table()
-    present, missing = split_missing(ops, deps)
+            progress(got.nbytes)
+    ops = _concat(ops_parts, OPS_SCHEMA)
+    present, missing = _concat(deps_parts, DEPS_SCHEMA), _concat(missing_parts, DEPS_SCHEMA)
     meta = pa.Table.from_pydict({"rank": meta_ranks, "metadata": meta_blobs}, schema=META_SCHEMA)
-    ops = ops.combine_chunks()
     params: dict[str, object] = {}
     algorithm = algorithm_params(ops, meta_blobs)  # what export writes for an algorithm
     if algorithm is not None:
@@ -544,8 +589,8 @@ def read_et(
         params["comm_groups"] = read_comm_groups(sidecar)
     return Trace(
         ops=ops,
-        deps=present.combine_chunks(),
-        missing=missing.combine_chunks(),
+        deps=present,
+        missing=missing,
         meta=meta,
         name=name or prefix,
         kind="workload" if algorithm is None else "algorithm",

@@ -26,7 +26,7 @@ import pyarrow as pa
 from etstore.errors import OptionError
 from etstore.formats._et_kind import AlgorithmScan
 from etstore.formats._frames import declared_size
-from etstore.formats.et import read_rank_file, split_missing
+from etstore.formats.et import read_rank_file
 from etstore.formats.files import RankFile, comm_groups_path, read_comm_groups, resolve_rank_files
 from etstore.model import DEPS_SCHEMA, META_SCHEMA, OPS_SCHEMA, Trace
 
@@ -88,21 +88,31 @@ def decode_batch(files: list[RankFile]) -> DecodedBatch:
 
     Notes
     -----
-    O(bytes of the files) decode, O(E log V) for the missing dependencies.
+    O(bytes of the files) decode; the missing dependencies are found per file
+    (:func:`~etstore.formats.et.read_rank_file`).
     """
-    ops_parts, deps_parts, blobs = [], [], []
+    ops_parts, deps_parts, missing_parts, blobs = [], [], [], []
     nbytes = 0
     for item in files:
-        ops, deps, meta, size = read_rank_file(item)
-        ops_parts.append(ops)
-        deps_parts.append(deps)
-        blobs.append(meta)
-        nbytes += size
-    ops = pa.concat_tables(ops_parts).combine_chunks() if ops_parts else OPS_SCHEMA.empty_table()
-    deps = pa.concat_tables(deps_parts) if deps_parts else DEPS_SCHEMA.empty_table()
-    present, missing = split_missing(ops, deps)
+        got = read_rank_file(item)
+        ops_parts.append(got.ops)
+        deps_parts.append(got.deps)
+        missing_parts.append(got.missing)
+        blobs.append(got.meta)
+        nbytes += got.nbytes
     meta = pa.Table.from_pydict({"rank": [r for r, _ in files], "metadata": blobs}, schema=META_SCHEMA)
-    return DecodedBatch(ops, present.combine_chunks(), missing.combine_chunks(), meta, nbytes)
+    return DecodedBatch(
+        _one(ops_parts, OPS_SCHEMA),
+        _one(deps_parts, DEPS_SCHEMA),
+        _one(missing_parts, DEPS_SCHEMA),
+        meta,
+        nbytes,
+    )
+
+
+def _one(tables: list[pa.Table], schema: pa.Schema) -> pa.Table:
+    """``tables`` as one table of one chunk per column (``schema``'s empty table for none)."""
+    return pa.concat_tables(tables).combine_chunks() if tables else schema.empty_table()
 
 
 class _Batches:

@@ -144,7 +144,14 @@ def op_nodes(trace: Trace, trace_id: int, base: int, columns: Sequence[str] = GR
 
 
 def dep_edges(trace: Trace, base: int) -> pa.Table:
-    """``DEP`` edge rows ``from``, ``to`` (uids), ``kind``."""
+    """``DEP`` edge rows ``from``, ``to`` (uids), ``kind``.
+
+    Notes
+    -----
+    O(V + E) when every rank's ops are its ids ``0 .. n-1`` in order (what readers and
+    generators emit: a dependency's row is then its rank's first row plus its id), else
+    O((V + E) log V) (:func:`~etstore.model.op_rows`).
+    """
     deps = trace.deps
     if deps.num_rows == 0:
         return pa.table(
@@ -155,9 +162,36 @@ def dep_edges(trace: Trace, base: int) -> pa.Table:
             }
         )
     rank = deps["rank"].to_numpy()
-    src = base + op_rows(trace.ops, rank, deps["src"].to_numpy())
-    dst = base + op_rows(trace.ops, rank, deps["dst"].to_numpy())
-    return pa.table({"from": src, "to": dst, "kind": deps["kind"]})
+    src, dst = deps["src"].to_numpy(), deps["dst"].to_numpy()
+    rows = _dense_rows(trace.ops, rank, src, dst)
+    if rows is None:
+        rows = op_rows(trace.ops, rank, src), op_rows(trace.ops, rank, dst)
+    return pa.table({"from": base + rows[0], "to": base + rows[1], "kind": deps["kind"]})
+
+
+def _dense_rows(
+    ops: pa.Table, rank: np.ndarray, src: np.ndarray, dst: np.ndarray
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """Rows in ``ops`` of ``(rank, src)`` and ``(rank, dst)`` when each rank's ops are one block
+    of ids ``0 .. n-1`` in order and every pair names one of them; None otherwise."""
+    op_rank, ids = ops["rank"].to_numpy(), ops["id"].to_numpy()
+    if len(ids) == 0 or int(ids[0]) != 0:
+        return None
+    cuts = np.flatnonzero(op_rank[1:] != op_rank[:-1]) + 1
+    steps_by_one = ids[1:] - ids[:-1] == 1
+    steps_by_one[cuts - 1] = ids[cuts] == 0  # a new rank starts again at id 0
+    ranks = op_rank[np.concatenate(([0], cuts))]
+    if not steps_by_one.all() or not bool(np.all(ranks[1:] > ranks[:-1])):
+        return None
+    starts = np.concatenate(([0], cuts)).astype(np.int64)
+    sizes = np.diff(np.append(starts, len(ids))).astype(np.uint64)
+    at = np.minimum(np.searchsorted(ranks, rank), len(ranks) - 1)
+    if not bool(np.all(ranks[at] == rank)):
+        return None
+    first, size = starts[at], sizes[at]
+    if not (bool(np.all(src < size)) and bool(np.all(dst < size))):
+        return None
+    return first + src.astype(np.int64), first + dst.astype(np.int64)
 
 
 def message_edges(trace: Trace, base: int) -> tuple[pa.Table, int, int]:
