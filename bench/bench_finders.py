@@ -17,7 +17,8 @@ Each trace is stored (embedded store) and simulated once on ``ring:<ranks>`` (th
 the finders their timings); one graph query is timed on its own (``first_graph_query_s``:
 what the first Cypher of a fresh store costs), then each finder runs alone
 (``find_opportunities(kinds=[k], measure=False)``: the estimates, no measured gains)
-``--repeat`` times; the median is printed with the opportunities found.
+``--repeat`` times; the median is printed with the opportunities found, the median CPU time
+of this process (``cpu_s``: DuckDB's threads count too) and the load average after.
 
 No external anchor: the reference is the finders' own earlier figures (``bench/README.md``).
 
@@ -39,6 +40,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -71,6 +73,23 @@ ALGORITHMS = {"ring": ("ring", None), "mixed": ("ring:2", "comm_type != 'ALL_RED
 
 def emit(metric: str, value: float, unit: str, n: int, **extra: Any) -> None:
     print(json.dumps({"metric": metric, "value": value, "unit": unit, "n": n, "machine": MACHINE, **extra}))
+
+
+def timed(call: Callable[[], pa.Table], repeat: int) -> tuple[float, float, pa.Table]:
+    """``call()`` ``repeat`` times: the median wall and CPU seconds, and the last result."""
+    wall, cpu = [], []
+    for _ in range(repeat):
+        t0, c0 = time.perf_counter(), time.process_time()
+        table = call()
+        wall.append(time.perf_counter() - t0)
+        cpu.append(time.process_time() - c0)
+    return round(statistics.median(wall), 2), round(statistics.median(cpu), 2), table
+
+
+def _load() -> float:
+    """The 1-minute load average: the machine is shared, and wall times move with it (the
+    ``cpu_s`` beside them, this process's CPU time, moves less)."""
+    return round(os.getloadavg()[0], 2)
 
 
 def chained(ranks: int, layers: int, tp: int) -> Trace:
@@ -109,22 +128,35 @@ def run(workload: str, size: str, kinds: list[str], repeat: int) -> None:
         s.cypher("MATCH (o:Op) RETURN count(*) AS n")
         emit("first_graph_query_s", round(time.perf_counter() - t0, 2), "s", trace.num_ops, **common)
         for kind in kinds:
-            times, found = [], 0
-            for _ in range(repeat):
-                t0 = time.perf_counter()
-                table = find_opportunities(s, "wx", run_id=run_id, kinds=[kind], measure=False)
-                times.append(time.perf_counter() - t0)
-                found = table.num_rows
-            median = round(statistics.median(times), 2)
-            emit(f"find_{kind}_s", median, "s", trace.num_ops, found=found, runs=len(times), **common)
+            wall, cpu, table = timed(
+                lambda k=kind: find_opportunities(s, "wx", run_id=run_id, kinds=[k], measure=False), repeat
+            )
+            emit(
+                f"find_{kind}_s",
+                wall,
+                "s",
+                trace.num_ops,
+                found=table.num_rows,
+                runs=repeat,
+                cpu_s=cpu,
+                load=_load(),
+                **common,
+            )
         if len(kinds) > 1:  # what `etstore overlap --estimates` runs: every finder in one call
-            times = []
-            for _ in range(repeat):
-                t0 = time.perf_counter()
-                table = find_opportunities(s, "wx", run_id=run_id, kinds=kinds, measure=False)
-                times.append(time.perf_counter() - t0)
-            median = round(statistics.median(times), 2)
-            emit("find_all_s", median, "s", trace.num_ops, found=table.num_rows, runs=len(times), **common)
+            wall, cpu, table = timed(
+                lambda: find_opportunities(s, "wx", run_id=run_id, kinds=kinds, measure=False), repeat
+            )
+            emit(
+                "find_all_s",
+                wall,
+                "s",
+                trace.num_ops,
+                found=table.num_rows,
+                runs=repeat,
+                cpu_s=cpu,
+                load=_load(),
+                **common,
+            )
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024
     emit("peak_rss_mib", peak, "MiB", trace.num_ops, **common)
 

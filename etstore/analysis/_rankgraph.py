@@ -4,8 +4,8 @@ One :class:`RankGraph` per rank holds its ops as local rows ``0..n-1`` (file ord
 and its edges. On it: a topological order, bitset reachability (what the rewrite check
 asks), the overlap and reorder bypasses (in place, reporting which (communication,
 compute) pairs they free; their reachability questions are answered where edges changed,
-:mod:`etstore.analysis._reach`), and the chunk consumers of expanded collectives with the
-arithmetic that splits them into pieces. :mod:`etstore.app.overlap` runs these to find
+:mod:`etstore.analysis._reach`); the chunk consumers of expanded collectives are in
+:mod:`etstore.analysis._chunks`. :mod:`etstore.app.overlap` runs these to find
 opportunities and :mod:`etstore.analysis.rewrite` runs the same code to apply them,
 so what is found is what gets applied.
 """
@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import itertools
 from bisect import bisect_left
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -30,18 +31,19 @@ __all__ = [
     "COMM_TYPES",
     "MESSAGE_TYPES",
     "Applied",
-    "ChunkConsumer",
     "Edge",
+    "EdgeArrays",
+    "RankEdges",
     "RankGraph",
-    "chunk_consumers",
-    "group_slots",
     "has_bit",
+    "iter_graphs_with_arrays",
+    "iter_rank_edges",
+    "iter_rank_graphs",
     "overlap_rank",
-    "piece_count",
     "rank_graphs",
     "reach",
     "reorder_rank",
-    "split_durations",
+    "string_codes",
     "topo_order",
 ]
 
@@ -91,15 +93,93 @@ class RankGraph:
 
 def rank_graphs(trace: Trace, ranks: Collection[int] | None = None) -> list[RankGraph]:
     """Split ``trace`` into per-rank graphs over local rows (only ``ranks`` when given).
-    O(V + E log E), in numpy but for the edge dicts' construction."""
-    out = []
+    O(V + E log E), in numpy but for the edge dicts' construction. A caller that looks at one
+    rank at a time should take :func:`iter_rank_graphs`."""
+    return list(iter_rank_graphs(trace, ranks))
+
+
+def iter_rank_graphs(trace: Trace, ranks: Collection[int] | None = None) -> Iterator[RankGraph]:
+    """:func:`rank_graphs` one rank at a time, in rank order.
+
+    Why: an edge dict is ~150k Python objects a 100k-op rank; holding every rank's at once
+    (64 at 6M ops) makes each full garbage collection walk all of them, and a pass allocates
+    enough to run dozens. Built lazily, the collector only ever sees the rank looked at.
+    """
+    for g, _ in iter_graphs_with_arrays(trace, ranks):
+        yield g
+
+
+def iter_graphs_with_arrays(
+    trace: Trace, ranks: Collection[int] | None = None
+) -> Iterator[tuple[RankGraph, EdgeArrays]]:
+    """:func:`iter_rank_graphs` with each graph's :class:`EdgeArrays` as built, for a pass
+    that starts on it at once (``arrays=`` of :func:`overlap_rank`, :func:`reorder_rank`)."""
+    codes, names = string_codes(trace.ops["type"])
+    shared = np.asarray(names, dtype=object)  # one str object per distinct type, for all ranks
+    for e in iter_rank_edges(trace, ranks):
+        a, b = e.first, e.first + len(e.ids)
+        src, dst, kind = _dedup(e.src, e.dst, e.kind, e.kinds, len(e.ids))
+        values = np.asarray(e.kinds, dtype=object)[kind].tolist()
+        edges = dict(zip(zip(src.tolist(), dst.tolist(), strict=True), values, strict=True))
+        g = RankGraph(e.rank, a, e.ids, shared[codes[a:b]].tolist(), edges)
+        yield g, EdgeArrays(src, dst, kind, e.kinds, codes[a:b], names)
+
+
+class EdgeArrays(NamedTuple):
+    """A rank's edges as arrays in its dict's order, and its ops' types coded: what a pass
+    reads of a :class:`RankGraph` before changing it (numpy masks instead of a scan of
+    Python strings)."""
+
+    src: np.ndarray
+    dst: np.ndarray
+    kind: np.ndarray  # code of each edge's kind, into ``kinds``
+    kinds: list[str]
+    type: np.ndarray  # code of each op's type, into ``types``
+    types: list[str]
+
+    @classmethod
+    def of(cls, g: RankGraph) -> EdgeArrays:
+        """Read back from ``g`` as it is now."""
+        src, dst = g.arrays()
+        kinds = list(dict.fromkeys(g.edges.values()))
+        at = {k: i for i, k in enumerate(kinds)}
+        kind = np.fromiter((at[k] for k in g.edges.values()), dtype=np.int64, count=len(g.edges))
+        types = list(dict.fromkeys(g.types))
+        at = {t: i for i, t in enumerate(types)}
+        return cls(src, dst, kind, kinds, np.fromiter((at[t] for t in g.types), np.int64, g.n), types)
+
+    def of_kind(self, *kinds: str) -> np.ndarray:
+        """Which edges are of one of ``kinds``."""
+        return np.isin(self.kind, [i for i, k in enumerate(self.kinds) if k in kinds])
+
+    def of_type(self, types: Collection[str]) -> np.ndarray:
+        """Which ops are of one of ``types``."""
+        return np.isin(self.type, [i for i, t in enumerate(self.types) if t in types])
+
+
+class RankEdges(NamedTuple):
+    """One rank's ops and edges as arrays: what :class:`RankGraph` is built from, for a
+    caller that needs no edge dict (the chunk finder)."""
+
+    rank: int
+    first: int  # row of local op 0 in ``trace.ops``
+    ids: np.ndarray
+    src: np.ndarray  # local rows, in ``trace.deps`` order (duplicates kept)
+    dst: np.ndarray
+    kind: np.ndarray  # index into ``kinds`` of each edge's kind
+    kinds: list[str]
+
+
+def iter_rank_edges(trace: Trace, ranks: Collection[int] | None = None) -> Iterator[RankEdges]:
+    """Each rank's (only ``ranks`` when given) ops and edges, in rank order. O(V + E log E)
+    for the sort of the deps by rank, then O(V + E) a rank, in numpy."""
     deps = trace.deps
     d_rank = deps["rank"].to_numpy()
-    order = np.argsort(d_rank, kind="stable")
-    d_rank = d_rank[order]
-    d_src = deps["src"].to_numpy()[order]
-    d_dst = deps["dst"].to_numpy()[order]
-    d_kind = _kinds(deps["kind"])[order]
+    d_src, d_dst = deps["src"].to_numpy(), deps["dst"].to_numpy()
+    d_kind, kinds = string_codes(deps["kind"])
+    if len(d_rank) > 1 and not bool(np.all(d_rank[1:] >= d_rank[:-1])):  # stored deps are by rank
+        order = np.argsort(d_rank, kind="stable")
+        d_rank, d_src, d_dst, d_kind = d_rank[order], d_src[order], d_dst[order], d_kind[order]
     all_ids = trace.ops["id"].to_numpy()
     for r, (a, b) in trace.rank_slices().items():
         if ranks is not None and r not in ranks:
@@ -107,37 +187,53 @@ def rank_graphs(trace: Trace, ranks: Collection[int] | None = None) -> list[Rank
         ids = all_ids[a:b]
         key = d_rank.dtype.type(r)  # a Python int would cast the whole column, on every rank
         lo, hi = np.searchsorted(d_rank, key, "left"), np.searchsorted(d_rank, key, "right")
-        sorter = np.argsort(ids, kind="stable")
-        edges: dict[Edge, str] = {}
-        if hi > lo:
-            s = sorter[np.searchsorted(ids, d_src[lo:hi], sorter=sorter)]
-            d = sorter[np.searchsorted(ids, d_dst[lo:hi], sorter=sorter)]
-            edges = _edge_dict(s, d, d_kind[lo:hi], b - a)
-        out.append(RankGraph(r, a, ids, trace.ops["type"].slice(a, b - a).to_pylist(), edges))
-    return out
+        src, dst = _local_rows(ids, d_src[lo:hi]), _local_rows(ids, d_dst[lo:hi])
+        yield RankEdges(r, a, ids, src, dst, d_kind[lo:hi], kinds)
 
 
-def _kinds(kind: pa.ChunkedArray) -> np.ndarray:
-    """The edge kinds as an object array (through the few distinct strings, not one per edge)."""
-    if kind.null_count or not len(kind):
-        return np.asarray(kind.to_pylist(), dtype=object)
-    enc = pc.dictionary_encode(kind.combine_chunks())
-    return np.asarray(enc.dictionary.to_pylist(), dtype=object)[enc.indices.to_numpy()]
+def _local_rows(ids: np.ndarray, wanted: np.ndarray) -> np.ndarray:
+    """The rows of ``ids`` holding ``wanted`` (all present): ids in file order usually ascend,
+    and then need no sort."""
+    if len(ids) < 2 or bool(np.all(ids[1:] > ids[:-1])):
+        return np.searchsorted(ids, wanted)
+    sorter = np.argsort(ids, kind="stable")
+    return sorter[np.searchsorted(ids, wanted, sorter=sorter)]
 
 
-def _edge_dict(src: np.ndarray, dst: np.ndarray, kind: np.ndarray, n: int) -> dict[Edge, str]:
-    """``(src, dst) -> kind`` in order of first appearance; a data edge wins over a duplicate
-    of another kind, else the first one's kind holds."""
+def string_codes(column: pa.ChunkedArray) -> tuple[np.ndarray, list[str]]:
+    """A string column (edge kinds, op types) as an int code per row and the strings coded:
+    a few distinct strings, not one Python object per row."""
+    if not len(column):
+        return np.zeros(0, dtype=np.int64), []
+    enc = pc.dictionary_encode(column.combine_chunks())
+    names = enc.dictionary.to_pylist()
+    indices = enc.indices
+    if indices.null_count:  # a null string: coded as one more value, None
+        indices = pc.fill_null(indices, len(names))
+        names.append(None)
+    return indices.to_numpy().astype(np.int64), names
+
+
+def _dedup(
+    src: np.ndarray, dst: np.ndarray, kind: np.ndarray, kinds: list[str], n: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Each edge ``(src, dst)`` once, in order of first appearance, with its kind's code: a
+    data edge wins over a duplicate of another kind, else the first one's kind holds."""
+    if not len(src):
+        return src.astype(np.int64), dst.astype(np.int64), kind
     key = src.astype(np.int64) * max(n, 1) + dst
+    ordered = np.sort(key)
+    if not (ordered[1:] == ordered[:-1]).any():  # the usual case: no duplicate
+        return src, dst, kind
     _, first, inv = np.unique(key, return_index=True, return_inverse=True)
-    if len(first) < len(key):
-        is_data = np.zeros(len(first), dtype=bool)
-        np.logical_or.at(is_data, inv, kind == "data")
-        kinds = kind[first]
-        kinds[is_data] = "data"
-        keep = np.argsort(first, kind="stable")
-        src, dst, kind = src[first[keep]], dst[first[keep]], kinds[keep]
-    return dict(zip(zip(src.tolist(), dst.tolist(), strict=True), kind.tolist(), strict=True))
+    data = np.asarray([k == "data" for k in kinds], dtype=bool)
+    is_data = np.zeros(len(first), dtype=bool)
+    np.logical_or.at(is_data, inv, data[kind])
+    got = kind[first]
+    if data.any():
+        got[is_data] = int(np.argmax(data))
+    keep = np.argsort(first, kind="stable")
+    return src[first[keep]], dst[first[keep]], got[keep]
 
 
 def topo_order(g: RankGraph, arrays: tuple[np.ndarray, np.ndarray] | None = None) -> list[int]:
@@ -218,35 +314,42 @@ class _Pass:
     """What the overlap and reorder passes share: the rank's order and adjacency, data
     reachability for the candidate test, and the edges they change."""
 
-    def __init__(self, g: RankGraph) -> None:
+    def __init__(self, g: RankGraph, arrays: EdgeArrays | None = None) -> None:
         self.g = g
-        src, dst = g.arrays()
-        self.pos: list[int] = np.argsort(np.asarray(topo_order(g, (src, dst))), kind="stable").tolist()
+        a = EdgeArrays.of(g) if arrays is None else arrays
+        src, dst = a.src, a.dst
+        if len(src) == 0 or bool(np.all(src < dst)):  # file order is a topological order
+            self.pos: list[int] = list(range(g.n))
+        else:
+            self.pos = np.argsort(np.asarray(topo_order(g, (src, dst))), kind="stable").tolist()
         self.preds, self.succs = Lists(dst, src, g.n), Lists(src, dst, g.n)
-        self.kinds = np.asarray(list(g.edges.values()), dtype=object)
-        data = self.kinds == "data"
-        self.dpreds, self.dsuccs = Lists(dst[data], src[data], g.n), Lists(src[data], dst[data], g.n)
-        self.src, self.dst = src, dst
-        self.comm = [t in COMM_TYPES for t in g.types]
+        self.arrays = a
+        self.comm_mask = a.of_type(COMM_TYPES)
+        self.comm: list[bool] = self.comm_mask.tolist()
         self.removed: set[Edge] = set()  # bypassed (possibly put back by another bypass)
         self.changed: set[Edge] = set()  # every edge added or removed
 
     def ctrl_edges(self, src_types: Collection[str], dst_types: Collection[str]) -> list[Edge]:
         """The ctrl edges from an op of ``src_types`` to one of ``dst_types``, in edge order."""
-        codes = {t: k for k, t in enumerate(dict.fromkeys(self.g.types))}
-        code = np.asarray([codes[t] for t in self.g.types], dtype=np.int64)
-        ok_src = np.asarray([t in src_types for t in codes], dtype=bool)
-        ok_dst = np.asarray([t in dst_types for t in codes], dtype=bool)
-        if not len(code):
-            return []
-        hit = (self.kinds == "ctrl") & ok_src[code[self.src]] & ok_dst[code[self.dst]]
-        return list(zip(self.src[hit].tolist(), self.dst[hit].tolist(), strict=True))
+        a = self.arrays
+        hit = a.of_kind("ctrl") & a.of_type(src_types)[a.src] & a.of_type(dst_types)[a.dst]
+        return list(zip(a.src[hit].tolist(), a.dst[hit].tolist(), strict=True))
 
     def data_reaches(self, u: int, v: int) -> bool:
-        """``v`` is ``u`` or needs its data (through data edges of the original graph)."""
-        return reaches(u, v, self.dsuccs.__getitem__, self.dpreds.__getitem__, self.pos)
+        """``v`` is ``u`` or needs its data (through data edges of the original graph: the
+        passes change only ctrl edges, so the original lists with the edges still of kind data;
+        a list of each kind would cost more to build than these few searches)."""
+        edges, succs, preds = self.g.edges, self.succs, self.preds
 
-    def finish(self, counted: list[bool], *, edges: bool = True) -> tuple[NewGraph, dict[int, set[int]]]:
+        def dsucc(x: int) -> list[int]:
+            return [y for y in succs[x] if edges.get((x, y)) == "data"]
+
+        def dpred(y: int) -> list[int]:
+            return [x for x in preds[y] if edges.get((x, y)) == "data"]
+
+        return reaches(u, v, dsucc, dpred, self.pos)
+
+    def finish(self, counted: np.ndarray, *, edges: bool = True) -> tuple[NewGraph, dict[int, set[int]]]:
         """Add ctrl edges so every pair of comm ops ordered before stays ordered (in place),
         then: the graph as it is, and per op the ``counted`` ancestors it no longer has. With
         ``edges=False`` (overlap only) the order is restored up to reachability: an edge only
@@ -256,16 +359,18 @@ class _Pass:
         new.touch(self.changed)
         pos = self.pos
 
-        def now(a: int, b: int) -> bool:
-            return reaches(a, b, new.succ, new.pred, pos)
-
+        mine = counted.tolist()
         if not edges:
-            added = [e for e in self.links() if not now(*e)]
+            added = []
+            for c, ws in itertools.groupby(self.links(), key=lambda e: e[0]):
+                to = [w for _, w in ws]
+                got = new.forward(c, max(pos[w] for w in to), pos)  # one search for all of c's
+                added += [(c, w) for w in to if w not in got]
             g.edges.update(dict.fromkeys(added, "ctrl"))
             new.touch(added)
-            return new, lost_ancestors(self.preds, self.succs, now, g.edges, pos, self.removed, counted)
-        either = [a or b for a, b in zip(self.comm, counted, strict=True)]
-        lost = lost_ancestors(self.preds, self.succs, now, g.edges, pos, self.removed, either)
+            return new, lost_ancestors(self.preds, self.succs, new, g.edges, pos, self.removed, mine)
+        either = (self.comm_mask | counted).tolist()
+        lost = lost_ancestors(self.preds, self.succs, new, g.edges, pos, self.removed, either)
         added = []
         for v in sorted(v for v in lost if self.comm[v]):
             for c in sorted(c for c in lost[v] if self.comm[c]):
@@ -274,9 +379,9 @@ class _Pass:
                     added.append((c, v))
         if added:  # the order kept changes what is lost: ask again
             new.touch(added)
-            return new, lost_ancestors(self.preds, self.succs, now, g.edges, pos, self.removed, counted)
-        mine = {b: {c for c in got if counted[c]} for b, got in lost.items()}
-        return new, {b: got for b, got in mine.items() if got}
+            return new, lost_ancestors(self.preds, self.succs, new, g.edges, pos, self.removed, mine)
+        kept = {b: {c for c in got if mine[c]} for b, got in lost.items()}
+        return new, {b: got for b, got in kept.items() if got}
 
     def links(self) -> list[Edge]:
         """Pairs of comm ops the finder restores the order of, where lost: from each comm op
@@ -301,12 +406,15 @@ class _Pass:
         return out
 
 
-def overlap_rank(g: RankGraph, only: Collection[int] | None = None, *, edges: bool = True) -> Applied:
+def overlap_rank(
+    g: RankGraph, only: Collection[int] | None = None, *, edges: bool = True, arrays: EdgeArrays | None = None
+) -> Applied:
     """Bypass ctrl edges collective → independent compute on one rank (in place); with
     ``only``, from those collectives (local rows) alone: one opportunity. ``edges=False``
     (the finder: what it frees, not the rewritten rank) keeps the comm order by fewer edges
     (:meth:`_Pass.links`): the rewrite adds one per collective and later comm op it no longer
     reaches, quadratic on a rank whose gradient all-reduces only the optimizer step reads.
+    ``arrays``: ``g``'s as built (:func:`iter_graphs_with_arrays`), when ``g`` is unchanged since.
 
     Notes
     -----
@@ -315,7 +423,7 @@ def overlap_rank(g: RankGraph, only: Collection[int] | None = None, *, edges: bo
     independence test of each pair looked at and the ancestors lost near the bypassed edges
     (a few ops each on a trace's ranks; more where much is freed).
     """
-    st = _Pass(g)
+    st = _Pass(g, arrays)
     preds = st.preds
 
     def candidate(u: int, v: int) -> bool:
@@ -343,14 +451,17 @@ def overlap_rank(g: RankGraph, only: Collection[int] | None = None, *, edges: bo
                     work.append((p, v))
     if not bypassed:
         return Applied([], {})
-    _, lost = st.finish([t == "COMM_COLL_NODE" for t in g.types], edges=edges)
+    _, lost = st.finish(st.arrays.of_type(("COMM_COLL_NODE",)), edges=edges)
     freed = [(c, v) for v in sorted(lost) if g.types[v] == "COMP_NODE" for c in sorted(lost[v])]
     return Applied(freed, {})
 
 
-def reorder_rank(g: RankGraph, only: Collection[int] | None = None) -> Applied:
+def reorder_rank(
+    g: RankGraph, only: Collection[int] | None = None, *, arrays: EdgeArrays | None = None
+) -> Applied:
     """Bypass ctrl edges independent compute → send/collective on one rank (in place); with
-    ``only``, to those sends/collectives (local rows) alone: one opportunity.
+    ``only``, to those sends/collectives (local rows) alone: one opportunity. ``arrays``:
+    ``g``'s as built (:func:`iter_graphs_with_arrays`), when ``g`` is unchanged since.
 
     Notes
     -----
@@ -358,7 +469,7 @@ def reorder_rank(g: RankGraph, only: Collection[int] | None = None) -> Applied:
     pair at most once, times the degrees of its endpoints, plus the searches of
     :mod:`_reach` (as in :func:`overlap_rank`).
     """
-    st = _Pass(g)
+    st = _Pass(g, arrays)
     preds, succs = st.preds, st.succs
 
     def candidate(x: int, s: int) -> bool:
@@ -395,11 +506,11 @@ def reorder_rank(g: RankGraph, only: Collection[int] | None = None) -> Applied:
                     work.append((p, s))
     if not bypassed:
         return Applied([], {})
-    new, lost = st.finish([t == "COMP_NODE" for t in g.types])
+    new, lost = st.finish(st.arrays.of_type(("COMP_NODE",)))
     freed = [(s, v) for s in sorted(lost) if st.comm[s] for v in sorted(lost[s])]  # by send, then compute op
     # file order: in front of the earliest compute op it passed, never past another message op
     moved: dict[int, int] = {}
-    msg_rows = [i for i, t in enumerate(g.types) if t in MESSAGE_TYPES]
+    msg_rows: list[int] = np.flatnonzero(st.arrays.of_type(MESSAGE_TYPES)).tolist()
     for s, xs in passed.items():
         target = min(xs)
         at = bisect_left(msg_rows, s)  # msg_rows ascend: the last message op before s, in O(log n)
@@ -409,160 +520,3 @@ def reorder_rank(g: RankGraph, only: Collection[int] | None = None) -> Applied:
             moved[s] = target
     into = {s: list(new.pred(s)) for s in dict.fromkeys(s for s, _ in freed)}
     return Applied(freed, moved, into)
-
-
-# ---------------------------------------------------------------- chunk-split
-
-
-@dataclass(frozen=True)
-class ChunkConsumer:
-    """A compute op consuming one expanded collective's output on one rank.
-
-    ``writers[slot]`` are the local rows of the expansion ops that write that chunk
-    slot (receives and reductions; sends only read). ``expansion_preds`` are the
-    consumer's predecessors inside the expansion.
-    """
-
-    rank: int
-    coll_id: int
-    consumer: int  # local row
-    writers: dict[int, list[int]]
-    expansion_preds: list[int]
-
-
-def chunk_consumers(trace: Trace, graphs: Sequence[RankGraph], expansions: pa.Table) -> list[ChunkConsumer]:
-    """Consumers of expanded collectives that could start per chunk.
-
-    ``expansions`` has columns ``rank``, ``id`` (an op of ``trace``) and ``coll_id``
-    (the collective it expands, in the parent trace). A consumer is a ``COMP_NODE``
-    outside every expansion with a predecessor in exactly one expansion whose
-    writers cover at least two of the rank's output slots (``chunk_offset`` ..
-    ``+ msg_chunk_cnt``). With columns ``coll_type``, ``group_pos`` and ``group_size``
-    (:func:`etstore.app.overlap.expansions_of`), a reduce-scatter's output on a rank is
-    only its own share of the chunks (the others pass through it as partial sums, forwarded
-    on, that no consumer may read); every other collective leaves every slot a result.
-
-    Notes
-    -----
-    O(V + E) over the trace.
-    """
-    if expansions.num_rows == 0:
-        return []
-    off_all = pc.fill_null(trace.ops["chunk_offset"], -1).to_numpy()
-    cnt_all = pc.fill_null(trace.ops["msg_chunk_cnt"], 1).to_numpy()
-    total_all = pc.fill_null(trace.ops["total_chunk_cnt"], 0).to_numpy()
-    shares = _own_shares(expansions)
-    e_rank = expansions["rank"].to_numpy()
-    by = np.argsort(e_rank, kind="stable")
-    e_rank = e_rank[by]
-    e_id = expansions["id"].to_numpy()[by]
-    e_coll = expansions["coll_id"].to_numpy()[by]
-    out: list[ChunkConsumer] = []
-    for g in graphs:
-        key = e_rank.dtype.type(g.rank)  # as in rank_graphs: no cast of the column per rank
-        lo, hi = np.searchsorted(e_rank, key, "left"), np.searchsorted(e_rank, key, "right")
-        if lo == hi or not g.n:
-            continue
-        # the rank's expansion ops as local rows, and the collective each expands
-        sorter = np.argsort(g.ids, kind="stable")
-        at = np.minimum(np.searchsorted(g.ids, e_id[lo:hi], sorter=sorter), g.n - 1)
-        hit = g.ids[sorter[at]] == e_id[lo:hi]
-        is_exp = np.zeros(g.n, dtype=bool)
-        is_exp[sorter[at[hit]]] = True
-        coll_of = np.zeros(g.n, dtype=np.uint64)
-        coll_of[sorter[at[hit]]] = e_coll[lo:hi][hit]
-        src, dst = g.arrays()
-        is_comp = np.asarray(g.types, dtype=object) == "COMP_NODE"
-        into = is_exp[src] & ~is_exp[dst] & is_comp[dst]  # expansion op -> compute op outside
-        inside: dict[int, list[int]] = {}
-        colls: dict[int, set[int]] = {}
-        for u, v, c in zip(src[into].tolist(), dst[into].tolist(), coll_of[src[into]].tolist(), strict=True):
-            inside.setdefault(v, []).append(u)
-            colls.setdefault(v, set()).add(c)
-        one = {v: next(iter(cs)) for v, cs in colls.items() if len(cs) == 1}
-        writers_of = _writers(g, is_exp, coll_of, set(one.values()), off_all, cnt_all, total_all, shares)
-        for v in sorted(one):
-            writers = writers_of.get(one[v], {})
-            if len(writers) >= 2:
-                out.append(ChunkConsumer(g.rank, one[v], v, writers, sorted(inside[v])))
-    return out
-
-
-def _writers(
-    g: RankGraph,
-    is_exp: np.ndarray,
-    coll_of: np.ndarray,
-    colls: set[int],
-    off_all: np.ndarray,
-    cnt_all: np.ndarray,
-    total_all: np.ndarray,
-    shares: dict[tuple[int, int], tuple[int, int]],
-) -> dict[int, dict[int, list[int]]]:
-    """Per collective of ``colls``, its rank's output slots and the expansion ops (local rows,
-    ascending) that write each: receives and reductions with a ``chunk_offset``, keeping a
-    reduce-scatter's own share only."""
-    out: dict[int, dict[int, list[int]]] = {}
-    if not colls:
-        return out
-    want = np.fromiter(colls, dtype=np.uint64, count=len(colls))
-    ks = np.flatnonzero(is_exp & np.isin(coll_of, want))
-    rows = g.first + ks
-    sends = np.asarray([g.types[k] == "COMM_SEND_NODE" for k in ks.tolist()], dtype=bool)
-    keep = ~sends & (off_all[rows] >= 0) if len(ks) else np.zeros(0, dtype=bool)
-    ks, rows = ks[keep], rows[keep]
-    cnt = np.maximum(cnt_all[rows].astype(np.int64), 1)
-    op = np.repeat(np.arange(len(ks)), cnt)  # one entry per (op, slot), slots ascending per op
-    slot = off_all[rows].astype(np.int64)[op] + np.arange(len(op)) - np.repeat(np.cumsum(cnt) - cnt, cnt)
-    coll = coll_of[ks][op]
-    pos = np.full(len(op), -1, dtype=np.int64)
-    size = np.zeros(len(op), dtype=np.int64)
-    for c in np.unique(coll).tolist():
-        if (g.rank, c) in shares:
-            pos[coll == c], size[coll == c] = shares[(g.rank, c)]
-    total = total_all[rows].astype(np.int64)[op]
-    share = np.where((size != 0) & (total != 0), total // np.where(size != 0, size, 1), 0)
-    own = (share > 0) & (pos * share <= slot) & (slot < (pos + 1) * share)
-    ok = (size == 0) | own
-    for c, sl, k in zip(coll[ok].tolist(), slot[ok].tolist(), ks[op][ok].tolist(), strict=True):
-        out.setdefault(c, {}).setdefault(sl, []).append(k)
-    return out
-
-
-def _own_shares(expansions: pa.Table) -> dict[tuple[int, int], tuple[int, int]]:
-    """Per (rank, collective) whose output on a rank is its share (reduce-scatter): the rank's
-    place in the group and the group's size."""
-    if "coll_type" not in expansions.column_names:
-        return {}
-    rs = expansions.filter(
-        pc.and_(
-            pc.equal(expansions["coll_type"], "REDUCE_SCATTER"),
-            pc.and_(pc.greater_equal(expansions["group_pos"], 0), pc.not_equal(expansions["group_size"], 0)),
-        )
-    )
-    rows = rs.select(["rank", "coll_id", "group_pos", "group_size"]).group_by(
-        ["rank", "coll_id"], use_threads=False
-    )
-    got = rows.aggregate([("group_pos", "last"), ("group_size", "last")])
-    cols = (got[k].to_pylist() for k in ("rank", "coll_id", "group_pos_last", "group_size_last"))
-    return {(int(r), int(c)): (int(p), int(n)) for r, c, p, n in zip(*cols, strict=True)}
-
-
-def split_durations(total: int, pieces: int) -> list[int]:
-    """``total`` split into ``pieces`` integers that sum to it, the first ones larger by 1."""
-    q, rem = divmod(int(total), pieces)
-    return [q + 1 if j < rem else q for j in range(pieces)]
-
-
-def group_slots(slots: Sequence[int], pieces: int) -> list[list[int]]:
-    """Consecutive slots (already in arrival order) grouped into ``pieces`` near-equal groups."""
-    sizes = split_durations(len(slots), pieces)
-    out, at = [], 0
-    for s in sizes:
-        out.append(list(slots[at : at + s]))
-        at += s
-    return out
-
-
-def piece_count(num_slots: int, duration_micros: int, max_pieces: int) -> int:
-    """Pieces of a split consumer: one per slot, at most ``max_pieces``, each ≥ 1 µs."""
-    return max(1, min(num_slots, max_pieces, int(duration_micros)))

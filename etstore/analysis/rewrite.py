@@ -34,18 +34,14 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from etstore.analysis._chunks import ChunkConsumer, chunk_consumers, group_slots, piece_count, split_durations
 from etstore.analysis._rankgraph import (
-    ChunkConsumer,
     RankGraph,
-    chunk_consumers,
-    group_slots,
     has_bit,
     overlap_rank,
-    piece_count,
     rank_graphs,
     reach,
     reorder_rank,
-    split_durations,
     topo_order,
 )
 from etstore.analysis.hoists import apply_opportunity

@@ -23,6 +23,8 @@ import math
 import re
 from dataclasses import dataclass
 
+import numpy as np
+
 from etstore.errors import OptionError
 
 __all__ = ["NO_SPLIT", "SplitCost"]
@@ -62,6 +64,21 @@ class SplitCost:
             t = math.ceil(d * self.interference) if j < k - 1 else d
             out.append(t + (self.overhead_us if j > 0 else 0))
         return out
+
+    def piece(self, total_us: np.ndarray, k: np.ndarray, j: int) -> np.ndarray:
+        """Piece ``j`` of :meth:`pieces` for many ops at once (``total_us`` and ``k``, int
+        arrays; 0 where ``j >= k``): what the chunk finder asks of every consumer of a rank.
+
+        >>> cost = SplitCost(overhead_us=4, interference=1.25)
+        >>> [cost.piece(np.array([10, 9]), np.array([2, 3]), j).tolist() for j in range(3)]
+        [[7, 4], [9, 8], [0, 7]]
+        >>> cost.pieces(9, 3)
+        [4, 8, 7]
+        """
+        q, rem = np.divmod(total_us, k)
+        share = q + (j < rem)
+        t = np.where(j < k - 1, np.ceil(share * self.interference).astype(np.int64), share)
+        return np.where(j < k, t + (self.overhead_us if j > 0 else 0), 0)
 
     def to_params(self) -> dict[str, float]:
         """What a rewrite keeps in its params."""

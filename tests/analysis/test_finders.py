@@ -12,6 +12,7 @@ reference's too. The chunk finder is checked the same way against the loops it r
 from __future__ import annotations
 
 import json
+import math
 import random
 from typing import Any
 
@@ -22,10 +23,12 @@ import pytest
 
 from etstore.algorithms._instances import find_collectives
 from etstore.algorithms.expand import expand
+from etstore.analysis._chunks import ChunkConsumer, chunk_consumers
+from etstore.analysis._finders import chunk_rows
 from etstore.analysis._rankgraph import (
-    ChunkConsumer,
+    EdgeArrays,
     RankGraph,
-    chunk_consumers,
+    iter_graphs_with_arrays,
     overlap_rank,
     rank_graphs,
     reorder_rank,
@@ -360,12 +363,23 @@ def test_chunk_consumers_match_the_reference(stored: tuple[EmbeddedStore, Trace,
     assert chunk_consumers(trace, rank_graphs(trace), exp) == _ref_consumers(trace, exp)
 
 
-def test_chunk_rows_are_the_reference_timelines(stored: tuple[EmbeddedStore, Trace, int]) -> None:
+COSTS = {
+    "free": (SplitCost(overhead_us=0), 8),
+    "priced": (SplitCost(overhead_us=4, interference=1.25), 3),  # launches, interference, fewer pieces
+}
+
+
+@pytest.mark.parametrize("cost", sorted(COSTS))
+def test_chunk_rows_are_the_reference_timelines(stored: tuple[EmbeddedStore, Trace, int], cost: str) -> None:
     """Each consumer's pieces in arrival order, piece j starting when its chunks and the piece
-    before are in, the last also waiting for the rest of the expansion (docs/overlap.md)."""
+    before are in, the last also waiting for the rest of the expansion (docs/overlap.md); a
+    piece lasting its share of the op, more by ``interference`` while chunks still arrive (all
+    but the last), plus a launch (all but the first)."""
     store, trace, run = stored
-    free = SplitCost(overhead_us=0)
-    got = find_opportunities(store, "wx", run_id=run, kinds=("chunk",), measure=False, split=free)
+    split, max_pieces = COSTS[cost]
+    got = find_opportunities(
+        store, "wx", run_id=run, kinds=("chunk",), measure=False, split=split, max_pieces=max_pieces
+    )
     t = store.sql(
         "SELECT rank, id, start_ns, end_ns FROM op_timings WHERE run_id = $r", {"r": run}
     ).to_arrow()
@@ -378,8 +392,8 @@ def test_chunk_rows_are_the_reference_timelines(stored: tuple[EmbeddedStore, Tra
         arrival = {s: max(e_of[w] for w in ws) for s, ws in cc.writers.items()}
         slots = sorted(arrival, key=lambda s: (arrival[s], s))
         dur = int(trace.ops["duration_micros"][g.first + cc.consumer].as_py())
-        k = max(1, min(len(slots), 8, dur))
-        if k < 2 or not free.splits(str(trace.ops["name"][g.first + cc.consumer].as_py())):
+        k = max(1, min(len(slots), max_pieces, dur))
+        if k < 2 or not split.splits(str(trace.ops["name"][g.first + cc.consumer].as_py())):
             continue
         sizes = [len(slots) // k + (j < len(slots) % k) for j in range(k)]
         groups = [slots[sum(sizes[:j]) : sum(sizes[: j + 1])] for j in range(k)]
@@ -392,7 +406,11 @@ def test_chunk_rows_are_the_reference_timelines(stored: tuple[EmbeddedStore, Tra
             if j == k - 1:
                 at = max(at, *(e_of[u] for u in cc.expansion_preds))
             first = at if first is None else first
-            e = at + (dur // k + (j < dur % k)) * 1000.0
+            share = dur // k + (j < dur % k)
+            piece = (share if j == k - 1 else math.ceil(share * split.interference)) + (
+                j > 0
+            ) * split.overhead_us
+            e = at + piece * 1000.0
         key = (g.rank, int(g.ids[cc.consumer]))
         if end[key] - e > 0:
             want.append(
@@ -405,3 +423,71 @@ def test_chunk_rows_are_the_reference_timelines(stored: tuple[EmbeddedStore, Tra
     ]
     assert rows == sorted(want)
     assert rows or trace.num_ranks == 4  # the mixed workload's consumers gain
+
+
+def test_chunk_rows_read_timings_in_any_order(stored: tuple[EmbeddedStore, Trace, int]) -> None:
+    """Timings in the trace's own row order are read as they are, others joined by (rank, id):
+    the same rows either way, for all consumers or some."""
+    store, trace, run = stored
+    timings = store.sql(
+        "SELECT rank, id, ready_ns, start_ns, end_ns FROM op_timings WHERE run_id = $r", {"r": run}
+    ).to_arrow()
+    exp = expansions_of(store, "wx")
+    shuffled = timings.take(pa.array(np.random.default_rng(7).permutation(timings.num_rows)))
+    consumers = {
+        (c.rank, int(rank_graphs(trace, {c.rank})[0].ids[c.consumer])) for c in _ref_consumers(trace, exp)
+    }
+    some = set(sorted(consumers)[::2])
+    for wanted in (consumers, some):
+        a = chunk_rows(trace, timings, exp, wanted, max_pieces=8, unit_ns=1000.0, split=SplitCost())
+        b = chunk_rows(trace, shuffled, exp, wanted, max_pieces=8, unit_ns=1000.0, split=SplitCost())
+        assert a == b
+        assert {(r["rank"], r["other_id"]) for r in a} <= wanted
+    assert consumers or trace.num_ranks == 4
+
+
+def test_rank_graphs_and_their_arrays_do_not_depend_on_the_deps_grouping(
+    stored: tuple[EmbeddedStore, Trace, int],
+) -> None:
+    """Deps grouped by rank (as stored) or the ranks' interleaved, the same graphs, edges in
+    the same order; the arrays a pass starts from are the graph's; a pass given them does the
+    same."""
+    _, trace, _ = stored
+    rank = trace.deps["rank"].to_numpy()
+    by_rank = np.argsort(rank, kind="stable")
+    assert np.array_equal(by_rank, np.arange(len(rank)))  # expanded, as stored: by rank
+    nth = np.zeros(len(rank), dtype=np.int64)  # each dep's place among its rank's
+    for r in np.unique(rank).tolist():
+        nth[rank == r] = np.arange(int((rank == r).sum()))
+    interleaved = trace.replace(deps=trace.deps.take(pa.array(np.lexsort((rank, nth)))))
+    for (g, arrays), h in zip(iter_graphs_with_arrays(interleaved), rank_graphs(trace), strict=True):
+        assert (g.rank, g.first, g.types, list(g.edges.items())) == (
+            h.rank,
+            h.first,
+            h.types,
+            list(h.edges.items()),
+        )
+        back = EdgeArrays.of(h)
+        assert np.array_equal(arrays.src, back.src) and np.array_equal(arrays.dst, back.dst)
+        assert [arrays.kinds[k] for k in arrays.kind] == [back.kinds[k] for k in back.kind]
+        assert [arrays.types[k] for k in arrays.type] == h.types
+        copy = RankGraph(h.rank, h.first, h.ids, list(h.types), dict(h.edges))
+        assert overlap_rank(g, edges=False, arrays=arrays).freed == overlap_rank(copy, edges=False).freed
+        g, arrays = next(iter_graphs_with_arrays(interleaved, {h.rank}))
+        got, want = reorder_rank(g, arrays=arrays), reorder_rank(h)
+        assert (got.freed, got.moved, got.preds) == (want.freed, want.moved, want.preds)
+        assert list(g.edges.items()) == list(h.edges.items())
+
+
+def test_piece_durations_on_arrays_are_those_of_one_op() -> None:
+    rng = np.random.default_rng(3)
+    for cost in (
+        SplitCost(),
+        SplitCost(overhead_us=0, interference=1.7),
+        SplitCost(overhead_us=9, interference=1.0),
+    ):
+        total = rng.integers(0, 5000, 400)
+        k = rng.integers(1, 9, 400)
+        table = np.stack([cost.piece(total, k, j) for j in range(8)], axis=1)
+        for t, n, row in zip(total.tolist(), k.tolist(), table.tolist(), strict=True):
+            assert row == cost.pieces(t, n) + [0] * (8 - n)

@@ -18,7 +18,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from etstore.analysis._rankgraph import chunk_consumers, rank_graphs
+from etstore.analysis._chunks import chunk_consumers
+from etstore.analysis._rankgraph import rank_graphs
 from etstore.analysis.rewrite import check_rewrite, rewrite
 from etstore.analysis.split import SplitCost
 from etstore.app.overlap import expansions_of, find_opportunities
