@@ -37,6 +37,7 @@ FLOORS: tuple[tuple[float, str], ...] = (
     (1, "etstore.lazy"),
     (1, "etstore.pandas_gate"),
     (1, "etstore.sandbox"),
+    (1, "etstore.gcpause"),
     (2, "etstore.model"),
     (2, "etstore.topology"),
     (2, "etstore.ir"),

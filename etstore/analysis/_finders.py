@@ -12,9 +12,7 @@ at: at 6M ops the cost of a finder was as much in those as in the passes themsel
 
 from __future__ import annotations
 
-import gc
 from collections.abc import Callable, Collection, Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -32,24 +30,10 @@ from etstore.analysis._rankgraph import (
 )
 from etstore.analysis.lanes import op_times
 from etstore.analysis.split import SplitCost
+from etstore.gcpause import gc_paused
 from etstore.model import Trace
 
 __all__ = ["chunk_rows", "freed_pairs"]
-
-
-@contextmanager
-def _gc_paused() -> Iterator[None]:
-    """The cyclic garbage collector off for a finder's passes, as for a simulation
-    (:func:`etstore.sim.simulate`): they allocate millions of small sets and lists of ints that
-    can form no cycle, and each full collection that burst sets off walks every object of the
-    process (a quarter of the passes' time at 1M ops, more in a process holding more)."""
-    was_on = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_on:
-            gc.enable()
 
 
 def freed_pairs(
@@ -66,7 +50,7 @@ def freed_pairs(
     key = "coll_id" if kind == "overlap" else "comm_id"
     cols: dict[str, list[np.ndarray]] = {"rank": [], key: [], "compute_id": [], "compute_row": []}
     into: dict[str, list[np.ndarray]] = {"rank": [], "comm_id": [], "pred_id": []}
-    with _gc_paused():  # the passes, and the edge dicts they run on: ~100k fresh tuples a rank
+    with gc_paused():  # the passes, and the edge dicts they run on: ~100k fresh tuples a rank
         for done, (g, applied) in enumerate(_passes(trace, ranks, kind), 1):
             if progress is not None:
                 progress(done, len(ranks))
@@ -120,7 +104,7 @@ def chunk_rows(
     per consumer that gains."""
     if expansions.num_rows == 0 or not wanted:
         return []
-    with _gc_paused():
+    with gc_paused():
         return _chunk_rows(trace, timings, expansions, wanted, max_pieces, unit_ns, split, progress)
 
 

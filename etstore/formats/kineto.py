@@ -28,7 +28,6 @@ Times are µs, rounded to whole µs in the columns (exact in ``kineto_event``).
 
 from __future__ import annotations
 
-import gc
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -65,6 +64,7 @@ from etstore.formats._torch_comm import (
 )
 from etstore.formats._torch_link import dumps
 from etstore.formats.files import stated_rank
+from etstore.gcpause import gc_paused
 from etstore.model import ATTR_COLUMNS, DEPS_SCHEMA, META_SCHEMA, OPS_SCHEMA, Trace, member_number
 from etstore.proto import AttributeProto, GlobalMetadata
 
@@ -356,15 +356,8 @@ def read_kineto(
     -----
     O(events log events) per file; the JSON decode (orjson) dominates.
     """
-    # a decoded trace is many small acyclic dicts and lists: the cyclic GC would rescan them
-    # on every allocation burst (it more than doubles the read time), so it pauses
-    gc_was_on = gc.isenabled()
-    gc.disable()
-    try:
+    with gc_paused():  # a decoded trace is many small acyclic dicts and lists
         return _read_kineto(spec, name=name, docs=docs)
-    finally:
-        if gc_was_on:
-            gc.enable()
 
 
 def _read_kineto(

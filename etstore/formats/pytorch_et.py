@@ -32,7 +32,6 @@ CPU ops take their self time and start, and device kernels join as ops.
 
 from __future__ import annotations
 
-import gc
 import json
 import re
 from collections import Counter
@@ -74,6 +73,7 @@ from etstore.formats._torch_link import LinkResult, dumps, link_rank, recorded_w
 from etstore.formats._torch_rank import RankColumns, add_unrecorded_runs, data_releases
 from etstore.formats.et import split_missing
 from etstore.formats.files import KINETO, sniff_format
+from etstore.gcpause import gc_paused
 from etstore.model import ATTR_COLUMNS, DEP_KINDS, META_SCHEMA, OPS_SCHEMA, Trace, deps_table, member_number
 from etstore.proto import GlobalMetadata
 
@@ -382,16 +382,9 @@ def read_pytorch_et(
     O(E + V log V) for E events. Ranks come from the files' own ``record_param_comms``
     records where present (collectives of the default group name the rank).
     """
-    # A decoded trace is millions of small dicts and lists, none in a cycle; the cyclic GC
-    # would rescan them on every allocation burst (it triples the decode time), so it pauses.
-    gc_was_on = gc.isenabled()
-    gc.disable()
-    try:
-        with values_in_range(spec if isinstance(spec, (str, Path)) else "PyTorch execution trace"):
-            return _read(spec, name=name, kineto=kineto, docs=docs or {})
-    finally:
-        if gc_was_on:
-            gc.enable()
+    # a decoded trace is millions of small dicts and lists, none in a cycle
+    with gc_paused(), values_in_range(spec if isinstance(spec, (str, Path)) else "PyTorch execution trace"):
+        return _read(spec, name=name, kineto=kineto, docs=docs or {})
 
 
 def _read(spec: Spec, *, name: str | None, kineto: Spec | None, docs: Mapping[Path, Any]) -> Trace:

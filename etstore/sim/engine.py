@@ -41,12 +41,12 @@ replay stopped).
 
 from __future__ import annotations
 
-import gc
 import logging
 import time
 from collections.abc import Mapping, Sequence
 
 from etstore.errors import TemplateError
+from etstore.gcpause import gc_paused
 from etstore.model import Trace
 from etstore.progress import ProgressFn
 from etstore.sim._algorithms import Algorithms, AlgorithmSpec
@@ -146,15 +146,9 @@ def simulate(
     >>> simulate(Trace(ops), Topology.ring(2)).total_ns  # 500 ns + 1 MiB / 50 GiB/s
     20031.0
     """
-    # The replay allocates ~one list per op and many small tuples; the cyclic GC would
-    # rescan them over and over (none of them can form cycles), so it is paused.
-    gc_was_on = gc.isenabled()
-    gc.disable()
-    try:
+    # the replay allocates ~one list per op and many small tuples, none in a cycle
+    with gc_paused():
         return _simulate(trace, topo, config or SimConfig(), algorithms, groups, dims, progress)
-    finally:
-        if gc_was_on:
-            gc.enable()
 
 
 def _simulate(
