@@ -166,7 +166,7 @@ def _share(
 
 def _attr_names(trace: Trace) -> set[str]:
     """Attribute names of the trace's first op that has any (recordings carry them on every op)."""
-    for blob in trace.ops["attrs"].to_pylist()[:64]:
+    for blob in trace.ops["attrs"].slice(0, 64).to_pylist():  # not the whole column
         if blob:
             return set(decode_attrs(blob))
     return set()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from etstore.algorithms._columns import gather_bytes, ragged
 from etstore.algorithms._parts import Parts
@@ -94,12 +95,14 @@ def _external_deps(
     base = np.concatenate([xbase, np.zeros(1, dtype=np.uint64)])
     new_src = np.where(so >= 0, base[so] + exit_local.astype(np.uint64), src[owner])
     new_dst = np.where(do >= 0, base[do] + entry_local.astype(np.uint64), dst[owner])
-    kinds = np.asarray(d["kind"].take(pa.array(owner)).to_pylist(), dtype=object)
+    kinds = d["kind"].take(pa.array(owner))
     # a lane (thread, stream) stays a chain through an expanded node: it enters the part at its
     # first entry and leaves from its last exit; its other entries and exits keep the order as ctrl
-    side = (np.isin(kinds, list(LANE_KINDS))) & ((si != ns[owner] - 1) | (di != 0))
-    kinds[side] = "ctrl"
-    table = deps_table(rank[owner], new_src, new_dst, kinds.tolist())
+    lane = pc.is_in(kinds, value_set=pa.array(sorted(LANE_KINDS))).to_numpy(zero_copy_only=False)
+    side = lane & ((si != ns[owner] - 1) | (di != 0))
+    if side.any():
+        kinds = pc.if_else(pa.array(side), "ctrl", kinds)
+    table = deps_table(rank[owner], new_src, new_dst, kinds)
     miss = is_missing[owner]
     return table.filter(pa.array(~miss)), table.filter(pa.array(miss))
 
