@@ -30,6 +30,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from etstore.formats._torch_flow import node_ranges
+from etstore.formats.comm_groups import find_group
 from etstore.model import Trace, decode_attrs, deps_table
 
 __all__ = ["NODE_ATTR", "narrow_consumers"]
@@ -139,8 +140,10 @@ def narrow_consumers(workload: Trace, expanded: Trace) -> tuple[Trace, int]:
 
 
 def _members(blocks: Mapping[str, Any], b: int, groups: Mapping[str, Any], ranks: list[int]) -> list[int]:
-    """Block ``b``'s group: its ``comm_groups`` entry, else every rank."""
-    group = groups.get(str(blocks.get("pg_name", [None] * (b + 1))[b] or ""))
+    """Block ``b``'s group: its ``comm_groups`` entry (named as the instance finder names it),
+    else every rank."""
+    key = find_group(str(blocks.get("pg_name", [None] * (b + 1))[b] or ""), groups)
+    group = groups.get(key) if key is not None else None
     return [int(x) for x in group] if isinstance(group, list) else ranks
 
 
