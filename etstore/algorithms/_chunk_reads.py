@@ -17,6 +17,11 @@ consumer's bytes are not inside the filled tensor, the tensor is not the algorit
 buffer (a reduce-scatter's own shard), a chunk it reads is written by no op of the part
 (the rank's own all-gather chunk), or it reads a reduce-scatter's chunk outside the rank's own
 share (a partial sum on this rank, passed on: not a result here).
+
+What each consumer reads is kept in ``params["chunk_reads"]`` (:data:`READS_COLUMNS`, one row
+per chunk it reads and final writer of it, byte range relative to the filled buffer), for the
+consumers whose chunks are known exactly, those that read every chunk included: the chunk
+finder of a recording splits a consumer by them (:mod:`etstore.analysis.lane_split`).
 """
 
 from __future__ import annotations
@@ -33,12 +38,19 @@ from etstore.formats._torch_flow import node_ranges
 from etstore.formats.comm_groups import find_group
 from etstore.model import Trace, decode_attrs, deps_table
 
-__all__ = ["NODE_ATTR", "narrow_consumers"]
+__all__ = ["NODE_ATTR", "READS_COLUMNS", "narrow_consumers"]
 
 NODE_ATTR = "pytorch_et_node"
 """The attribute holding a recorded op's ET node (``etstore.formats.pytorch_et``)."""
 
 _WRITERS = ("COMM_RECV_NODE", "COMP_NODE")
+
+READS_COLUMNS = ("rank", "op", "block", "slot", "writer", "storage", "lo", "hi", "writes")
+"""``params["chunk_reads"]``: the consumer's rank and id, the index of the collective's entry in
+``collective_blocks``, the chunk slot, the id of an op that wrote its final value, the bytes
+``[lo, hi)`` of ``storage`` the consumer reads in it (as the recording numbers storages and
+offsets), and 1 when the consumer also writes into the collective's buffer (in place: it must
+not run before the algorithm's sends of a chunk)."""
 
 
 def _node(blob: bytes | None) -> str | None:
@@ -94,6 +106,7 @@ def narrow_consumers(workload: Trace, expanded: Trace) -> tuple[Trace, int]:
     fills: dict[int, list[tuple[int, int, int]]] = {}
     groups_of: Mapping[str, Any] = expanded.params.get("comm_groups") or {}
     all_ranks = sorted(set(rank.tolist()))
+    reads: dict[str, list[int]] = {c: [] for c in READS_COLUMNS}
     drop: list[int] = []
     add_rank: list[int] = []
     add_src: list[int] = []
@@ -110,8 +123,9 @@ def narrow_consumers(workload: Trace, expanded: Trace) -> tuple[Trace, int]:
             continue
         first, count = int(blocks["first_id"][b]), int(blocks["ops"][b])
         members = [row_of[(r, i)] for i in range(first, first + count) if (r, i) in row_of]
-        writers = _writers_of(
-            node_ranges(_node(attrs[crow].as_py())),
+        node = _node(attrs[crow].as_py())
+        found = _writers_of(
+            node_ranges(node),
             fills[b],
             members,
             types,
@@ -120,12 +134,22 @@ def narrow_consumers(workload: Trace, expanded: Trace) -> tuple[Trace, int]:
             inner,
             _share(blocks, b, groups_of, all_ranks),
         )
-        if writers is None or {int(ids[w]) for w in writers} >= {int(d_src[e]) for e in edges}:
+        if found is None:
+            continue
+        writes = int(_overlaps(node_ranges(node, "outputs"), fills[b]))
+        for slot, w, storage, lo, hi in found:
+            row = (r, consumer, b, slot, int(ids[w]), storage, lo, hi, writes)
+            for col, v in zip(READS_COLUMNS, row, strict=True):
+                reads[col].append(v)
+        writers = sorted({w for _, w, _, _, _ in found})
+        if {int(ids[w]) for w in writers} >= {int(d_src[e]) for e in edges}:
             continue  # it reads every chunk the exits write: it waits for all of them anyway
         drop += edges
         add_rank += [r] * len(writers)
         add_src += [int(ids[w]) for w in writers]
         add_dst += [consumer] * len(writers)
+    if reads["op"]:
+        expanded = expanded.replace(params={**expanded.params, "chunk_reads": reads})
     if not drop:
         return expanded, 0
     keep = np.ones(deps.num_rows, dtype=bool)
@@ -167,6 +191,11 @@ def _share(
     return (members.index(r), len(members)) if r in members else None
 
 
+def _overlaps(a: list[tuple[int, int, int]], b: list[tuple[int, int, int]]) -> bool:
+    """Whether two lists of ``(storage, lo, hi)`` byte ranges share a byte."""
+    return any(s1 == s2 and lo1 < hi2 and lo2 < hi1 for s1, lo1, hi1 in a for s2, lo2, hi2 in b)
+
+
 def _attr_names(trace: Trace) -> set[str]:
     """Attribute names of the trace's first op that has any (recordings carry them on every op)."""
     for blob in trace.ops["attrs"].slice(0, 64).to_pylist():  # not the whole column
@@ -184,17 +213,18 @@ def _writers_of(
     total: np.ndarray,
     inner: Mapping[int, list[int]],
     share: tuple[int, int] | None,
-) -> list[int] | None:
-    """Rows of the part's ops that last wrote the chunks ``reads`` covers (of a chunk's writers,
-    those no other writer of it follows in the part), or None when that cannot be said exactly
-    (see the module's note)."""
+) -> list[tuple[int, int, int, int, int]] | None:
+    """Per chunk slot ``reads`` covers and op of the part that last wrote it (of a chunk's
+    writers, those no other writer of it follows in the part): ``(slot, row, storage, lo,
+    hi)``, the bytes read in it; None when that cannot be said exactly (see the module's
+    note)."""
     writes = [m for m in members if types[m] in _WRITERS and chunk["chunk_offset"][m] is not None]
     if not writes:
         return None
     c = int(total[writes[0]])
     if c <= 0 or any(int(total[m]) != c for m in writes):
         return None
-    slots: set[int] = set()
+    slots: dict[int, tuple[int, int, int]] = {}
     for storage, lo, hi in reads:
         for f_storage, f_lo, f_hi in fills:
             if storage != f_storage or hi <= f_lo or lo >= f_hi:
@@ -207,14 +237,20 @@ def _writers_of(
                 return None
             first = min((lo - f_lo) // q, c - 1)
             last = min((hi - 1 - f_lo) // q, c - 1)
-            slots.update(range(first, last + 1))
+            for s in range(first, last + 1):  # the slot's bytes (the last takes the rest) it reads
+                s_lo = f_lo + max(lo - f_lo, s * q)
+                s_hi = f_lo + min(hi - f_lo, size if s == c - 1 else (s + 1) * q)
+                was = slots.get(s)
+                slots[s] = (
+                    (storage, s_lo, s_hi) if was is None else (storage, min(was[1], s_lo), max(was[2], s_hi))
+                )
     if not slots:
         return None
     if share is not None:  # a reduce-scatter: only the rank's own share is a result on it
         pos, n = share
         if min(slots) < pos * c // n or max(slots) >= (pos + 1) * c // n:
             return None
-    out: list[int] = []
+    out: list[tuple[int, int, int, int, int]] = []
     for s in sorted(slots):
         found = [
             m
@@ -225,8 +261,9 @@ def _writers_of(
         ]
         if not found:
             return None
-        out += [m for m in found if not _follows(m, set(found) - {m}, inner)]
-    return sorted(set(out))
+        storage, lo, hi = slots[s]
+        out += [(s, m, storage, lo, hi) for m in found if not _follows(m, set(found) - {m}, inner)]
+    return out
 
 
 def _follows(op: int, others: set[int], inner: Mapping[int, list[int]]) -> bool:

@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from etstore.analysis.lanes import Hoist, Lanes, apply_hoists, hoist_candidates, lanes_of, op_times
 from etstore.errors import SimulationError
@@ -32,7 +32,14 @@ from etstore.sim.config import SimConfig
 from etstore.sim.replay import Replay, replay
 from etstore.topology import Topology
 
-__all__ = ["HoistOpportunity", "apply_opportunity", "find_hoists", "hoists_from_detail"]
+__all__ = [
+    "HoistOpportunity",
+    "apply_opportunity",
+    "find_hoists",
+    "hoists_from_detail",
+    "measure_changes",
+    "spmd_key",
+]
 
 log = logging.getLogger(__name__)
 
@@ -68,14 +75,49 @@ class HoistOpportunity:
         }
 
 
-def _key(trace: Trace, lanes: Lanes, names: Sequence[str], h: Hoist) -> tuple[str, int, bool]:
-    """Where a held op sits, the same on every rank of an SPMD program: its name, how many ops
-    of that name its lane ran before it, and whether the lane is a CPU thread."""
-    lane = lanes.order(int(lanes.lane[h.before]))
-    name = names[h.before]
-    nth = sum(1 for r in lane[: lane.index(h.before)] if names[r] == name)
-    cpu = trace.ops["is_cpu_op"][h.before].as_py() is not False
+def spmd_key(trace: Trace, lanes: Lanes, names: Sequence[str], row: int) -> tuple[str, int, bool]:
+    """Where an op sits, the same on every rank of an SPMD program: its name, how many ops of
+    that name its lane ran before it, and whether the lane is a CPU thread."""
+    lane = lanes.order(int(lanes.lane[row]))
+    name = names[row]
+    nth = sum(1 for r in lane[: lane.index(row)] if names[r] == name)
+    cpu = trace.ops["is_cpu_op"][row].as_py() is not False
     return name, nth, cpu
+
+
+C = TypeVar("C")
+
+
+def measure_changes(
+    trace: Trace,
+    base: Replay,
+    ranked: Sequence[tuple[str, list[C], float]],
+    apply: Callable[[list[C]], Trace],
+    *,
+    topo: Topology | None,
+    config: SimConfig | None,
+    progress: ProgressFn | None,
+) -> list[tuple[str, list[C], float, float, float]]:
+    """Replay each ``(label, changes, estimate)`` applied on top of the ones taken before it:
+    ``(label, changes, gain_ns, alone_gain_ns, estimate)`` of those that shorten the makespan,
+    in the order taken (module docstring)."""
+    out: list[tuple[str, list[C], float, float, float]] = []
+    taken: list[C] = []
+    now = float(base.result.total_ns)
+    for i, (label, changes, estimate) in enumerate(ranked):
+        try:
+            together = float(replay(apply([*taken, *changes]), topo, config=config).result.total_ns)
+        except SimulationError as exc:  # acyclic by construction; never apply a doubt
+            log.warning("opportunity at %s left out: %s", label, str(exc).splitlines()[0])
+            together = now
+        if together < now:
+            alone = float(replay(apply(changes), topo, config=config).result.total_ns)
+            out.append((label, changes, now - together, float(base.result.total_ns) - alone, estimate))
+            taken += changes
+            now = together
+        if progress is not None:
+            progress("replay each opportunity", i + 1, len(ranked))
+    return out
 
 
 def find_hoists(
@@ -85,6 +127,7 @@ def find_hoists(
     config: SimConfig | None = None,
     limit: int = 32,
     progress: ProgressFn | None = None,
+    base: Replay | None = None,
 ) -> tuple[Replay, list[HoistOpportunity]]:
     """The replay of ``trace`` and its overlap opportunities, largest measured gain first.
 
@@ -99,40 +142,31 @@ def find_hoists(
         replays (with those before it, and alone).
     progress
         Called with (phase, done, total) after each measurement.
+    base
+        The replay of ``trace`` on ``topo``, when already made.
 
     Only opportunities with a positive measured gain are returned, in the order taken
     (module docstring).
     """
-    base = replay(trace, topo, config=config)
+    base = base or replay(trace, topo, config=config)
     start, end = op_times(trace, base.result.ops)
     lanes = lanes_of(trace)
     found = hoist_candidates(trace, lanes, start, end, limit=4 * limit)
     names = trace.ops["name"].to_pylist()
     groups: dict[tuple[str, int, bool], list[Hoist]] = defaultdict(list)
     for h in found:
-        groups[_key(trace, lanes, names, h)].append(h)
+        groups[spmd_key(trace, lanes, names, h.before)].append(h)
     ranked = sorted(groups.items(), key=lambda kv: -sum(h.estimate_ns for h in kv[1]))[:limit]
-    out: list[HoistOpportunity] = []
-    taken: list[Hoist] = []
-    now = float(base.result.total_ns)
-    for i, ((name, _, _), hs) in enumerate(ranked):
-        try:
-            together = float(
-                replay(apply_hoists(trace, lanes, [*taken, *hs]), topo, config=config).result.total_ns
-            )
-        except SimulationError as exc:  # the hoists are acyclic by construction; never apply a doubt
-            log.warning("opportunity in front of %s left out: %s", name, str(exc).splitlines()[0])
-            together = now
-        if together < now:
-            alone = float(replay(apply_hoists(trace, lanes, hs), topo, config=config).result.total_ns)
-            estimate = float(sum(h.estimate_ns for h in hs))
-            gain, alone_gain = now - together, float(base.result.total_ns) - alone
-            out.append(HoistOpportunity(tuple(hs), name, gain, alone_gain, estimate))
-            taken += hs
-            now = together
-        if progress is not None:
-            progress("replay each opportunity", i + 1, len(ranked))
-    return base, out
+    measured = measure_changes(
+        trace,
+        base,
+        [(key[0], hs, float(sum(h.estimate_ns for h in hs))) for key, hs in ranked],
+        lambda hs: apply_hoists(trace, lanes, hs),
+        topo=topo,
+        config=config,
+        progress=progress,
+    )
+    return base, [HoistOpportunity(tuple(hs), n, g, a, e) for n, hs, g, a, e in measured]
 
 
 def hoists_from_detail(trace: Trace, detail: dict[str, Any]) -> list[Hoist]:

@@ -45,6 +45,8 @@ from etstore.analysis._rankgraph import (
     topo_order,
 )
 from etstore.analysis.hoists import apply_opportunity
+from etstore.analysis.lane_split import apply_splits, splits_from_detail
+from etstore.analysis.lanes import lanes_of
 from etstore.analysis.split import SplitCost
 from etstore.errors import RewriteError
 from etstore.model import DEP_KINDS, LANE_KINDS, Trace, deps_table
@@ -316,33 +318,59 @@ def _chunk_split(
 
 
 def rewrite_recording(trace: Trace, details: Sequence[Mapping[str, Any]], *, name: str) -> Trace:
-    """A recording with the hoists of each opportunity ``detail`` applied
-    (:func:`etstore.analysis.hoists.apply_opportunity`), checked, of kind ``rewritten``; it
-    keeps the recording's params (so it replays) and says what was applied.
+    """A recording with each opportunity ``detail`` applied, checked, of kind ``rewritten``: the
+    hoists of ``overlap`` ones (:func:`etstore.analysis.hoists.apply_opportunity`), then the
+    splits of ``chunk`` ones (:func:`etstore.analysis.lane_split.apply_splits`). It keeps the
+    recording's params (so it replays) and says what was applied; a split op is listed in
+    ``split_ops`` (``rank``, ``id``, ``name``, ``before_us``, ``pieces_us``).
 
     Raises
     ------
     RewriteError
-        No opportunity given, an op of one is not in the trace, or the result fails
+        No opportunity given, an op of one is not in the trace, a split that is not one
+        (:func:`~etstore.analysis.lane_split.apply_splits`), or the result fails
         :func:`check_rewrite`.
     """
     if not details:
-        raise RewriteError(f"no overlap opportunity to apply to {trace.name!r}; nothing was changed")
+        raise RewriteError(f"no opportunity to apply to {trace.name!r}; nothing was changed")
+    moves = [dict(d) for d in details if d.get("moves")]
+    splits = [dict(d) for d in details if d.get("splits")]
+    out = trace
     try:
-        out = apply_opportunity(trace, [dict(d) for d in details], name=name)
+        if moves:
+            out = apply_opportunity(out, moves)
+        if splits:
+            chosen = [sp for d in splits for sp in splits_from_detail(out, d)]
+            out = apply_splits(out, lanes_of(out), chosen)
     except KeyError as exc:
         raise RewriteError(
             f"an opportunity names op {exc.args[0]} that {trace.name!r} does not have"
         ) from None
-    moved = sum(len(m["moved"]) for d in details for m in d["moves"])
+    out = out.replace(name=name)
+    applied = "+".join(k for k, given in (("overlap", moves), ("chunk-split", splits)) if given)
+    split_ops = [
+        {
+            "rank": s["rank"],
+            "id": s["op"],
+            "name": d.get("consumer", ""),
+            "before_us": int(s.get("op_us", 0)),
+            "pieces_us": [int(p["us"]) for p in s["pieces"]],
+        }
+        for d in splits
+        for s in d["splits"]
+    ]
     params = {
         **trace.params,
-        "applied": "overlap",
+        "applied": applied,
         "parent": trace.name,
-        "changes": moved,
+        "changes": sum(len(m["moved"]) for d in moves for m in d["moves"]) + len(split_ops),
         "parent_kind": trace.kind,
         "opportunities": [d.get("opportunity") for d in details if d.get("opportunity") is not None],
     }
+    if split_ops:
+        params["split_ops"] = split_ops
+        params["split_pieces"] = out.params["split_pieces"]
+        params["split"] = splits[0].get("split_cost") or SplitCost().to_params()  # as the finder priced them
     out = out.replace(kind="rewritten", params=params)
     check_rewrite(trace, out)
     return out

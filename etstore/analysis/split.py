@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -53,12 +54,23 @@ class SplitCost:
         """Whether an op of this name can start on part of its input (:data:`NO_SPLIT`)."""
         return NO_SPLIT.search(name) is None
 
-    def pieces(self, total_us: int, k: int) -> list[int]:
-        """Durations (µs) of ``k`` pieces of a ``total_us`` op: near-equal shares, every piece but
-        the last scaled by ``interference`` (it runs while chunks arrive), every piece but the
-        first one launch more."""
-        q, rem = divmod(int(total_us), k)
-        share = [q + 1 if j < rem else q for j in range(k)]
+    def pieces(self, total_us: int, k: int, weights: Sequence[int] | None = None) -> list[int]:
+        """Durations (µs) of ``k`` pieces of a ``total_us`` op: near-equal shares (or shares by
+        ``weights``, the bytes each piece takes, rounded to whole µs that add up), every piece
+        but the last scaled by ``interference`` (it runs while chunks arrive), every piece but
+        the first one launch more.
+
+        >>> SplitCost(overhead_us=0).pieces(10, 2, [1, 3])
+        [3, 7]
+        """
+        if weights is None or sum(weights) <= 0:
+            q, rem = divmod(int(total_us), k)
+            share = [q + 1 if j < rem else q for j in range(k)]
+        else:
+            exact = [int(total_us) * w / sum(weights) for w in weights]
+            share = [math.floor(e) for e in exact]
+            for j in sorted(range(k), key=lambda j: share[j] - exact[j])[: int(total_us) - sum(share)]:
+                share[j] += 1
         out = []
         for j, d in enumerate(share):
             t = math.ceil(d * self.interference) if j < k - 1 else d

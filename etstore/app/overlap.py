@@ -42,6 +42,7 @@ from etstore.algorithms._instances import find_collectives
 from etstore.analysis._finders import chunk_rows, freed_pairs
 from etstore.analysis._gains import measure_gains
 from etstore.analysis.hoists import find_hoists
+from etstore.analysis.lane_split import find_splits
 from etstore.analysis.split import SplitCost
 from etstore.errors import EtstoreError, OptionError, UnknownTraceError
 from etstore.model import Trace
@@ -309,8 +310,10 @@ def find_opportunities(
 
     Gains are measured: each opportunity is applied (on top of the ones of its kind taken
     before it) and the trace simulated again. A recorded trace (PyTorch ET + Kineto) has
-    overlap opportunities only, each a hoist in its lanes (:mod:`etstore.analysis.hoists`),
-    replayed on ``topo`` (default as it ran). Other traces get the three finders below,
+    overlap opportunities, each a hoist in its lanes (:mod:`etstore.analysis.hoists`), and,
+    expanded, chunk opportunities, a consumer split per chunk in its lane
+    (:mod:`etstore.analysis.lane_split`), replayed on ``topo`` (default as it ran). Other
+    traces get the three finders below,
     whose estimates choose what is measured (:mod:`etstore.analysis._gains`).
 
     Parameters
@@ -370,13 +373,12 @@ def find_opportunities(
     tr = store.load(trace)
     rows: list[dict[str, Any]] = []
     if tr.params.get("execution") == RECORDED:  # its lanes, as recorded (expanded too)
-        if "overlap" in kinds:
-            if run_id is not None:
-                raise OptionError(
-                    f"{trace!r} is a recording: its opportunities are measured by replaying it, not read "
-                    "from a run (leave out --run)"
-                )
-            rows = _recorded_rows(tr, topo, config, limit, progress)
+        if run_id is not None and ("overlap" in kinds or "chunk" in kinds):
+            raise OptionError(
+                f"{trace!r} is a recording: its opportunities are measured by replaying it, not read "
+                "from a run (leave out --run)"
+            )
+        rows = _recorded_rows(tr, topo, config, limit, progress, kinds, split or SplitCost(), max_pieces)
     else:
         topology = _measure_topology(store, tr, topo, run_id)
         base_ns = None
@@ -459,24 +461,57 @@ def _recorded_rows(
     config: SimConfig | None,
     limit: int,
     progress: ProgressFn | None,
+    kinds: Sequence[str],
+    cost: SplitCost,
+    max_pieces: int,
 ) -> list[dict[str, Any]]:
-    """A recording's overlap opportunities, one row per change, gains measured by replay."""
+    """A recording's opportunities, one row per change, gains measured by replay: hoists
+    (``overlap``) and, on an expanded recording, consumers split per chunk (``chunk``)."""
     topology = None if topo is None else topo if isinstance(topo, Topology) else parse_topology(topo)
-    base, found = find_hoists(trace, topo=topology, config=config, limit=limit, progress=progress)
-    rows = []
-    for o in found:
-        detail = o.detail(trace)
-        first = detail["moves"][0]
-        detail["makespan_ns"] = float(base.result.total_ns)
-        detail["network"] = base.label
-        rows.append(
-            {
-                "kind": "overlap",
-                "rank": first["rank"],
-                "op_id": first["before"],
-                "other_id": first["moved"][0],
-                "gain_ns": o.gain_ns,
-                "detail": detail,
-            }
+    rows: list[dict[str, Any]] = []
+    base = None
+    if "overlap" in kinds:
+        base, found = find_hoists(trace, topo=topology, config=config, limit=limit, progress=progress)
+        for o in found:
+            detail = o.detail(trace)
+            first = detail["moves"][0]
+            detail["makespan_ns"] = float(base.result.total_ns)
+            detail["network"] = base.label
+            rows.append(
+                {
+                    "kind": "overlap",
+                    "rank": first["rank"],
+                    "op_id": first["before"],
+                    "other_id": first["moved"][0],
+                    "gain_ns": o.gain_ns,
+                    "detail": detail,
+                }
+            )
+    if "chunk" in kinds and trace.params.get("chunk_reads"):
+        base, splits = find_splits(
+            trace,
+            topo=topology,
+            config=config,
+            cost=cost,
+            max_pieces=max_pieces,
+            limit=limit,
+            progress=progress,
+            base=base,
         )
+        parents = trace.params["collective_blocks"]["parent_id"]
+        for sp in splits:
+            detail = sp.detail(trace, cost)
+            first = detail["splits"][0]
+            detail["makespan_ns"] = float(base.result.total_ns)
+            detail["network"] = base.label
+            rows.append(
+                {
+                    "kind": "chunk",
+                    "rank": first["rank"],
+                    "op_id": int(parents[first["block"]]),
+                    "other_id": first["op"],
+                    "gain_ns": sp.gain_ns,
+                    "detail": detail,
+                }
+            )
     return rows

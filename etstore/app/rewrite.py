@@ -65,19 +65,23 @@ def _numbered(store: Store, trace: str, numbers: Sequence[int]) -> tuple[str, di
     return rewrite_kind, only
 
 
+REWRITE_FINDER = {rewrite: finder for finder, (rewrite, _) in REWRITE_OF.items()}
+"""Rewrite → the finder kind whose opportunities it applies."""
+
+
 def _recorded_details(
-    store: Store, trace: Trace, numbers: Sequence[int] | None, topo: Topology | str | None
+    store: Store, trace: Trace, numbers: Sequence[int] | None, topo: Topology | str | None, kind: str
 ) -> list[dict[str, Any]]:
     """The details of the numbered opportunities of a recording; without numbers, of every one
-    the last ``overlap`` of it recorded, else of every one found now on ``topo``."""
+    of finder ``kind`` the last ``overlap`` of it recorded, else of every one found now on
+    ``topo``."""
     if not numbers:
         recorded = store.sql(
-            "SELECT id FROM opportunities WHERE trace = $t AND kind = 'overlap' "
-            "AND id IS NOT NULL ORDER BY id",
-            {"t": trace.name},
+            "SELECT id FROM opportunities WHERE trace = $t AND kind = $k AND id IS NOT NULL ORDER BY id",
+            {"t": trace.name, "k": kind},
         ).to_arrow()
         if not recorded.num_rows or topo is not None:
-            found = find_opportunities(store, trace.name, topo=topo, kinds=("overlap",))
+            found = find_opportunities(store, trace.name, topo=topo, kinds=(kind,))
             return [
                 {**json.loads(d), "opportunity": int(o)}
                 for d, o in zip(found["detail"].to_pylist(), found["id"].to_pylist(), strict=True)
@@ -132,14 +136,23 @@ def rewrite_stored(
         raise RewriteError(f"unknown rewrite {kind!r}; expected one of {', '.join(REWRITE_KINDS)}")
     original = store.load(trace)
     if original.params.get("execution") == RECORDED:  # expanded too: its lanes stay chains
-        if kind != "overlap":
+        if kind not in ("overlap", "chunk-split"):
             raise RewriteError(
                 f"{trace!r} is a recording: its ops move only within their thread or stream, which "
-                f"the overlap rewrite does; {kind} does not apply"
+                f"the overlap and chunk-split rewrites do; {kind} does not apply"
             )
-        details = _recorded_details(store, original, opportunities, topo)
+        details = _recorded_details(store, original, opportunities, topo, REWRITE_FINDER[kind])
         out = rewrite_recording(original, details, name=name or f"{trace}-{kind}")
-        lineage = pa.table({"rank": out.ops["rank"], "id": out.ops["id"], "parent_id": out.ops["id"]})
+        pieces = out.params.get("split_pieces") or {"rank": [], "id": [], "op": []}
+        of = {
+            (int(r), int(i)): int(o)
+            for r, i, o in zip(pieces["rank"], pieces["id"], pieces["op"], strict=True)
+        }
+        parent_id = [
+            of.get((r, i), i)
+            for r, i in zip(out.ops["rank"].to_pylist(), out.ops["id"].to_pylist(), strict=True)
+        ]
+        lineage = pa.table({"rank": out.ops["rank"], "id": out.ops["id"], "parent_id": parent_id})
         return store.ingest(out, name=name, parent=trace, lineage=lineage)
     only = None
     if opportunities:

@@ -291,9 +291,10 @@ def storage_flow(
     return Flow(np.asarray(src, dtype=np.int64), np.asarray(dst, dtype=np.int64), o_src, o_dst)
 
 
-def node_ranges(node_json: str | None) -> list[tuple[int, int, int]]:
+def node_ranges(node_json: str | None, part: str = "inputs") -> list[tuple[int, int, int]]:
     """``(storage, lo, hi)`` byte ranges of the tensors among a recorded ET node's inputs (its
-    ``pytorch_et_node`` attribute): what an op reads, and what a collective fills.
+    ``pytorch_et_node`` attribute): what an op reads, and what a collective fills; with
+    ``part="outputs"``, among its outputs (what an op writes, an in-place op's own input).
 
     >>> node = '{"inputs": {"values": [[7, 28, 4, 2, 4, "cpu"], 0], "types": ["Tensor(float)", "int"]}}'
     >>> node_ranges(node)
@@ -305,4 +306,4 @@ def node_ranges(node_json: str | None) -> list[tuple[int, int, int]]:
     """
     if not node_json:
         return []
-    return _ranges(tensors(*node_io(json.loads(node_json), "inputs")))
+    return _ranges(tensors(*node_io(json.loads(node_json), part)))

@@ -11,8 +11,9 @@ rank::
 * ``ddp``: ``DistributedDataParallel`` (one all-reduce of the gradient bucket per step);
 * ``fsdp2``: ``torch.distributed.fsdp.fully_shard`` on each linear layer and the model
   (all-gathers of parameters forward and backward, reduce-scatters of gradients);
-* ``tp``: tensor parallel (DTensor): the first linear column-wise, the second row-wise
-  (an all-reduce of activations forward, of input gradients backward).
+* ``tp``: tensor parallel (DTensor), Megatron style: the linears in pairs, the first of each
+  pair column-wise, the second row-wise (an all-reduce of activations forward, of input
+  gradients backward, per pair); ``--layers`` must be even.
 
 ``--device cpu`` (the default, no GPU needed) uses the gloo backend over loopback;
 ``--device cuda`` puts rank ``r`` on GPU ``r % device_count``, records CUDA activity too and uses
@@ -93,8 +94,9 @@ def _model(
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
     mesh = init_device_mesh(device.type, (world,))
-    last = str(len(model) - 1)
-    return parallelize_module(model, mesh, {"0": ColwiseParallel(), last: RowwiseParallel()}), x, y
+    linears = [str(i) for i, m in enumerate(model) if isinstance(m, nn.Linear)]
+    plan = {k: ColwiseParallel() if j % 2 == 0 else RowwiseParallel() for j, k in enumerate(linears)}
+    return parallelize_module(model, mesh, plan), x, y
 
 
 def _worker(rank: int, world: int, args: argparse.Namespace) -> None:
@@ -156,6 +158,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--layers", type=int, default=2, help="linear layers of the MLP (at least 2)")
     parser.add_argument("--bucket-mb", type=float, default=25.0, help="DDP bucket cap, MiB (default 25)")
     args = parser.parse_args(argv)
+    if args.layers < 2:
+        parser.error("--layers must be at least 2")
+    if args.mode == "tp" and args.layers % 2:
+        parser.error(f"--mode tp pairs the linears (column-, then row-wise): --layers {args.layers} is odd")
     Path(args.out).mkdir(parents=True, exist_ok=True)
     if args.device == "cpu":  # on a machine with GPUs, FSDP2 would still put its shards on one
         os.environ["CUDA_VISIBLE_DEVICES"] = ""
