@@ -35,7 +35,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from etstore.formats._torch_flow import node_ranges
-from etstore.formats.comm_groups import find_group
 from etstore.model import Trace, decode_attrs, deps_table
 
 __all__ = ["NODE_ATTR", "READS_COLUMNS", "narrow_consumers"]
@@ -104,8 +103,6 @@ def narrow_consumers(workload: Trace, expanded: Trace) -> tuple[Trace, int]:
     types = ops["type"].to_numpy(zero_copy_only=False)
     attrs = expanded.ops["attrs"]
     fills: dict[int, list[tuple[int, int, int]]] = {}
-    groups_of: Mapping[str, Any] = expanded.params.get("comm_groups") or {}
-    all_ranks = sorted(set(rank.tolist()))
     reads: dict[str, list[int]] = {c: [] for c in READS_COLUMNS}
     drop: list[int] = []
     add_rank: list[int] = []
@@ -116,7 +113,7 @@ def narrow_consumers(workload: Trace, expanded: Trace) -> tuple[Trace, int]:
         if b not in fills:
             parent = w_row.get((r, int(blocks["parent_id"][b])))
             filled = node_ranges(_node(workload.ops["attrs"][parent].as_py())) if parent is not None else []
-            buffer = _buffer(blocks, b, groups_of, all_ranks)
+            buffer = _buffer(blocks, b)
             fills[b] = [f for f in filled if f[2] - f[1] == buffer]  # the tensor the chunks cut
         crow = row_of.get((r, consumer))
         if crow is None:
@@ -132,7 +129,7 @@ def narrow_consumers(workload: Trace, expanded: Trace) -> tuple[Trace, int]:
             chunk,
             total,
             inner,
-            _share(blocks, b, groups_of, all_ranks),
+            _share(blocks, b),
         )
         if found is None:
             continue
@@ -163,32 +160,18 @@ def narrow_consumers(workload: Trace, expanded: Trace) -> tuple[Trace, int]:
     return expanded.replace(deps=rebuilt.take(pa.array(order))), count_narrowed
 
 
-def _members(blocks: Mapping[str, Any], b: int, groups: Mapping[str, Any], ranks: list[int]) -> list[int]:
-    """Block ``b``'s group: its ``comm_groups`` entry (named as the instance finder names it),
-    else every rank."""
-    key = find_group(str(blocks.get("pg_name", [None] * (b + 1))[b] or ""), groups)
-    group = groups.get(key) if key is not None else None
-    return [int(x) for x in group] if isinstance(group, list) else ranks
-
-
-def _buffer(blocks: Mapping[str, Any], b: int, groups: Mapping[str, Any], ranks: list[int]) -> int:
+def _buffer(blocks: Mapping[str, Any], b: int) -> int:
     """Bytes of block ``b``'s algorithm buffer: ``comm_size``, times the group for an all-gather."""
-    size = int(blocks.get("comm_size", [0] * (b + 1))[b] or 0)
-    if blocks.get("comm_type", [None] * (b + 1))[b] != "ALL_GATHER":
-        return size
-    return size * len(_members(blocks, b, groups, ranks))
+    size = int(blocks["comm_size"][b] or 0)
+    return size * int(blocks["group_size"][b]) if blocks["comm_type"][b] == "ALL_GATHER" else size
 
 
-def _share(
-    blocks: Mapping[str, Any], b: int, groups: Mapping[str, Any], ranks: list[int]
-) -> tuple[int, int] | None:
+def _share(blocks: Mapping[str, Any], b: int) -> tuple[int, int] | None:
     """(the rank's position, the group's size) for a reduce-scatter, whose other chunks on the
     rank are partial sums passed on; None for collectives whose every chunk is a result."""
-    if blocks.get("comm_type", [None] * (b + 1))[b] != "REDUCE_SCATTER":
+    if blocks["comm_type"][b] != "REDUCE_SCATTER":
         return None
-    members = _members(blocks, b, groups, ranks)
-    r = int(blocks["rank"][b])
-    return (members.index(r), len(members)) if r in members else None
+    return int(blocks["group_pos"][b]), int(blocks["group_size"][b])
 
 
 def _overlaps(a: list[tuple[int, int, int]], b: list[tuple[int, int, int]]) -> bool:

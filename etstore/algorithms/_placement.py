@@ -31,6 +31,8 @@ class Placed:
     xinst: np.ndarray  # its instance
     xrank: np.ndarray  # its rank
     xpart: np.ndarray  # its algorithm part (index into parts)
+    xpos: np.ndarray  # its rank's position in its group
+    xgroup: np.ndarray  # its group's size
     xbase: np.ndarray  # uint64: id of its block's first op
     xm: np.ndarray  # ops in its block
     owner: np.ndarray  # per new op: its X row (index into xrows)
@@ -125,7 +127,10 @@ def place_ops(
             vals, valid = numeric(parts.columns[f.name])
             arrays.append(place.numeric(old, vals[q], valid[q], f.type))
     out_ops = pa.Table.from_arrays(arrays, schema=OPS_SCHEMA)
-    return Placed(out_ops, xrows, xinst, xrank, xpart, xbase, xm, owner, new_rank, new_id, is_send, size)
+    xpos, xgroup = colls.apos[xj], colls.gsize[colls.inst_pg[xinst]]
+    return Placed(
+        out_ops, xrows, xinst, xrank, xpart, xpos, xgroup, xbase, xm, owner, new_rank, new_id, is_send, size
+    )
 
 
 def _block_ids(ops: pa.Table, xrank: np.ndarray, xm: np.ndarray) -> np.ndarray:

@@ -370,7 +370,8 @@ keeps them, so it replays against the same measured steps."""
 
 
 def _blocks(workload: Trace, placed: Placed) -> dict[str, list[int]]:
-    """Where each expanded node's ops went: rank, the node's id, its block's first id and op count.
+    """Where each expanded node's ops went: rank, the node's id, its block's first id and op
+    count, and its rank's place in its group (``group_pos`` of ``group_size``).
 
     A block's ids are contiguous; the simulator lets each block hold its rank's
     communication slot as the node did (docs/expand.md, docs/simulator.md).
@@ -381,6 +382,8 @@ def _blocks(workload: Trace, placed: Placed) -> dict[str, list[int]]:
         "parent_id": workload.ops["id"].to_numpy()[placed.xrows].astype(np.int64).tolist(),
         "first_id": placed.xbase.astype(np.int64).tolist(),
         "ops": placed.xm.astype(np.int64).tolist(),
+        "group_pos": placed.xpos.astype(np.int64).tolist(),
+        "group_size": placed.xgroup.astype(np.int64).tolist(),
         # what the node was, and when it ran if it was recorded (a replay fits a network to it)
         **{k: node[k].to_pylist() for k in _BLOCK_NODE_COLUMNS},
     }

@@ -110,6 +110,8 @@ def test_two_rank_ring_is_wired_between_the_collectives_neighbours() -> None:
         "parent_id": [20, 20],
         "first_id": [31, 31],
         "ops": [5, 5],
+        "group_pos": [0, 1],  # each rank's place in its group
+        "group_size": [2, 2],
         # what each node was and when it ran (a recording's replay fits its network to them)
         "pg_name": [None, None],
         "comm_type": ["ALL_REDUCE", "ALL_REDUCE"],
