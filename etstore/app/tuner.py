@@ -28,7 +28,14 @@ from etstore.store.base import Store
 from etstore.store.tables import TableSet
 from etstore.store.warehouse import Warehouse
 
-__all__ = ["TUNER_TABLES", "TunerReport", "link_steps", "remove_tuner_run", "store_tuner_run"]
+__all__ = [
+    "SIZE_BUCKET_SQL",
+    "TUNER_TABLES",
+    "TunerReport",
+    "link_steps",
+    "remove_tuner_run",
+    "store_tuner_run",
+]
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +53,9 @@ _TABLES = {
 
 # A step's size bucket is the power of two at or below its size (0 for empty messages).
 _SIZE_BUCKET = "CASE WHEN s.size_bytes > 0 THEN 1::BIGINT << floor(log2(s.size_bytes))::INTEGER ELSE 0 END"
+SIZE_BUCKET_SQL = _SIZE_BUCKET
+"""SQL of a row's size bucket as ``v_tuner_best`` has it (the row's alias is ``s``), so what else
+buckets sizes (:mod:`etstore.app.tuner_config`) agrees with the view."""
 
 _VIEWS: dict[str, str] = {
     "v_tuner_best": f"""CREATE OR REPLACE VIEW v_tuner_best AS

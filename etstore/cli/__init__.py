@@ -148,6 +148,9 @@ COMMANDS: dict[str, Command] = {
     ),
     "diff": Command("breakdown", "two traces side by side by op, kernel, collective and rank"),
     "calibrate": Command("calibrate", "fit a topology's latency and bandwidth to a measured nccl-tests run"),
+    "tuner": Command(
+        "tuner", "which tuner choice wins per size bucket; write NCCL's example tuner plugin config"
+    ),
     "expand": Command(
         "expand", "replace collective nodes by an algorithm's send/recv/reduce ops (stores a new trace)"
     ),
