@@ -160,14 +160,17 @@ def register(sub: Any) -> None:
     sp = sub.add_parser("export", help="write a stored trace back to files")
     sp.add_argument("trace")
     sp.add_argument(
-        "--out", required=True, help="output prefix: writes <PREFIX>.<rank>.et (.json), or <PREFIX>.xml"
+        "--out",
+        required=True,
+        help="output prefix: writes <PREFIX>.<rank>.et (.json), <PREFIX>.xml (msccl-xml) or <PREFIX>.json "
+        "(mscclpp)",
     )
     sp.add_argument(
         "--format",
         choices=EXPORT_FORMATS,
         default="et",
         help="et: Chakra per rank as ASTRA-sim runs them (default); json: Chakra JSON; msccl-xml: "
-        "MSCCL-IR for MSCCL/RCCL",
+        "MSCCL-IR for MSCCL/RCCL; mscclpp: an execution plan for MSCCL++'s executor",
     )
     sp.add_argument(
         "--coll-size",

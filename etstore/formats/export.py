@@ -5,7 +5,8 @@ cannot read changed and said (:mod:`etstore.formats.astra_et`, communicator grou
 :mod:`etstore.formats.comm_groups`), or exactly as stored with ``verbatim``; an algorithm
 trace in ASTRA-sim's custom-collective convention, with int32 chunk fields and, given a
 collective size, ``comm_size`` on every message. ``json`` writes Chakra's JSON form;
-``msccl-xml`` MSCCL-IR for the MSCCL/RCCL runtimes. Options that mean nothing for a format
+``msccl-xml`` MSCCL-IR for the MSCCL/RCCL runtimes; ``mscclpp`` an execution plan for
+MSCCL++'s executor. Options that mean nothing for a format
 are refused rather than ignored.
 """
 
@@ -27,12 +28,13 @@ from etstore.formats.chrome_trace import write_chrome_trace
 from etstore.formats.comm_groups import comm_groups_path, write_astra_et
 from etstore.formats.et import write_et
 from etstore.formats.msccl_writer import write_msccl_xml
+from etstore.formats.mscclpp_writer import write_mscclpp_plan
 from etstore.model import Trace
 from etstore.units import parse_size
 
 __all__ = ["EXPORT_FORMATS", "ExportedFiles", "export_trace"]
 
-EXPORT_FORMATS = ("et", "json", "msccl-xml", "chrome-trace")
+EXPORT_FORMATS = ("et", "json", "msccl-xml", "mscclpp", "chrome-trace")
 
 
 def _inside_directory(out: str | Path, name: str) -> Path:
@@ -64,8 +66,9 @@ def export_trace(
         ``<out>/<trace name>.<rank>.et`` (``.json``, ``.xml``) inside it.
     format
         ``et`` (``<out>.<rank>.et`` as ASTRA-sim runs them; with collectives, also
-        ``<out>.comm_groups.json``), ``json`` (``<out>.<rank>.json``) or ``msccl-xml``
-        (``<out>.xml``, algorithm traces only) or ``chrome-trace`` (``<out>.json``: the
+        ``<out>.comm_groups.json``), ``json`` (``<out>.<rank>.json``), ``msccl-xml``
+        (``<out>.xml``, algorithm traces only), ``mscclpp`` (``<out>.json``, an MSCCL++
+        execution plan; algorithm traces only) or ``chrome-trace`` (``<out>.json``: the
         timeline of a trace with timestamps, for Perfetto UI and chrome://tracing).
     coll_size
         ``et`` of an algorithm trace: the collective size (bytes or ``"1MiB"``) that
@@ -86,7 +89,8 @@ def export_trace(
     Returns
     -------
     ExportedFiles
-        The files written, one per rank (``et``, ``json``) or one (``msccl-xml``), and
+        The files written, one per rank (``et``, ``json``) or one (``msccl-xml``,
+        ``mscclpp``), and
         ``changes``: a line for each kind of change made so that ASTRA-sim runs the ``.et``
         files (none for a trace it runs as stored: those are written unchanged), or why they
         cannot run as written.
@@ -96,8 +100,8 @@ def export_trace(
     OptionError
         An unknown format, or an option that does not apply to this format or trace:
         a collective size outside ``et`` of an algorithm trace, gzip outside ``et`` of
-        other traces, a protocol outside ``msccl-xml``, ``verbatim`` outside ``et`` of
-        other traces.
+        other traces, ``mscclpp`` of a trace that is no algorithm, a protocol outside
+        ``msccl-xml``, ``verbatim`` outside ``et`` of other traces.
 
     Notes
     -----
@@ -116,7 +120,14 @@ def export_trace(
         raise OptionError("export: a protocol applies only to the msccl-xml format")
     if verbatim and (format != "et" or trace.kind == "algorithm"):
         raise OptionError("export: verbatim applies only to the et format of non-algorithm traces")
+    if format == "mscclpp" and trace.kind != "algorithm":
+        raise OptionError(
+            f"export: the mscclpp format writes algorithm traces; {trace.name!r} is a {trace.kind} trace"
+        )
     out = _inside_directory(out, trace.name)
+    if format == "mscclpp":
+        text = str(out)
+        return ExportedFiles([write_mscclpp_plan(trace, text if text.endswith(".json") else f"{text}.json")])
     if format == "chrome-trace":  # a trace without start_time_micros raises OptionError there
         return ExportedFiles([write_chrome_trace(timeline(trace) if timeline else trace, out)])
     if format == "json":

@@ -39,6 +39,7 @@ __all__ = [
     "COMM_GROUPS_SUFFIX",
     "KINETO",
     "MAX_RANK",
+    "MSCCLPP_PLAN",
     "MSCCL_XML",
     "PYTORCH_ET",
     "RankFile",
@@ -60,6 +61,7 @@ CHAKRA_JSON = "chakra-json"
 PYTORCH_ET = "pytorch-et"
 KINETO = "kineto"
 MSCCL_XML = "msccl-xml"
+MSCCLPP_PLAN = "mscclpp-plan"
 
 _RANKED = re.compile(r"^(?P<prefix>.+)\.(?P<rank>\d+)\.(?P<ext>et|et\.gz|json|json\.gz)$")
 _EXTS = (".et", ".et.gz", ".json", ".json.gz")
@@ -265,6 +267,9 @@ _ET_KEYS = re.compile(rb'"nodes"\s*:')
 _ET_SCHEMA = re.compile(rb'"schema"\s*:\s*"')
 _JSON_START = re.compile(rb'(?:\{\s*["}]|\[\s*[{\]])')
 _CHAKRA_JSON_KEYS = re.compile(rb'"workload_graph"\s*:')
+# an MSCCL++ execution plan: a list of gpus beside its collective, or of gpus with threadblocks
+_MSCCLPP_GPUS = re.compile(rb'"gpus"\s*:\s*\[')
+_MSCCLPP_KEYS = re.compile(rb'"(?:collective|threadblocks)"\s*:')
 
 
 def _head(path: Path) -> bytes:
@@ -288,7 +293,9 @@ def sniff_format(path: Path) -> str:
     """What a trace file is, from its first bytes (gzip-aware), not its name.
 
     Returns one of :data:`CHAKRA_ET` (binary protobuf frames, the fallback),
-    :data:`CHAKRA_JSON`, :data:`PYTORCH_ET`, :data:`KINETO` and :data:`MSCCL_XML`.
+    :data:`CHAKRA_JSON`, :data:`PYTORCH_ET`, :data:`KINETO`, :data:`MSCCL_XML` and
+    :data:`MSCCLPP_PLAN` (an MSCCL++ execution plan: ``"gpus": [`` with ``"collective"``
+    or ``"threadblocks"``).
 
     Raises
     ------
@@ -326,6 +333,8 @@ def sniff_format(path: Path) -> str:
         return KINETO
     if _ET_KEYS.search(head) or _ET_SCHEMA.search(head):
         return PYTORCH_ET
+    if _MSCCLPP_GPUS.search(head) and _MSCCLPP_KEYS.search(head):
+        return MSCCLPP_PLAN
     if whole:
         check_json_depth(head, path)  # the standard decoder recurses once per level
         try:
@@ -337,8 +346,8 @@ def sniff_format(path: Path) -> str:
 
 
 _JSON_FORMS = (
-    "(expected a JSON object: Chakra JSON 'workload_graph', a PyTorch execution trace 'nodes' "
-    "or a Kineto 'traceEvents')"
+    "(expected a JSON object: Chakra JSON 'workload_graph', a PyTorch execution trace 'nodes', "
+    "a Kineto 'traceEvents' or an MSCCL++ execution plan 'gpus')"
 )
 _XML_ELEMENT = re.compile(rb"<([A-Za-z_][\w.:-]*)[\s>/]")  # an element's start tag (not <? or <!)
 _KNOWN_XML = {

@@ -21,6 +21,7 @@ from etstore.formats.files import (
     CHAKRA_JSON,
     KINETO,
     MSCCL_XML,
+    MSCCLPP_PLAN,
     PYTORCH_ET,
     RankFile,
     candidate_files,
@@ -38,6 +39,7 @@ _READERS = {
     CHAKRA_JSON: "read_chakra_json",
     KINETO: "read_kineto",
     MSCCL_XML: "read_msccl_xml",
+    MSCCLPP_PLAN: "read_mscclpp_plan",
     PYTORCH_ET: "read_pytorch_et",
 }
 
@@ -57,10 +59,10 @@ def read_trace(
     spec
         A file, a directory, a glob or ``<dir>/<prefix>``. A file is Chakra ``.et``
         (binary frames, with or without GlobalMetadata), Chakra JSON, a PyTorch execution
-        trace, a Kineto trace or MSCCL-IR XML. A directory (or glob) of per-rank files is
-        one trace: Chakra ``<prefix>.<rank>.et``/``.json``, or PyTorch files whose rank is
-        in their metadata (Kineto ``distributedInfo.rank``) or their name; an execution
-        trace and a Kineto trace of the same rank are linked.
+        trace, a Kineto trace, MSCCL-IR XML or an MSCCL++ execution plan. A directory (or
+        glob) of per-rank files is one trace: Chakra ``<prefix>.<rank>.et``/``.json``, or
+        PyTorch files whose rank is in their metadata (Kineto ``distributedInfo.rank``) or
+        their name; an execution trace and a Kineto trace of the same rank are linked.
     name
         The trace name; defaults to the file prefix.
     progress
@@ -172,6 +174,8 @@ def _read_one_file(path: Path, name: str | None) -> Trace:
             if f.read(2) == b"\x1f\x8b":  # the XML reader streams the file itself
                 raise TraceFormatError(f"{path}: gzip-compressed MSCCL-IR XML; decompress it first")
         return _reader(MSCCL_XML)(path, name=name)
+    if fmt == MSCCLPP_PLAN:
+        return _reader(MSCCLPP_PLAN)(path, name=name)
     if fmt == KINETO:
         return _reader(KINETO)(path, name=name)
     if fmt == PYTORCH_ET:
