@@ -27,7 +27,7 @@ import pyarrow.compute as pc
 from etstore.errors import ExpansionError
 from etstore.model import CHUNK_COLUMNS, OPS_SCHEMA, Trace, op_rows
 
-__all__ = ["Parts", "buffer_bytes", "chunk_bytes", "concat", "part_bytes", "prepare"]
+__all__ = ["Parts", "buffer_bytes", "chunk_bytes", "concat", "part_bytes", "prepare", "wire_bytes"]
 
 # op columns copied verbatim from the algorithm into the expansion
 COPIED = ("name", "type", "start_time_micros", "is_cpu_op", *CHUNK_COLUMNS, "attrs", "attr_order")
@@ -80,6 +80,7 @@ class Parts:
     exit_start: np.ndarray
     exit: np.ndarray
     columns: dict[str, pa.Array]  # COPIED columns of the pool
+    wire: np.ndarray  # (algorithms, 2) bytes on the wire per payload byte (numerator, denominator)
 
 
 def _int(ops: pa.Table, name: str, fill: int) -> tuple[np.ndarray, np.ndarray]:
@@ -168,7 +169,22 @@ def prepare(trace: Trace, label: str) -> Parts:
         exit_start=_starts(np.bincount(rank[exit_rows], minlength=n)),
         exit=local[exit_rows],
         columns={c: ops[c].combine_chunks() for c in COPIED},
+        wire=_wire_ratio(trace, where),
     )
+
+
+def _wire_ratio(trace: Trace, where: str) -> np.ndarray:
+    """``params["wire_bytes_ratio"]`` as a (1, 2) array; (1, 1) when absent (NCCL's LL: 2/1)."""
+    ratio = (trace.params or {}).get("wire_bytes_ratio")
+    if ratio is None:
+        return np.ones((1, 2), dtype=np.int64)
+    try:
+        num, den = (int(x) for x in ratio)
+    except (TypeError, ValueError):
+        num = den = 0
+    if num < 1 or den < 1:
+        raise ExpansionError(f"{where}: params wire_bytes_ratio {ratio!r} is not two positive integers")
+    return np.array([[num, den]], dtype=np.int64)
 
 
 @overload
@@ -222,6 +238,21 @@ def part_bytes(parts: Parts, buffer: int | np.ndarray, q: np.ndarray | slice = s
         chunk_bytes(buffer, parts.cnt[q], parts.total[q], parts.first[q]),
         parts.fixed_size[q],
     )
+    return out
+
+
+def wire_bytes(
+    parts: Parts, size: np.ndarray, q: np.ndarray | slice = slice(None), alg: np.ndarray | int = 0
+) -> np.ndarray:
+    """Bytes on the wire of pool ops ``q`` moving ``size`` payload bytes: messages scaled up by their
+    algorithm's ``wire`` ratio (rounded up), every other op's bytes as they are.
+
+    An NCCL protocol sends more than its payload (LL: a flag beside every data word);
+    the simulator and ``expand`` both size messages this way, so they agree.
+    """
+    num, den = parts.wire[alg, 0], parts.wire[alg, 1]
+    msg = parts.is_send[q] | parts.is_recv[q]
+    out: np.ndarray = np.where(msg, -(-np.asarray(size, dtype=np.int64) * num // den), size)
     return out
 
 
@@ -369,4 +400,5 @@ def concat(parts: Sequence[Parts]) -> Parts:
         columns={
             c: pa.concat_arrays([p.columns[c].cast(OPS_SCHEMA.field(c).type) for p in parts]) for c in COPIED
         },
+        wire=np.concatenate([p.wire for p in parts]),
     )

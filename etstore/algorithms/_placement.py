@@ -16,7 +16,7 @@ import pyarrow as pa
 
 from etstore.algorithms._columns import gather_bytes, numeric, ragged
 from etstore.algorithms._instances import Collectives
-from etstore.algorithms._parts import Parts, part_bytes
+from etstore.algorithms._parts import Parts, part_bytes, wire_bytes
 from etstore.model import OPS_SCHEMA, Trace
 
 __all__ = ["Placed", "place_ops"]
@@ -79,6 +79,7 @@ def place_ops(
     is_send, is_recv = parts.is_send[q], parts.is_recv[q]
     comm = is_send | is_recv
     size = part_bytes(parts, inst_buf[xinst][owner], q)
+    size = wire_bytes(parts, size, q, inst_alg[xinst][owner])  # bytes on the wire (NCCL's LL: 2x)
     # a reduction or copy carries the bytes it processes, so the simulator charges it as
     # it charges the same step inside a collective node (docs/simulator.md, "Cost model")
     sized = comm | (parts.is_comp[q] & (parts.chunked[q] | (parts.fixed_size[q] > 0)))

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from etstore.algorithms.generators import GENERATORS
+from etstore.algorithms.nccl import NCCL_GENERATORS, NCCL_PICK_COLLECTIVES, check_nccl_spec, is_nccl_spec
 from etstore.collective import COLLECTIVE_NAMES, chakra_name
 from etstore.errors import OptionError
 from etstore.model import Trace
@@ -78,17 +79,25 @@ def parse_by_type(text: str) -> dict[str, str]:
 def parse_generator(spec: str) -> tuple[str, int]:
     """``"ring:2"`` → ``("ring", 2)``: a generator name and its chunks per rank (default 1).
 
+    An NCCL spec (``nccl``, ``nccl-ring:24:ll128``, ...) comes back whole with 1: its
+    fields are channels, protocol and loops (:func:`etstore.algorithms.nccl.parse_nccl`).
+
     Raises
     ------
     OptionError
         Unknown generator (the message lists them) or a chunk count that is not a
         positive integer.
     """
+    if is_nccl_spec(
+        spec
+    ):  # NCCL's, whose fields after ':' are channels, protocol ... (etstore.algorithms.nccl)
+        check_nccl_spec(spec)
+        return spec, 1
     name, _, chunks = spec.partition(":")
     if name not in GENERATORS:
         raise OptionError(
             f"algorithm {spec!r} is neither a stored algorithm nor a generator; generators: "
-            f"{', '.join(GENERATORS)} (optionally NAME:CHUNKS)"
+            f"{', '.join(GENERATORS)} (optionally NAME:CHUNKS), nccl, nccl-ring, nccl-tree"
         )
     if chunks and (not chunks.isdigit() or int(chunks) < 1):
         raise OptionError(f"algorithm {spec!r}: chunks after ':' must be a positive integer")
@@ -117,7 +126,14 @@ def algorithms_by_type(algorithms: AlgorithmSpec | Mapping[str, AlgorithmSpec]) 
         return out
     if isinstance(algorithms, str):
         gen, _ = parse_generator(algorithms)
-        shorts = GENERATORS[gen].collectives
+        head = gen.split(":", 1)[0]
+        shorts = (
+            NCCL_PICK_COLLECTIVES
+            if head == "nccl"
+            else NCCL_GENERATORS[head]
+            if head in NCCL_GENERATORS
+            else GENERATORS[gen].collectives
+        )
         return {c: algorithms for c, s in COLLECTIVE_NAMES.items() if s in shorts}
     coll = algorithms.params.get("collective")
     if not coll:  # the caller vouches for it: every selected collective

@@ -20,6 +20,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import pyarrow as pa
 
+from etstore.algorithms.nccl_tuning import system_for
 from etstore.errors import OptionError, UnknownTraceError
 from etstore.model import Trace
 from etstore.sim.calibrate import Calibration, MeasuredCurve, fit_curve
@@ -35,6 +36,7 @@ __all__ = [
     "calibrate",
     "load_calibration",
     "measured_curve",
+    "nccl_algorithm",
     "record_calibration",
 ]
 
@@ -266,6 +268,40 @@ def load_calibration(warehouse: Warehouse, name: str) -> StoredCalibration:
     )
 
 
+_GPU_PRESETS = (("H100", "h100"), ("H200", "h100"), ("H800", "h100"), ("A100", "a100"), ("A800", "a100"))
+
+
+def nccl_algorithm(warehouse: Warehouse, run: str | int) -> str:
+    """The NCCL algorithm spec that stands for a measured run in the simulator.
+
+    A log of a run that forced one algorithm and one protocol (``NCCL_ALGO=Ring``,
+    ``NCCL_PROTO=LL``; the reader keeps NCCL's ``set by environment to`` lines in the
+    header's ``nccl_env``) is ``nccl-ring:CH:LL`` (``nccl-tree:CH:PROTO:NODES``), CH the
+    log's ``coll channels`` or else the preset's communicator channels; any other run
+    (NCCL choosing per size, or a forced algorithm etstore does not build) is
+    ``nccl:GPU:NODES``, NCCL's tuning model picking per size on the preset of its GPU
+    model (``a100`` when the model is unknown).
+
+    Raises
+    ------
+    UnknownTraceError
+        No measured run ``run``.
+    """
+    row = _run_row(warehouse, run)
+    query = "SELECT gpu_model, nodes, header FROM measured_runs WHERE run_id = $id"
+    info = warehouse.query(query, {"id": row["run_id"]}).to_arrow().to_pylist()[0]
+    header = json.loads(info["header"]) if isinstance(info["header"], str) else info["header"] or {}
+    env = {k: str(v) for k, v in (header.get("nccl_env") or {}).items()}
+    model = str(info["gpu_model"] or "").upper()
+    gpu = next((preset for key, preset in _GPU_PRESETS if key in model), "a100")
+    nodes = int(info["nodes"] or 1)
+    algo, proto = env.get("NCCL_ALGO", "").lower(), env.get("NCCL_PROTO", "").lower()
+    if algo in ("ring", "tree") and proto in ("ll", "ll128", "simple"):
+        channels = int(header.get("nccl_coll_channels") or 2 * system_for(gpu, nodes).channels)
+        return f"nccl-{algo}:{channels}:{proto}" + (f":{nodes}" if algo == "tree" else "")
+    return f"nccl:{gpu}:{nodes}"
+
+
 def calibrate(
     warehouse: Warehouse,
     run: str | int,
@@ -286,7 +322,9 @@ def calibrate(
 
     :func:`measured_curve`, then :func:`~etstore.sim.calibrate.fit_curve`, then
     :func:`record_calibration`;
-    the parameters are theirs (``record=False`` stores nothing).
+    the parameters are theirs (``record=False`` stores nothing). ``algorithm="nccl"``
+    becomes :func:`nccl_algorithm` of the run: NCCL's algorithm and protocol as the run
+    forced them, so each (algorithm, protocol) gets its own fit.
 
     Raises
     ------
@@ -310,6 +348,8 @@ def calibrate(
     >>> cal.spec, cal.summary()["max_error_after_pct"]  # doctest: +SKIP
     """
     curve = measured_curve(warehouse, run, collective=collective)
+    if algorithm == "nccl":  # the (algorithm, protocol) the run forced, else NCCL's pick per size
+        algorithm = nccl_algorithm(warehouse, run)
     cal = fit_curve(
         curve,
         spec,

@@ -6,6 +6,7 @@ import argparse
 import dataclasses
 from typing import Any
 
+from etstore.algorithms.nccl import is_nccl_spec
 from etstore.algorithms.specs import algorithms_by_type, parse_by_type
 from etstore.app.expand import resolve_algorithm
 from etstore.collective import COLLECTIVE_NAMES
@@ -21,7 +22,9 @@ def algo_arg(store: Store | None, spec: str) -> Any:
     """A built-in name stays a name; anything else is a stored algorithm (or an error naming both)."""
     if spec in BUILTIN_ALGORITHMS:
         return spec
-    algo = resolve_algorithm(store, spec)
+    algo = resolve_algorithm(store, spec)  # a stored name first; an NCCL spec's fields checked here
+    if isinstance(algo, str) and is_nccl_spec(algo):  # NCCL's: its fields are channels, protocol ...
+        return algo
     if isinstance(algo, str):  # a generator with chunks: the simulator takes them from --chunks
         name, chunks = algo.partition(":")[0], algo.partition(":")[2]
         raise OptionError(f"--algo {spec!r}: write --algo {name} --chunks {chunks} for the simulator")

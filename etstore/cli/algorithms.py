@@ -46,7 +46,7 @@ def _check(args: argparse.Namespace, console: Console) -> int:
 
 def _gen(args: argparse.Namespace, console: Console) -> int:
     trace = generate(args.generator, coll=args.coll, ranks=args.ranks, chunks=args.chunks)
-    name = args.name or f"{args.generator}-{args.coll}-{args.ranks}r-{args.chunks}c"
+    name = args.name or f"{args.generator.replace(':', '-')}-{args.coll}-{args.ranks}r-{args.chunks}c"
     with open_from_args(args) as store:
         report = store.ingest(trace, name=name)
     info = report.trace
@@ -86,7 +86,11 @@ def register(sub: Any) -> None:
     sp = sub.add_parser("algo", help="built-in collective algorithms")
     algo = sp.add_subparsers(dest="algo_command", required=True, metavar="ACTION")
     gp = algo.add_parser("gen", help="generate a built-in algorithm and store it")
-    gp.add_argument("generator", help="ring, direct, halving-doubling, tree, alltoall-direct")
+    gp.add_argument(
+        "generator",
+        help="ring, direct, halving-doubling, tree, alltoall-direct, nccl-ring[:CH[:PROTO]], "
+        "nccl-tree[:CH[:PROTO[:NODES]]] (--chunks: loops per channel)",
+    )
     gp.add_argument("--coll", required=True, help="allreduce, allgather, reducescatter, alltoall")
     gp.add_argument("--ranks", type=int, required=True, help="number of ranks")
     gp.add_argument("--chunks", type=int, default=1, help="chunks per rank (default 1)")

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from etstore.algorithms.nccl import is_nccl_spec
 from etstore.app.calibrate import calibrate
 from etstore.app.expand import resolve_algorithm
 from etstore.cli._common import add_format, open_to_record
@@ -34,7 +35,9 @@ def _algorithm(store: Store, spec: str) -> str | Trace:
     """A built-in name stays a name; anything else is a stored algorithm (or an error naming both)."""
     if spec in BUILTIN_ALGORITHMS:
         return spec
-    algo = resolve_algorithm(store, spec)
+    algo = resolve_algorithm(store, spec)  # a stored name first; an NCCL spec's fields checked here
+    if isinstance(algo, str) and is_nccl_spec(algo):  # nccl: the run's own (algorithm, protocol)
+        return algo
     if isinstance(algo, str):  # a generator with chunks ("ring:2"): the chunks are a simulator option
         raise OptionError(f"--algo {spec!r}: calibrate takes a generator without chunks, e.g. --algo ring")
     return algo
@@ -196,7 +199,9 @@ def register(sub: Any) -> None:
     sp.add_argument(
         "--algo",
         default="native",
-        help="algorithm: native (default), ring, direct, halving-doubling, tree or a stored algorithm",
+        help="algorithm: native (default), ring, direct, halving-doubling, tree, a stored algorithm, "
+        "nccl-ring[:CH[:PROTO]], nccl-tree[:CH[:PROTO[:NODES]]], or nccl: the (algorithm, protocol) the "
+        "run's log says it forced (NCCL_ALGO/NCCL_PROTO), else NCCL's tuning model per size",
     )
     sp.add_argument("--name", help="name of the stored calibration (default RUN-ALGO)")
     sp.add_argument("--coll", help="collective, when the run does not say (all-gather logs and the like)")

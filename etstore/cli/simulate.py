@@ -275,8 +275,10 @@ def register(sub: Any) -> None:
         "--algo",
         action="append",
         metavar="[COLL=]ALGO",
-        help="collective algorithm: native, replay, ring, direct, halving-doubling, tree or a stored "
-        "algorithm; COLL=ALGO for one collective type (e.g. allreduce=ring,allgather=my-algo)",
+        help="collective algorithm: native, replay, ring, direct, halving-doubling, tree, a stored "
+        "algorithm, nccl-ring[:CH[:PROTO[:LOOPS]]], nccl-tree[:CH[:PROTO[:NODES[:LOOPS]]]], or "
+        "nccl[:GPU[:NODES[:CH]]] (NCCL's tuning model picks per size; the collectives table says what); "
+        "COLL=ALGO for one collective type (e.g. allreduce=ring,allgather=my-algo)",
     )
     sp.add_argument(
         "--comm-groups",

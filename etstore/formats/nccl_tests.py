@@ -7,8 +7,11 @@ busbw #wrong …``) over an out-of-place and an in-place group of columns, one r
 message size and a ``# Avg bus bandwidth`` footer. Real logs carry more and less than
 that; the reader keeps what it recognises and skips the rest:
 
-- NCCL ``INFO``/``WARN`` lines, UCX warnings, ``NCCL version`` / ``RCCL version : …`` /
-  ``rccl-tests: Version …`` lines and Open MPI's ``[1,0]<stdout>:`` line tags;
+- NCCL ``INFO``/``WARN`` lines (of which ``NCCL_ALGO``/``NCCL_PROTO set by environment to
+  …``, or ``NCCL_ALGO=…`` lines, and ``N coll channels`` are kept in the header as
+  ``nccl_env`` and ``nccl_coll_channels``: what a run forced NCCL to use), UCX
+  warnings, ``NCCL version`` / ``RCCL version : …`` / ``rccl-tests: Version …`` lines
+  and Open MPI's ``[1,0]<stdout>:`` line tags;
 - a Markdown heading, prose, code fences or the launch command before the log (the
   binary named in the command, or in ``# Collective test starting:``, names the
   collective);
@@ -118,6 +121,10 @@ _PLACEMENT = re.compile(r"^#\s*(out-of-place)?\s*(in-place)?\s*$")
 _ROW = re.compile(r"^\s*\d+\s+\d+\s+[A-Za-z_]")
 _FOOTER_AVG = re.compile(r"^#\s*Avg bus bandwidth\s*:\s*(\S+)")
 _FOOTER_OOB = re.compile(r"^#\s*Out of bounds values\s*:\s*(\d+)")
+# NCCL's own choice, when the run forced it: NCCL_DEBUG=INFO prints "NCCL_ALGO set by environment to
+# Ring" (src/graph/tuning.cc), a launch script may echo NCCL_ALGO=Ring; and "24 coll channels" (init.cc)
+_NCCL_ENV = re.compile(r"\b(NCCL_ALGO|NCCL_PROTO)(?:\s+set by environment to\s+|=)[\"']?([^\s\"']+)")
+_COLL_CHANNELS = re.compile(r"NCCL INFO (\d+) coll channels\b")
 _TOOL = re.compile(r"^#\s*(nccl|rccl)-tests version\s+(\S+)")
 _RCCL_TESTS = re.compile(r"^rccl-tests:\s*Version\s*(.*?)\s*$")
 _LIBRARY = re.compile(r"(?:^|\s)(NCCL|RCCL) version\s*:?\s*(\d[^\s]*)")
@@ -289,6 +296,8 @@ class _Scan:
         self.rows: dict[str, list[Any]] = {f.name: [] for f in MEASUREMENT_SCHEMA}
         self.avg: float | None = None
         self.oob: int | None = None
+        self.nccl_env: dict[str, str] = {}
+        self.coll_channels: int | None = None
 
     # ------------------------------------------------------------ one line
 
@@ -297,6 +306,11 @@ class _Scan:
         text = line.strip()
         if not text:
             return
+        if "NCCL" in text:
+            for key, value in _NCCL_ENV.findall(text):
+                self.nccl_env.setdefault(key, value)
+            if self.coll_channels is None and (m := _COLL_CHANNELS.search(text)):
+                self.coll_channels = int(m[1])
         if text.startswith("#"):
             self._comment(number, text)
         elif _ROW.match(text) and self.columns is not None:
@@ -454,8 +468,18 @@ class _Scan:
             errors_kind=self.errors_kind,
             avg_busbw_gb_per_s=self.avg,
             out_of_bounds=self.oob,
-            header=self.header,
+            header=self._header(),
         )
+
+    def _header(self) -> dict[str, Any]:
+        """The header's fields, plus what NCCL's own lines said of its choice (``nccl_env``: the
+        ``NCCL_ALGO``/``NCCL_PROTO`` a run forced; ``nccl_coll_channels``) when they said anything."""
+        out = dict(self.header)
+        if self.nccl_env:
+            out["nccl_env"] = dict(self.nccl_env)
+        if self.coll_channels is not None:
+            out["nccl_coll_channels"] = self.coll_channels
+        return out
 
 
 def _header_fields(n_threads: int, n_gpus: int, rest: str) -> dict[str, Any]:

@@ -27,8 +27,10 @@ import numpy as np
 import pyarrow.compute as pc
 
 from etstore.algorithms._instances import CARRIERS, EVERY, Collectives, find_collectives, given_groups
+from etstore.algorithms._parts import buffer_bytes
 from etstore.algorithms.check import CheckReport, check_algorithm
 from etstore.algorithms.generators import GENERATORS, generate
+from etstore.algorithms.nccl import NCCL_GENERATORS, NcclSpec, cached_nccl, is_nccl_spec, resolve_nccl
 from etstore.collective import COLLECTIVE_NAMES
 from etstore.errors import ConfigError, EtstoreError
 from etstore.ir import run_verdict
@@ -57,11 +59,13 @@ run verdict before it is simulated, not the whole symbolic check (which proves i
 
 AlgorithmSpec = str | Trace
 
-BUILTIN_ALGORITHMS: frozenset[str] = frozenset({"native", "replay", *GENERATORS})
+BUILTIN_ALGORITHMS: frozenset[str] = frozenset({"native", "replay", *GENERATORS, "nccl", *NCCL_GENERATORS})
 """Algorithm names the simulator resolves itself: ``native`` (ASTRA-sim's native
 implementations per dimension, :attr:`SimConfig.native_impls`; ring by default),
-``replay`` (the node's own duration) and every generator of
-:data:`etstore.algorithms.generators.GENERATORS`; any other name is a stored algorithm."""
+``replay`` (the node's own duration), every generator of
+:data:`etstore.algorithms.generators.GENERATORS`, and NCCL's (``nccl``: its tuning model
+picks per size; ``nccl-ring``, ``nccl-tree``; with their ``:`` fields,
+:mod:`etstore.algorithms.nccl`); any other name is a stored algorithm."""
 
 
 @dataclass
@@ -125,8 +129,15 @@ class Algorithms:
         """The template for one instance, or None to replay the node's own duration."""
         spec = self.spec_for(coll)
         label = self.label(spec)
-        self.labels[str(coll)] = label
         n = len(group)
+        nccl: NcclSpec | None = None
+        if is_nccl_spec(spec) and n > 1:  # NCCL's choice and loops depend on the size
+            assert isinstance(spec, str)
+            try:
+                nccl, label = resolve_nccl(spec, COLLECTIVE_NAMES[coll], buffer_bytes(coll, size, n), n)
+            except EtstoreError as exc:
+                raise not_stuck(f"algorithm {spec!r} for {coll} of {size} bytes on {n} ranks: {exc}") from exc
+        self.labels[str(coll)] = label
         # a native collective of every NPU runs on the network's dimensions (in NPU order,
         # however a comm-group file lists them: ASTRA-sim's CommunicatorGroup compares sizes
         # only); any other group runs one ring of its members in their order, the same
@@ -162,7 +173,9 @@ class Algorithms:
                 **self._native_kwargs(),
             )
         else:
-            if isinstance(spec, str):
+            if nccl is not None:
+                trace = self._generated_nccl(nccl, coll, n)
+            elif isinstance(spec, str):
                 trace = self._generated(spec, coll, n)
             else:
                 trace = spec
@@ -206,6 +219,17 @@ class Algorithms:
             if cfg.model_shared_bus
             else None,
         }
+
+    def _generated_nccl(self, spec: NcclSpec, coll: str, n: int) -> Trace:
+        """NCCL's ring or tree as ``spec`` (loops given) says, for ``coll`` on ``n`` ranks (built once)."""
+        cache_key = (spec.text(), coll, n)
+        if cache_key not in self.generated:
+            try:
+                self.generated[cache_key] = cached_nccl(spec.text(), COLLECTIVE_NAMES[coll], n)
+            except EtstoreError as exc:
+                what = f"cannot generate algorithm {spec.text()!r} for {coll} on {n} ranks"
+                raise not_stuck(f"{what}: {exc}") from exc
+        return self.generated[cache_key]
 
     def _generated(self, name: str, coll: str, n: int) -> Trace:
         """The generator's algorithm ``name`` for ``coll`` on ``n`` ranks (built once)."""

@@ -20,7 +20,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from etstore.algorithms._parts import buffer_bytes, part_bytes, prepare
+from etstore.algorithms._parts import buffer_bytes, part_bytes, prepare, wire_bytes
 from etstore.errors import ExpansionError, TemplateError
 from etstore.model import Trace
 
@@ -351,7 +351,8 @@ def trace_template(
     ``expand`` stamps into workloads, so both paths read an algorithm (and refuse one)
     alike. Message size is :func:`~etstore.algorithms._parts.part_bytes`: chunk bytes of
     the :func:`~etstore.algorithms._parts.buffer_bytes` buffer, else the op's
-    ``comm_size``. A ``COMP_NODE`` lasts ``duration_micros`` if set, else
+    ``comm_size``, times the trace's wire ratio (:func:`~etstore.algorithms._parts.wire_bytes`).
+    A ``COMP_NODE`` lasts ``duration_micros`` if set, else
     :func:`step_cost_ns` of its chunk bytes: a local reduction, or a copy when its name
     starts with ``copy``. Memory nodes take no time; no op takes an NPU slot (the
     collective node holds the communication slot while its algorithm runs).
@@ -385,6 +386,7 @@ def trace_template(
         integer_ns=integer_ns,
         min_ns=min_comp_ns,
     )
+    size = wire_bytes(parts, size)  # a protocol's flags travel with its messages (after the steps' cost)
     durm = parts.duration.astype(np.float64)
     dur = np.where(parts.is_comp, np.where(durm > 0, durm * duration_unit_ns, mem), 0.0)
     if integer_ns:
