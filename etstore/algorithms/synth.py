@@ -3,11 +3,16 @@
 :func:`synthesize` turns a :class:`~etstore.topology.Topology` and a collective
 into an algorithm :class:`~etstore.model.Trace` in the representation of
 ``docs/algorithms.md`` (COMM_SEND / COMM_RECV / ``reduce`` COMP nodes with chunk
-columns), plus the schedule's time under the link model and a lower bound.
+columns), plus its time and a lower bound.
 
-The link model is TACOS's (FORMATS.md §4): a link carries one chunk at a time and
-takes ``latency + chunk_bytes / bandwidth`` per chunk; an NPU forwards a chunk
-once it has fully arrived (store-and-forward).
+The time is what ``etstore sim`` gives the stored algorithm: one collective of
+``buffer_bytes`` on the same topology under the same simulator settings (a
+:class:`~etstore.sim.config.SimConfig`; default: its defaults), equal to the ns
+(:mod:`etstore.algorithms._synth_cost` prices the schedule by the simulator's rules:
+message times, reductions at ``reduction_mem_accesses`` memory passes, the trace's
+dependencies). The search plans in TACOS's link model (FORMATS.md §4) over those
+message times: a link carries one chunk at a time, each taking the simulator's time
+for it; an NPU forwards a chunk once it has fully arrived (store-and-forward).
 
 How the greedy works, and why it is fast
 ----------------------------------------
@@ -37,19 +42,18 @@ shortest paths, longest remaining distance first.
 from __future__ import annotations
 
 import logging
-import random
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
 import numpy as np
 
-from etstore.algorithms._synth_bounds import alltoall_bound, flood_bound, flood_holders
 from etstore.algorithms._synth_budget import require_parts_budget, require_synthesis_budget
-from etstore.algorithms._synth_engine import Engine, Raw
-from etstore.algorithms._synth_schedule import Flow, Schedule, assemble, flow, reverse, reverse_links
+from etstore.algorithms._synth_cost import Prices, Settings, SimSettings, evaluate, prices
+from etstore.algorithms._synth_phases import Plan, plans
+from etstore.algorithms._synth_schedule import Schedule, assemble
 from etstore.algorithms._synth_trace import build_parts, build_trace, op_count
 from etstore.collective import ALGORITHM_COLLECTIVES, short_name
 from etstore.errors import UnsatisfiableError
@@ -69,12 +73,16 @@ COLLECTIVES = ALGORITHM_COLLECTIVES  # synthesis covers every collective an algo
 class SynthResult:
     """A synthesized algorithm and how good it is.
 
-    ``time_ns`` is the schedule's collective time under the link model,
-    ``lower_bound_ns`` a bound no schedule can beat (see :func:`synthesize`),
-    ``ratio`` their quotient (1.0 = provably optimal under the model).
-    ``schedule`` is the algorithm as compact columns; ``trace``, the algorithm
-    trace, is built from it on first access (two or three nodes per transfer, so
-    about 200 bytes per transfer against the schedule's 17).
+    ``time_ns`` is the time ``etstore sim`` gives the stored algorithm (one collective of
+    ``buffer_bytes`` on ``network`` under ``config``), to the ns — unless ``time_exact`` is
+    False: congestion-aware through a switch or over parallel links, where messages queue,
+    it is the congestion-unaware time, the queueing left out (``etstore synth`` simulates
+    ``trace`` for it). ``lower_bound_ns`` is a bound no schedule can beat under the same
+    rules (see :func:`synthesize`), ``ratio`` their quotient (1.0 = provably optimal).
+    ``schedule`` is the algorithm as compact columns (times of the search's plan; the
+    simulator may start steps earlier); ``trace``, the algorithm trace, is built from it
+    on first access (two or three nodes per transfer, so about 200 bytes per transfer
+    against the schedule's 17).
     """
 
     network: Topology
@@ -92,6 +100,8 @@ class SynthResult:
     best_trial: int
     synthesis_s: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict)
+    config: Settings = field(default_factory=Settings)
+    time_exact: bool = True
 
     @cached_property
     def trace(self) -> Trace:
@@ -159,6 +169,7 @@ class SynthResult:
             "buffer_bytes": self.buffer_bytes,
             "time_ns": self.time_ns,
             "lower_bound_ns": self.lower_bound_ns,
+            **self.timed_by,
             **self.extra,
         }
         if self.network.labels is not None:
@@ -171,6 +182,19 @@ class SynthResult:
         receive per transfer, a reduction per transfer of a reduction phase, and All-to-All's
         one local copy per own chunk."""
         return op_count(self.schedule, self.collective, self.num_npus, self.chunks_per_npu)
+
+    @property
+    def timed_by(self) -> dict[str, Any]:
+        """The simulator settings ``time_ns`` holds for: network model, reduction and copy passes,
+        local memory bandwidth (GB/s, GB = 10^9); the same options to ``etstore sim`` give it."""
+        cfg = self.config
+        return {
+            "congestion": cfg.congestion,
+            "reduction_mem_accesses": cfg.reduction_mem_accesses,
+            "copy_mem_accesses": cfg.copy_mem_accesses,
+            "local_mem_bw_gb_per_s": cfg.local_mem_bw_gb_per_s,
+            "time_exact": self.time_exact,
+        }
 
     @property
     def ratio(self) -> float:
@@ -196,6 +220,7 @@ class SynthResult:
             "time_ns": self.time_ns,
             "lower_bound_ns": self.lower_bound_ns,
             "ratio": self.ratio,
+            **self.timed_by,
             "seed": self.seed,
             "trials": self.trials,
             "best_trial": self.best_trial,
@@ -216,6 +241,7 @@ def synthesize(
     seed: int = 0,
     buffer_bytes: int = 1 << 30,
     root: int = 0,
+    config: SimSettings | None = None,
     progress: ProgressFn | None = None,
 ) -> SynthResult:
     """Synthesize a collective algorithm for a topology (TACOS-style greedy, extended).
@@ -241,18 +267,30 @@ def synthesize(
         The collective size S in bytes (All-Gather: the whole gathered buffer).
     root
         Root NPU of broadcast and reduce.
+    config
+        The simulator settings the time is for: a :class:`~etstore.sim.config.SimConfig`
+        (or anything with its ``congestion``, ``reduction_mem_accesses``,
+        ``copy_mem_accesses``, ``local_mem_bw_gb_per_s``, ``min_comp_ns``, ``integer_ns``
+        and ``message_overhead_ns``); default ``etstore sim``'s defaults. ``time_ns`` is
+        what :func:`etstore.sim.simulate` gives the stored algorithm run as one collective
+        of ``buffer_bytes`` (``sweep``'s workload) on ``topo`` under it (see
+        ``SynthResult.time_exact``). Its message times and reduction and copy costs are
+        also what the search plans with and the bounds count.
     progress
         Called as ``progress(phase, done, total)``: ``trials`` (greedy runs done of
-        ``trials``; a second ``trials`` pass for an All-Reduce on a directed topology;
-        the count jumps to the total when a run meets the bound), then ``schedule``
-        (0 then 1 of 1). The trace is built later, on first access to ``result.trace``.
+        ``trials``; a second ``trials`` pass for an All-Reduce on a directed topology,
+        and one for a reduction planned at its reductions' pace on links of unequal
+        times; the count jumps to the total when a run meets the bound), then
+        ``schedule`` (0 then 1 of 1). The trace is built later, on first access to
+        ``result.trace``.
 
     Returns
     -------
     SynthResult
         ``trace`` (kind ``algorithm``; params ``collective``, ``ngpus``,
         ``nchunksperloop``, ``inplace``, ``producer="synth"``, ``topology``, ``seed``,
-        ...), ``schedule``, ``time_ns``, ``lower_bound_ns`` and ``ratio``.
+        ``time_ns`` and the settings it holds for, ...), ``schedule``, ``time_ns``,
+        ``lower_bound_ns`` and ``ratio``; for All-Reduce ``extra["phases_bound_ns"]``.
 
     Raises
     ------
@@ -267,18 +305,23 @@ def synthesize(
     Notes
     -----
     Time O(trials · (N · C · deg + T log E)) with C chunks, out-degree deg, T transfers
-    and E links; memory 17 bytes per transfer for the schedule (25 for reductions)
-    plus N · C bytes of delivery flags. The trace is built on first access to
-    ``result.trace``, O(T log T). The lower bounds (``_synth_bounds``, all counting
-    link finish times): All-Gather the largest of every NPU's ingress of (N-1)·k chunks
-    (TACOS's ⌈(N-1)k / indeg⌉ · t when links are equal), the cuts (|A|·k chunks from
-    side A to side B) and the farthest pair; Reduce-Scatter the same on the transposed
-    topology (egress); All-Reduce their sum (the bound of the RS + AG decomposition,
-    as TACOS); Broadcast the root's injection of k chunks plus the distance the last
-    one still has to go, every other NPU's ingress with in-links released when a chunk
-    can first reach them, and the farthest NPU; Reduce the same on the transpose;
-    All-to-All injection, ejection, the cuts (|A|·|B|·k chunks each way: the bisection),
-    the farthest pair and the total link work.
+    and E links, plus O(T log T) to time the schedule by the simulator's rules; memory
+    17 bytes per transfer for the schedule (25 for reductions) plus N · C bytes of
+    delivery flags. The trace is built on first access to ``result.trace``,
+    O(T log T). The lower bounds (``_synth_bounds``, all counting link finish times
+    over the simulator's message times t): All-Gather the largest of every NPU's
+    ingress of (N-1)·k chunks (TACOS's ⌈(N-1)k / indeg⌉ · t when links are equal), the
+    cuts (|A|·k chunks from side A to side B) and the farthest pair; Reduce-Scatter the
+    same on the transposed topology (egress), each link's reductions paced at
+    max(t, r) for a reduction of r ns and each hop t + r; All-Reduce the largest of
+    Reduce-Scatter's plus a hop, a reduced hop plus All-Gather's, the link work and a
+    chunk's round trip (the sum of the two, TACOS's, holds only if the All-Gather
+    waited for the whole Reduce-Scatter: ``phases_bound_ns``); Broadcast the root's
+    injection of k chunks plus the distance the last one still has to go, every other
+    NPU's ingress with in-links released when a chunk can first reach them, and the
+    farthest NPU; Reduce the same on the transpose, paced as Reduce-Scatter;
+    All-to-All injection, ejection, the cuts (|A|·|B|·k chunks each way: the
+    bisection), the farthest pair, the total link work and an NPU's local copies.
     Source: W. Won et al., "TACOS: Topology-Aware Collective Algorithm Synthesizer
     for Distributed Machine Learning", MICRO 2024; FORMATS.md §4.
 
@@ -308,18 +351,21 @@ def synthesize(
             f"synth: buffer_bytes={buffer_bytes} is smaller than one byte per chunk ({total_chunks} chunks)"
         )
     chunk_bytes = buffer_bytes / total_chunks
-    phases, lb, used, best = _run_phases(topo, coll_name, k, root, chunk_bytes, trials, seed, progress)
+    cfg = Settings.of(config)
+    cost = prices(topo, coll_name, k, int(buffer_bytes), cfg)
+    candidates, bounds, used, best = plans(topo, coll_name, k, root, cost, trials, seed, progress)
+    lb = bounds.lower
     if progress is not None:
         progress("schedule", 0, 1)
-    schedule = assemble(topo, topo.link_time_ns(chunk_bytes), phases)
-    del phases
+    schedule, time_ns = _fastest(topo, candidates, cost, coll_name, k)
+    del candidates
     if progress is not None:
         progress("schedule", 1, 1)
     elapsed = time.perf_counter() - began
-    log.debug(
-        "synth %s on %s: %.1f ns (bound %.1f) in %.3f s", coll_name, topo.name, schedule.time_ns, lb, elapsed
-    )
-    extra = {"root": root} if coll_name in ("broadcast", "reduce") else {}
+    log.debug("synth %s on %s: %.1f ns (bound %.1f) in %.3f s", coll_name, topo.name, time_ns, lb, elapsed)
+    extra: dict[str, Any] = {"root": root} if coll_name in ("broadcast", "reduce") else {}
+    if bounds.phases is not None:
+        extra["phases_bound_ns"] = bounds.phases
     return SynthResult(
         topo,
         schedule,
@@ -329,13 +375,15 @@ def synthesize(
         k,
         int(buffer_bytes),
         chunk_bytes,
-        schedule.time_ns,
+        time_ns,
         lb,
         seed,
         used,
         best,
         elapsed,
         extra,
+        cfg,
+        cost.exact,
     )
 
 
@@ -352,90 +400,17 @@ def _check_request(topo: Topology, coll: str, k: int, trials: int, root: int) ->
         raise UnsatisfiableError(f"synth: root {root} is not an NPU of {topo.name} (0..{n - 1})")
 
 
-def _counted(
-    run: Callable[[random.Random, str], Raw], trials: int, progress: ProgressFn | None
-) -> Callable[[random.Random, str], Raw]:
-    """``run``, reporting ``("trials", done, trials)`` after each call (a trial is long enough
-    for one callback each to cost nothing)."""
-    if progress is None:
-        return run
-    progress("trials", 0, trials)
-    done = [0]
-
-    def counted(rng: random.Random, policy: str) -> Raw:
-        raw = run(rng, policy)
-        done[0] += 1
-        progress("trials", done[0], trials)
-        return raw
-
-    return counted
-
-
-def _trials_done(trials: int, progress: ProgressFn | None) -> None:
-    """The trials' count at its total: a run that met the bound ended the search early."""
-    if progress is not None:
-        progress("trials", trials, trials)
-
-
-def _run_phases(
-    topo: Topology,
-    coll: str,
-    k: int,
-    root: int,
-    chunk_bytes: float,
-    trials: int,
-    seed: int,
-    progress: ProgressFn | None = None,
-) -> tuple[list[tuple[Flow, int, float]], float, int, int]:
-    """Run the engine for each phase of ``coll``: (phases, lower bound in ns, trials run, best trial).
-
-    A phase is ``(flow, phase code, start offset in ns)``; reductions are floods on
-    the transposed topology played backwards, All-Reduce is Reduce-Scatter then
-    All-Gather.
-    """
-    times = topo.link_time_ns(chunk_bytes)
-    if coll == "alltoall":  # shortest-path routing needs every pair's distance
-        dist = topo.distances_ns(chunk_bytes)
-        engine = Engine(topo, times, dist)
-        lb = alltoall_bound(topo, times, dist, k)
-        a2a = _counted(lambda rng, pol: engine.alltoall(k, rng, pol), trials, progress)
-        raw, used, best = engine.best_of(trials, seed, lb, a2a)
-        _trials_done(trials, progress)
-        return [(flow(raw), 2, 0.0)], lb, used, best
-    base = "allgather" if coll in ("allgather", "reducescatter", "allreduce") else "broadcast"
-    holders = flood_holders(topo.num_npus, base, k, root)
-    engine = Engine(topo, times)
-    lb_ag = flood_bound(topo, times, base, k, root, transpose=False)
-
-    def gather(rng: random.Random, policy: str) -> Raw:
-        return engine.flood(holders, rng, policy)
-
-    if coll in ("allgather", "broadcast"):
-        raw, used, best = engine.best_of(trials, seed, lb_ag, _counted(gather, trials, progress))
-        _trials_done(trials, progress)
-        return [(flow(raw), 1, 0.0)], lb_ag, used, best
-    # reducescatter, reduce, allreduce: reverse a flood on the transposed topology
-    lb_rs = flood_bound(topo, times, base, k, root, transpose=True)
-    rev = reverse_links(topo)
-    ag: Flow | None = None
-    if rev is not None:  # symmetric: a flood on the transpose is this flood on reversed links
-        raw, used, best = engine.best_of(trials, seed, lb_ag, _counted(gather, trials, progress))
-        _trials_done(trials, progress)
-        ag = flow(raw)
-        rs = reverse(ag, rev, times)
-    else:
-        tengine = Engine(topo.transpose(), times)
-        raw, used, best = tengine.best_of(
-            trials, seed, lb_rs, _counted(lambda rng, pol: tengine.flood(holders, rng, pol), trials, progress)
-        )
-        _trials_done(trials, progress)
-        rs = reverse(flow(raw), np.arange(topo.num_links, dtype=np.int32), times)
-        if coll == "allreduce":
-            raw, used2, _ = engine.best_of(trials, seed, lb_ag, _counted(gather, trials, progress))
-            _trials_done(trials, progress)
-            ag = flow(raw)
-            used += used2
-    if coll == "allreduce":
-        assert ag is not None  # both branches above build the All-Gather for allreduce
-        return [(rs, 0, 0.0), (ag, 1, rs.makespan)], lb_rs + lb_ag, used, best
-    return [(rs, 0, 0.0)], lb_rs, used, best
+def _fastest(
+    topo: Topology, candidates: list[Plan], cost: Prices, coll: str, k: int
+) -> tuple[Schedule, float]:
+    """The candidate plan the simulator's rules time fastest (the first on a tie), as a schedule,
+    and that time (ns; :func:`~etstore.algorithms._synth_cost.evaluate`)."""
+    n = topo.num_npus
+    best: tuple[Schedule, float] | None = None
+    while candidates:
+        schedule = assemble(topo, cost.plan_ns, candidates.pop(0))
+        time_ns = evaluate(schedule, cost, coll, n, k)
+        if best is None or time_ns < best[1]:
+            best = (schedule, time_ns)
+    assert best is not None  # plans() returns at least one candidate
+    return best

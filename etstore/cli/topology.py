@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import re
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -13,6 +15,9 @@ from etstore.cli._common import add_format, open_from_args, print_json, progress
 from etstore.cli._console import styled
 from etstore.cli._render import render
 from etstore.cli._topology_args import add_topology_options, topology_from
+from etstore.collective import chakra_name
+from etstore.sim import collective_workload, simulate
+from etstore.sim.config import SimConfig, read_system_config
 from etstore.units import parse_size
 
 if TYPE_CHECKING:
@@ -43,13 +48,15 @@ def _topo_show(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
-def default_name(res: SynthResult, size: str, trials: int) -> str:
+def default_name(res: SynthResult, size: str, trials: int, system_config: str | None = None) -> str:
     """The stored name of a synthesized algorithm, from its own inputs alone.
 
     ``synth-<collective>-<topology>-<k>c-s<seed>``, then ``-r<root>`` for a broadcast or
-    reduce from a root other than 0, ``-<size>`` for a size other than the default and
-    ``-t<trials>`` for a trial count other than the default: two requests share a
-    name exactly when they ask for the same algorithm.
+    reduce from a root other than 0, ``-<size>`` for a size other than the default,
+    ``-t<trials>`` for a trial count other than the default, and the simulator settings
+    its time is for where they are not ``sim``'s defaults (``-aware``, ``-red<N>`` and
+    ``-copy<N>`` memory passes, ``-sys-<file stem>``): two requests share a name exactly
+    when they ask for the same algorithm.
     """
     label = re.sub(r"[^A-Za-z0-9.]+", "-", res.topology).strip("-")
     name = f"synth-{res.collective}-{label}-{res.chunks_per_npu}c-s{res.seed}"
@@ -59,11 +66,72 @@ def default_name(res: SynthResult, size: str, trials: int) -> str:
         name += "-" + re.sub(r"[^A-Za-z0-9.]+", "-", size).strip("-")
     if trials != _DEFAULT_TRIALS:
         name += f"-t{trials}"
+    timed = res.timed_by
+    if system_config:
+        name += "-sys-" + re.sub(r"[^A-Za-z0-9.]+", "-", Path(system_config).stem).strip("-")
+    if timed:
+        defaults = SimConfig()
+        if timed["congestion"] != defaults.congestion:
+            name += f"-{timed['congestion']}"
+        if timed["reduction_mem_accesses"] != defaults.reduction_mem_accesses:
+            name += f"-red{timed['reduction_mem_accesses']}"
+        if timed["copy_mem_accesses"] != defaults.copy_mem_accesses:
+            name += f"-copy{timed['copy_mem_accesses']}"
     return name
+
+
+def _sim_config(args: argparse.Namespace) -> SimConfig:
+    """The simulator settings the reported time is for: ``sim``'s defaults, a system file, and the
+    options ``sim`` shares with ``synth``."""
+    overrides: dict[str, Any] = {}
+    for key in ("congestion", "reduction_mem_accesses", "copy_mem_accesses"):
+        if getattr(args, key) is not None:
+            overrides[key] = getattr(args, key)
+    if args.system_config:
+        return read_system_config(args.system_config, **overrides)
+    return dataclasses.replace(SimConfig(), **overrides)
+
+
+def _model(doc: dict[str, Any]) -> str:
+    """How the time was priced, in words (the ``sim`` options that give the same time)."""
+    passes = doc["reduction_mem_accesses"]
+    reduce = f"{passes} memory passes at {doc['local_mem_bw_gb_per_s']:g} GB/s" if passes else "1 ns"
+    return f"as etstore sim times the stored algorithm: {doc['congestion']} network, reductions {reduce}"
+
+
+def _simulated(res: SynthResult, config: SimConfig, doc: dict[str, Any]) -> float:
+    """Put ``sim``'s time of the algorithm in ``doc`` and return what it adds to the
+    congestion-unaware figure synthesis gives (a switch's second hop and shared ports, parallel
+    links' queues), in ns."""
+    coll = chakra_name(res.collective) or res.collective
+    work = collective_workload(coll, res.num_npus, res.buffer_bytes)
+    total = float(simulate(work, res.network, config=config, algorithms={coll: res.trace}).total_ns)
+    doc.update(
+        time_ns=total,
+        ratio=total / res.lower_bound_ns if res.lower_bound_ns > 0 else 1.0,
+        time_exact=True,
+    )
+    return total - res.time_ns
+
+
+def _sweep_command(args: argparse.Namespace, doc: dict[str, Any]) -> str:
+    """The ``etstore sweep`` command that simulates the stored algorithm as this time was priced."""
+    words = [
+        "etstore sweep",
+        f"--coll {doc['collective']}",
+        f"--sizes {args.size}",
+        f"--algo {doc['trace']}",
+        f"--topo {args.topo}",
+    ]
+    for opt in ("bw", "lat", "congestion", "reduction_mem_accesses", "copy_mem_accesses", "system_config"):
+        if getattr(args, opt) is not None:
+            words.append(f"--{opt.replace('_', '-')} {getattr(args, opt)}")
+    return " ".join(words)
 
 
 def _synth(args: argparse.Namespace, console: Console) -> int:
     topo = topology_from(args, routes=False)
+    config = _sim_config(args)
     with progress_to(console, f"synth {args.coll} on {topo.name}") as step:
         res = synthesize(
             topo,
@@ -73,11 +141,14 @@ def _synth(args: argparse.Namespace, console: Console) -> int:
             seed=args.seed,
             buffer_bytes=parse_size(args.size),
             root=args.root,
+            config=config,
             progress=step,
         )
         doc = res.to_dict(deps=False)  # the trace itself is never held whole
+        simulated = not res.time_exact  # congestion-aware queues the schedule does not show
+        doc["aware_extra_ns"] = _simulated(res, config, doc) if simulated else 0.0
         if not args.no_store:
-            name = args.name or default_name(res, args.size, args.trials)
+            name = args.name or default_name(res, args.size, args.trials, args.system_config)
             # built and stored rank range by rank range: a 4,096-NPU trace never whole in memory;
             # the parts hold the schedule until the last is built, so the graph load runs without it
             parts, ops = res.trace_parts(PART_OPS), res.num_ops
@@ -101,14 +172,29 @@ def _synth(args: argparse.Namespace, console: Console) -> int:
         render(pa.Table.from_pylist([{k: str(v) for k, v in doc.items()}]), "csv", console=console)
         return 0
     where = (" → stored as ", (str(doc["trace"]), "bold")) if "trace" in doc else ()
+    again = f"  the same time: {_sweep_command(args, doc)}\n" if "trace" in doc else ""
+    phases = ""
+    if simulated:
+        phases += (
+            f"  congestion-aware links add {doc['aware_extra_ns'] / 1e3:,.2f} µs to the schedule's "
+            f"{(doc['time_ns'] - doc['aware_extra_ns']) / 1e3:,.2f} µs congestion-unaware (a switch's "
+            "second hop, shared ports, parallel links' queues): simulated\n"
+        )
+    if doc.get("phases_bound_ns"):
+        phases += (
+            f"  reduce-scatter then all-gather bound {doc['phases_bound_ns'] / 1e3:,.2f} µs "
+            f"(ratio {doc['time_ns'] / doc['phases_bound_ns']:.4f}; the lower bound lets a chunk's "
+            "all-gather overlap the reduce-scatter of others)\n"
+        )
     console.print(
         styled(
             f"{doc['collective']} on {topo.name} ({doc['npus']} NPUs, "
             f"{doc['chunks_per_npu']} chunk(s)/NPU, {doc['buffer_bytes']:,} B)",
             *where,
             "\n"
-            f"  collective time {doc['time_ns'] / 1e3:,.2f} µs, "
+            f"  collective time {doc['time_ns'] / 1e3:,.2f} µs ({_model(doc)}), "
             f"lower bound {doc['lower_bound_ns'] / 1e3:,.2f} µs, ratio {doc['ratio']:.4f}\n"
+            f"{phases}{again}"
             f"  {doc['transfers']:,} transfers, {doc['ops']:,} ops; best of {doc['trials']} trial(s) "
             f"(seed {doc['seed']}), synthesized in {doc['synthesis_s']:.3f} s",
         ),
@@ -152,5 +238,40 @@ def register(sub: Any) -> None:
         help="trace name (default: synth-<coll>-<topology>-<k>c-s<seed>, plus any non-default options)",
     )
     sp.add_argument("--no-store", action="store_true", help="only report; do not store the algorithm")
+    sp.add_argument(
+        "--congestion",
+        choices=("aware", "unaware"),
+        help="network model of the reported time, as `sim --congestion` (default unaware)",
+    )
+    sp.add_argument(
+        "--reduction-mem-accesses",
+        type=_passes,
+        metavar="N",
+        help="memory passes of a reduction in the reported time, as `sim` (default 3; 0: 1 ns a step)",
+    )
+    sp.add_argument(
+        "--copy-mem-accesses",
+        type=_passes,
+        metavar="N",
+        help="memory passes of an all-to-all local copy in the reported time, as `sim` (default 2)",
+    )
+    sp.add_argument(
+        "--system-config",
+        metavar="FILE",
+        help="ASTRA-sim system config JSON the reported time is for, as `sim --system-config`",
+    )
     add_format(sp)
     sp.set_defaults(handler=_synth)
+
+
+def _passes(text: str) -> int:
+    """A count of memory passes: a whole number, 0 or more."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(
+            f"expected a whole number of memory passes (0 or more), got {text!r}"
+        )
+    return value

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from collections import defaultdict, deque
@@ -12,9 +13,14 @@ import pyarrow.compute as pc
 import pytest
 
 from etstore.algorithms.synth import COLLECTIVES, SynthResult, synthesize
+from etstore.collective import chakra_name
 from etstore.errors import TopologyError, UnsatisfiableError
 from etstore.model import Trace, decode_attrs
+from etstore.sim import SimConfig, collective_workload, simulate
 from etstore.topology import GIB, Topology, parse_topology
+
+LINK = SimConfig(reduction_mem_accesses=0, copy_mem_accesses=0, min_comp_ns=0.0, integer_ns=False)
+"""TACOS's link model as simulator settings: local steps free, message times not truncated."""
 
 
 # ------------------------------------------------------------------ helpers
@@ -145,11 +151,21 @@ def _assert_postcondition(result: SynthResult) -> None:
     assert report.ok, report.problems
 
 
+def simulated(result: SynthResult) -> float:
+    """``etstore sim``'s time of the synthesized algorithm: one collective of its size, its settings."""
+    coll = chakra_name(result.collective)
+    assert coll is not None
+    work = collective_workload(coll, result.num_npus, result.buffer_bytes)
+    config = SimConfig(**dataclasses.asdict(result.config))
+    res = simulate(work, result.network, config=config, algorithms={coll: result.trace})
+    return float(res.total_ns)
+
+
 def _assert_link_model(result: SynthResult, topo: Topology) -> None:
-    """The schedule obeys the link model: one chunk per link at a time, store-and-forward, exact times."""
+    """The plan obeys the link model (one chunk per link at a time, store-and-forward, each transfer at
+    least its link's time) and the reported time is the simulator's, above the lower bound."""
     s = result.schedule
-    times = topo.link_time_ns(result.chunk_bytes)
-    np.testing.assert_allclose(s.end_ns - s.start_ns, times[s.link])
+    assert np.all(s.end_ns - s.start_ns >= s.link_ns[s.link] * (1 - 1e-12))
     order = np.lexsort((s.start_ns, s.link))
     same = s.link[order][1:] == s.link[order][:-1]
     gaps = s.start_ns[order][1:][same] - s.end_ns[order][:-1][same]
@@ -169,7 +185,7 @@ def _assert_link_model(result: SynthResult, topo: Topology) -> None:
             got = arrival.get((int(s.src[i]), int(s.chunk[i])))
             if got is not None:
                 assert s.start_ns[i] >= got - 1e-6, "a chunk is forwarded before it arrived"
-    assert result.time_ns == pytest.approx(float(s.end_ns.max()))
+    assert result.time_ns == simulated(result)
     assert result.time_ns >= result.lower_bound_ns * (1 - 1e-9)
 
 
@@ -204,12 +220,17 @@ def test_allgather_matches_tacos(spec: str, k: int, buffer: int, expected_us: fl
 
 
 def test_tacos_lower_bound_by_hand() -> None:
-    # 5×5 mesh, 1 GiB, 1 chunk/NPU: t = 500 ns + (2^30/25 B) / (50 · 2^30 B/s) = 800.5 µs;
+    # 5×5 mesh, 1 GiB, 1 chunk/NPU: TACOS's t = 500 ns + (2^30/25 B) / (50 · 2^30 B/s) = 800.5 µs;
     # a corner has 2 in-links and needs 24 chunks: 12 link times
-    r = synthesize("mesh2d:5x5", coll="allgather", trials=1)
+    r = synthesize("mesh2d:5x5", coll="allgather", trials=1, config=LINK)
     assert r.chunk_bytes == (1 << 30) / 25
     assert r.lower_bound_ns == pytest.approx(12 * 800_500.0)
     assert r.time_ns == pytest.approx(9_606_000.0)
+    # as the simulator prices it: a chunk is ⌊2^30 / 25⌋ = 42,949,672 B (the last one 24 B more)
+    # and a message ⌊500 + 42,949,672 / 53.687⌋ = 800,499 ns: 12 of them at the corner
+    r = synthesize("mesh2d:5x5", coll="allgather", trials=1)
+    assert r.lower_bound_ns == pytest.approx(12 * 800_499.0)
+    assert r.time_ns == 9_605_988.0 == simulated(r)
 
 
 # ---------------------------------------------------------------- closed forms
@@ -219,29 +240,48 @@ def _t(n_chunks: int, bw: float = 50.0, lat: float = 500.0, buffer: int = 1 << 3
 
 @pytest.mark.parametrize("n", [2, 5, 8])
 def test_unidirectional_ring_equals_ring_closed_form(n: int) -> None:
-    ag = synthesize(f"uniring:{n}", coll="allgather")
+    ag = synthesize(f"uniring:{n}", coll="allgather", config=LINK)
     assert ag.time_ns == pytest.approx((n - 1) * _t(n))
-    ar = synthesize(f"uniring:{n}", coll="allreduce")
+    ar = synthesize(f"uniring:{n}", coll="allreduce", config=LINK)
     assert ar.time_ns == pytest.approx(2 * (n - 1) * _t(n))
-    rs = synthesize(f"uniring:{n}", coll="reducescatter")
+    rs = synthesize(f"uniring:{n}", coll="reducescatter", config=LINK)
     assert rs.time_ns == pytest.approx((n - 1) * _t(n))
     for r in (ag, ar, rs):
         assert r.ratio == pytest.approx(1.0)
         _assert_postcondition(r)
 
 
+@pytest.mark.parametrize("n", [2, 4, 8])
+def test_unidirectional_ring_with_reductions_by_hand(n: int) -> None:
+    # as `etstore sim` runs it: a message of the 1 MiB chunk ⌊500 + 2^20 / 53.687⌋ = 20,031 ns; a
+    # reduction 3 passes of ⌊2^20 / 50⌋ = 20,971 ns; each of the n-1 Reduce-Scatter hops waits
+    # for the reduction before it, then n-1 All-Gather hops
+    t, red = 20_031.0, 3 * 20_971.0
+    r = synthesize(f"uniring:{n}", coll="allreduce", buffer_bytes=n << 20)
+    assert r.time_ns == (n - 1) * (t + red) + (n - 1) * t == simulated(r)
+    assert r.ratio == 1.0  # a chunk's round trip: no schedule does better
+    rs = synthesize(f"uniring:{n}", coll="reducescatter", buffer_bytes=n << 20)
+    assert rs.time_ns == (n - 1) * (t + red) == simulated(rs) == rs.lower_bound_ns
+
+
 def test_bidirectional_ring_halves_the_steps() -> None:
     # each NPU has two in-links: ⌈(N-1)/2⌉ link times
     assert synthesize("ring:8", coll="allgather").time_ns == pytest.approx(4 * _t(8))
-    assert synthesize("ring:7", coll="allgather").time_ns == pytest.approx(3 * _t(7))
+    assert synthesize("ring:7", coll="allgather", config=LINK).time_ns == pytest.approx(3 * _t(7))
     assert synthesize("ring:8", coll="allgather", chunks_per_npu=2).time_ns == pytest.approx(7 * _t(16))
 
 
-def test_switch_is_bandwidth_optimal() -> None:
-    # switch:8 unwound: 7 links of 50/7 GB/s into each NPU, 2 × 500 ns latency
+def test_switch_pairs_as_the_simulator_times_them() -> None:
+    # congestion-unaware, a message through switch:8 takes 2 × 500 ns + its bytes at the port's full
+    # 50 GB/s, whatever else the port carries: each NPU's 7 in-pairs bring the 7 chunks at once
     r = synthesize("switch:8", coll="allgather")
-    assert r.time_ns == pytest.approx(1000 + (1 << 30) / 8 / (50 / 7 * GIB / 1e9))
+    assert r.time_ns == 1000 + (1 << 30) / 8 / (50 * GIB / 1e9) == simulated(r)
     assert r.ratio == pytest.approx(1.0)
+    # congestion-aware, a message crosses two ports, each shared by 7 pairs: the schedule alone
+    # does not give that time, and the result says so (`etstore synth` then simulates it)
+    aware = synthesize("switch:8", coll="allgather", config=SimConfig(congestion="aware"))
+    assert not aware.time_exact and aware.time_ns == r.time_ns
+    assert simulated(aware) > aware.lower_bound_ns  # the unaware bound holds: ports only slow messages
 
 
 def test_broadcast_pipelines_over_disjoint_paths() -> None:
@@ -357,10 +397,14 @@ def test_broadcast_and_reduce_bounds_by_hand(spec: str, k: int, root: int, steps
     topo = parse_topology(spec)
     t = _t(k)
     for coll in ("broadcast", "reduce"):  # symmetric links: reduce is the reversed broadcast
-        r = synthesize(topo, coll=coll, chunks_per_npu=k, root=root, trials=2)
+        r = synthesize(topo, coll=coll, chunks_per_npu=k, root=root, trials=2, config=LINK)
         assert r.lower_bound_ns == pytest.approx(steps * t), coll
         assert r.time_ns >= r.lower_bound_ns * (1 - 1e-9)
         _assert_postcondition(r)
+    # with its reductions priced, a reduce's hop is t + r and its links take a chunk per max(t, r)
+    red = synthesize(topo, coll="reduce", chunks_per_npu=k, root=root, trials=2)
+    assert red.lower_bound_ns > steps * t
+    assert simulated(red) == red.time_ns >= red.lower_bound_ns * (1 - 1e-9)
 
 
 @pytest.mark.parametrize(
@@ -375,15 +419,19 @@ def test_broadcast_and_reduce_bounds_by_hand(spec: str, k: int, root: int, steps
 )
 def test_allgather_family_bounds_match_closed_forms(spec: str, k: int, steps: int) -> None:
     # All-Gather: ⌈(N-1)·k / in-degree⌉ link times (TACOS); Reduce-Scatter the same by egress;
-    # All-Reduce their sum, the bound of a Reduce-Scatter followed by an All-Gather
+    # All-Reduce: their sum is the bound of a Reduce-Scatter followed by an All-Gather (TACOS's,
+    # phases_bound_ns); a chunk's All-Gather may start before the other chunks are reduced, so
+    # the lower bound itself may be less
     topo = parse_topology(spec)
     t = _t(topo.num_npus * k)
-    ag = synthesize(topo, coll="allgather", chunks_per_npu=k, trials=1)
-    rs = synthesize(topo, coll="reducescatter", chunks_per_npu=k, trials=1)
-    ar = synthesize(topo, coll="allreduce", chunks_per_npu=k, trials=1)
+    ag = synthesize(topo, coll="allgather", chunks_per_npu=k, trials=1, config=LINK)
+    rs = synthesize(topo, coll="reducescatter", chunks_per_npu=k, trials=1, config=LINK)
+    ar = synthesize(topo, coll="allreduce", chunks_per_npu=k, trials=1, config=LINK)
     assert ag.lower_bound_ns == pytest.approx(steps * t)
     assert rs.lower_bound_ns == pytest.approx(steps * t)
-    assert ar.lower_bound_ns == pytest.approx(2 * steps * t)
+    assert ar.extra["phases_bound_ns"] == pytest.approx(2 * steps * t)
+    assert steps * t < ar.lower_bound_ns <= ar.extra["phases_bound_ns"] * (1 + 1e-12)
+    assert ar.time_ns >= ar.lower_bound_ns * (1 - 1e-9)
 
 
 # ------------------------------------------------------------ every collective
@@ -423,12 +471,13 @@ def test_asymmetric_links_reverse_on_the_transpose() -> None:
         "skewed-ring",
     )
     assert not topo.is_symmetric()
-    rs = synthesize(topo, coll="reducescatter", chunks_per_npu=2)
-    ag_t = synthesize(topo.transpose(), coll="allgather", chunks_per_npu=2)
+    rs = synthesize(topo, coll="reducescatter", chunks_per_npu=2, config=LINK)
+    ag_t = synthesize(topo.transpose(), coll="allgather", chunks_per_npu=2, config=LINK)
     assert rs.time_ns == pytest.approx(ag_t.time_ns)
-    ar = synthesize(topo, coll="allreduce", chunks_per_npu=2)
-    assert ar.lower_bound_ns == pytest.approx(
-        rs.lower_bound_ns + synthesize(topo, coll="allgather", chunks_per_npu=2).lower_bound_ns
+    assert rs.lower_bound_ns == pytest.approx(ag_t.lower_bound_ns)
+    ar = synthesize(topo, coll="allreduce", chunks_per_npu=2, config=LINK)
+    assert ar.extra["phases_bound_ns"] == pytest.approx(
+        rs.lower_bound_ns + synthesize(topo, coll="allgather", chunks_per_npu=2, config=LINK).lower_bound_ns
     )
     for r in (rs, ar):
         _assert_postcondition(r)
@@ -552,6 +601,10 @@ def test_result_to_dict_is_json() -> None:
     assert d["root"] == 2
     assert d["ratio"] == pytest.approx(d["time_ns"] / d["lower_bound_ns"])
     assert {"time_ns", "lower_bound_ns", "topology", "npus", "chunks_per_npu", "seed", "trials"} <= set(d)
+    # the settings the time holds for, as `etstore sim` takes them
+    assert (d["congestion"], d["reduction_mem_accesses"], d["copy_mem_accesses"]) == ("unaware", 3, 2)
+    assert d["local_mem_bw_gb_per_s"] == 50.0
+    assert r.trace.params["time_ns"] == d["time_ns"] and r.trace.params["congestion"] == "unaware"
 
 
 def test_exports_to_et(tmp_path: Path) -> None:

@@ -122,3 +122,41 @@ def test_stored_synth_pairs_messages_without_the_schedule(
     code, out, _ = run(capsys, tmp_path / "s", "synth", "--topo", "mesh2d:4x4", "--coll", "ag")
     assert code == 0 and "240 transfers, 480 ops" in out and "stored as" in out
     assert alive_at_load == [False]
+
+
+def test_synth_reports_the_time_sweep_gives_its_algorithm(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    # one algorithm, one answer: issue 34's case on a 4×4 mesh, and priced as ASTRA-sim's custom
+    # collectives (the stored name says so)
+    s = tmp_path / "s"
+    for extra in ([], ["--reduction-mem-accesses", "0", "--copy-mem-accesses", "0"]):
+        args = ["--topo", "mesh2d:4x4", "--coll", "allreduce", "--chunks", "2", "--size", "16MiB"]
+        code, out, _ = run(capsys, s, "synth", *args, *extra, "--format", "json")
+        (doc,) = json.loads(out)
+        assert code == 0 and doc["time_exact"] and doc["aware_extra_ns"] == 0.0
+        code, out, _ = run(
+            capsys, s, "sweep", "--coll", "allreduce", "--sizes", "16MiB", "--algo", doc["trace"],
+            "--topo", "mesh2d:4x4", "--no-record", "--format", "json", *extra,
+        )  # fmt: skip
+        assert code == 0 and json.loads(out)[0]["time_ns"] == doc["time_ns"]
+        assert doc["trace"].endswith("-16MiB-red0-copy0" if extra else "-16MiB")
+
+
+def test_synth_simulates_what_its_schedule_cannot_say(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    # congestion-aware through a switch: the ports are shared, so the command simulates the
+    # algorithm and says what that adds to the congestion-unaware figure
+    s = tmp_path / "s"
+    args = ["synth", "--topo", "switch:4", "--coll", "allgather", "--size", "1MiB", "--congestion", "aware"]
+    code, out, _ = run(capsys, s, *args, "--format", "json")
+    (doc,) = json.loads(out)
+    assert code == 0 and doc["trace"].endswith("-aware") and doc["aware_extra_ns"] > 0
+    code, out, _ = run(
+        capsys, s, "sweep", "--coll", "allgather", "--sizes", "1MiB", "--algo", doc["trace"],
+        "--topo", "switch:4", "--congestion", "aware", "--no-record", "--format", "json",
+    )  # fmt: skip
+    assert json.loads(out)[0]["time_ns"] == doc["time_ns"]
+    code, out, _ = run(capsys, s, *args, "--no-store")
+    assert code == 0 and "congestion-aware links add" in out and "simulated" in out
