@@ -6,6 +6,9 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING, Any
 
+import pyarrow as pa
+import pyarrow.compute as pc
+
 from etstore.app.runs import record_jobs, record_run
 from etstore.cli._common import add_format, open_to_record, progress_to
 from etstore.cli._console import styled, warn
@@ -72,6 +75,21 @@ def _placement(trace: Any, topo: Any) -> str | None:
     )
 
 
+def _sized(trace: Any) -> None:
+    """Refuse an algorithm whose messages carry no size: replayed as it is it would move 0
+    bytes, a time that means nothing. An algorithm is timed at a collective size."""
+    if trace.kind != "algorithm":
+        return
+    comm = pc.is_in(trace.ops["type"], pa.array(["COMM_SEND_NODE", "COMM_RECV_NODE"]))
+    sizes = pc.fill_null(trace.ops["comm_size"].filter(comm), 0)
+    if len(sizes) and pc.max(sizes).as_py() == 0:
+        raise OptionError(
+            f"{trace.name!r} is an algorithm whose messages carry no size: time it at a collective "
+            f"size with 'etstore sweep --algo {trace.name} --sizes 1GiB --topo ...', or in a workload "
+            f"with 'etstore sim WORKLOAD --algo COLL={trace.name}'"
+        )
+
+
 def _sim(args: argparse.Namespace, console: Console) -> int:
     if len(args.trace) > 1 or args.placement:
         return _sim_jobs(args, console)
@@ -82,6 +100,7 @@ def _sim(args: argparse.Namespace, console: Console) -> int:
     topo = _perturbed_network(topo, perturbation)
     with open_to_record(args) as store:
         trace = trace_from(store, args.trace[0])
+        _sized(trace)
         if perturbation is not None and perturbation.changes_compute:  # a what-if of compute
             trace = perturb(trace, perturbation)
         algorithms = algo_args(store, args.algo)

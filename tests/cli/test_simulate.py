@@ -405,3 +405,23 @@ def test_a_one_npu_spec_runs_as_the_one_npu_yaml_does(
         assert main([*base, *net]) == 0
         totals.append(json.loads(capsys.readouterr().out)[0]["total_ns"])
     assert totals[0] == totals[1] == totals[2] > 0
+
+
+def test_an_algorithm_without_sizes_is_timed_at_a_size_not_replayed_at_zero_bytes(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """A generated algorithm's messages carry chunks, not bytes: `sim` of it would move nothing
+    and report a time that means nothing, so it says how to time it (one line, nothing
+    recorded); `sweep` times it at a size."""
+    s = tmp_path / "s"
+    assert (
+        run(capsys, s, "algo", "gen", "ring", "--coll", "allreduce", "--ranks", "4", "--chunks", "1")[0] == 0
+    )
+    code, out, err = run(capsys, s, "sim", "ring-allreduce-4r-1c", "--topo", "ring:4")
+    assert code == 1 and out == "" and err.count("\n") == 1
+    assert "is an algorithm whose messages carry no size" in err and "etstore sweep --algo" in err
+    assert _sql(s, "SELECT count(*) AS n FROM runs") == [{"n": 0}]
+    code, _, _ = run(
+        capsys, s, "sweep", "--algo", "ring-allreduce-4r-1c", "--sizes", "1MiB", "--topo", "ring:4"
+    )
+    assert code == 0 and _sql(s, "SELECT count(*) AS n FROM sweep_points") == [{"n": 1}]
