@@ -18,7 +18,13 @@ paths included), median of ``--repeat``:
 * with ``--runs``, ``critical_path_run_s``: the trace stored in a fresh embedded store,
   simulated on ``switch:8`` and recorded, then the path through that run
   (:func:`etstore.report.schedule_critical_path`, what ``etstore critical-path --run``
-  prints), median of ``--repeat``; storing and simulating are not timed.
+  prints), median of ``--repeat``; storing and simulating are not timed;
+* with ``--stored``, ``critical_path_stored_s`` and ``critical_path_stored_peak_rss_mib``: the
+  trace stored in a fresh embedded store by one child, then
+  :func:`etstore.app.critical_path.stored_critical_path` (what ``etstore critical-path NAME``
+  runs: a unit of ranks at a time, the units whose messages go back and forth solved together
+  up to the memory budget) timed in another, its peak from the store's open on; the store is
+  removed afterwards. ``--unit-ops`` and ``--max-group-ops`` set the units and their grouping.
 
 Budget (issue 30 item 6): 6M ops in under a minute.
 
@@ -48,6 +54,7 @@ sys.path.insert(0, str(ROOT))
 
 from etstore.algorithms.expand import expand  # noqa: E402
 from etstore.analysis import critical_path  # noqa: E402
+from etstore.app.critical_path import stored_critical_path  # noqa: E402
 from etstore.app.runs import record_run  # noqa: E402
 from etstore.model import Trace  # noqa: E402
 from etstore.report import schedule_critical_path  # noqa: E402
@@ -151,21 +158,76 @@ def child(ops: int, repeat: int, runs: bool) -> None:
         run_path(trace, repeat)
 
 
+def store_child(ops: int, where: str) -> None:
+    """Build the trace and store it at ``where`` (untimed)."""
+    trace = expanded_workload(ops)
+    with EmbeddedStore(where) as s:
+        s.ingest(trace, name="bench-cp")
+
+
+def stored_child(where: str, repeat: int, unit_ops: int | None, max_group_ops: int | None) -> None:
+    """Time :func:`stored_critical_path` of the stored trace (one JSON line each for time and peak)."""
+    kw = {k: v for k, v in (("unit_ops", unit_ops), ("max_group_ops", max_group_ops)) if v is not None}
+    with EmbeddedStore(where, read_only=True) as s:
+        info = s.info("bench-cp")
+        gc.collect()
+        held = _status_mib("VmRSS")
+        reset = _reset_peak()
+        times: list[float] = []
+        for _ in range(repeat):
+            t0 = time.perf_counter()
+            cp = stored_critical_path(s, "bench-cp", **kw)
+            times.append(time.perf_counter() - t0)
+        peak = _status_mib("VmHWM") if reset else float("nan")
+    common = {"ranks": info.ranks, "path_ops": cp.path.num_rows, "length_micros": cp.length_micros, **kw}
+    seconds = statistics.median(times)
+    emit(
+        "critical_path_stored_s",
+        round(seconds, 3),
+        "s",
+        info.ops,
+        **common,
+        all_s=[round(t, 3) for t in times],
+    )
+    emit("critical_path_stored_peak_rss_mib", round(peak, 1), "MiB", info.ops, opened_rss_mib=round(held, 1))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ops", default="1000000,6000000", help="comma-separated trace sizes (ops)")
     ap.add_argument("--repeat", type=int, default=3, help="calls per size (the median is printed)")
     ap.add_argument("--runs", action="store_true", help="also the path through a simulated run of each size")
+    ap.add_argument("--stored", action="store_true", help="also the path of the trace stored, read by units")
+    ap.add_argument("--unit-ops", type=int, default=None, help="with --stored: ops per unit of ranks")
+    ap.add_argument("--max-group-ops", type=int, default=None, help="with --stored: most ops solved at once")
     ap.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--store-child", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--stored-child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child is not None:
         child(args.child, args.repeat, args.runs)
+        return
+    if args.store_child is not None:
+        store_child(int(args.ops), args.store_child)
+        return
+    if args.stored_child is not None:
+        stored_child(args.stored_child, args.repeat, args.unit_ops, args.max_group_ops)
         return
     for ops in (int(x) for x in args.ops.split(",")):
         cmd = [sys.executable, __file__, "--child", str(ops), "--repeat", str(args.repeat)]
         cmd += ["--runs"] if args.runs else []
         subprocess.run(cmd, check=True)
         sys.stdout.flush()
+        if not args.stored:
+            continue
+        with tempfile.TemporaryDirectory(prefix="etstore-bench-cp-") as tmp:
+            where = str(Path(tmp) / "s")
+            subprocess.run([sys.executable, __file__, "--ops", str(ops), "--store-child", where], check=True)
+            cmd = [sys.executable, __file__, "--stored-child", where, "--repeat", str(args.repeat)]
+            for flag, value in (("--unit-ops", args.unit_ops), ("--max-group-ops", args.max_group_ops)):
+                cmd += [flag, str(value)] if value is not None else []
+            subprocess.run(cmd, check=True)
+            sys.stdout.flush()
 
 
 if __name__ == "__main__":

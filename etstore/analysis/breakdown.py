@@ -21,7 +21,12 @@ Per collective instance (the k-th of a process group on every member), the *arri
 latest start less the earliest; a member's *wait* is the latest start less its own, its
 *transfer* its end less the latest start; bus bandwidth on the transfer part (GB = 10^9 B, as
 nccl-tests) is what the network gave it, where the recorded kernel's own time includes waiting
-for late peers.
+for late peers. In an expansion of a recording, a collective it replaced starts when the
+expansion's record says (``params["collective_blocks"]``), as its own row does.
+
+The per-rank tables are built a few ranks at a time (:class:`RankBreakdowns`, over
+:func:`device_activities`), so a stored trace can be broken down without loading it whole
+(:mod:`etstore.app.breakdown`).
 """
 
 from __future__ import annotations
@@ -36,10 +41,21 @@ import pyarrow.compute as pc
 
 from etstore.errors import OptionError
 from etstore.model import Trace
+from etstore.sim._holds import recorded_blocks
 from etstore.sim.replay import collective_transfers
 from etstore.sim.result import busbw_factor, nccl_bytes
 
-__all__ = ["Breakdown", "breakdown", "kernel_class", "merged_length"]
+__all__ = [
+    "Breakdown",
+    "RankBreakdowns",
+    "breakdown",
+    "busbw_transfer",
+    "collective_table",
+    "device_activities",
+    "kernel_class",
+    "merged_length",
+    "no_device_activity",
+]
 
 _COMM = re.compile(r"nccl.*Kernel")
 _MEMORY = re.compile(r"Memcpy|Memset|dma")
@@ -142,6 +158,39 @@ def _device(trace: Trace) -> _Device:
     )
 
 
+def device_activities(ops: pa.Table, dep_src: np.ndarray, dep_dst: np.ndarray) -> _Device:
+    """The device activities of ``ops`` (some whole ranks) and their launches, given the rows of
+    each dependency's ends in ``ops`` in table order: :func:`breakdown`'s reading of a trace,
+    in numpy (the same where each rank's op ids are unique, as a store's are).
+
+    ``ops`` needs ``rank``, ``id``, ``name``, ``type``, ``is_cpu_op``, ``start_time_micros`` and
+    ``duration_micros``.
+    """
+    dev = pc.and_(pc.invert(pc.fill_null(ops["is_cpu_op"], True)), pc.greater(ops["start_time_micros"], 0))
+    dev = pc.and_(dev, pc.invert(pc.equal(ops["type"], "METADATA_NODE")))
+    at = np.flatnonzero(pc.fill_null(dev, False).to_numpy(zero_copy_only=False))
+    rows = ops.take(pa.array(at, pa.int64()))
+    op_start = pc.fill_null(ops["start_time_micros"], 0).to_numpy().astype(np.int64)
+    cpu = pc.fill_null(ops["is_cpu_op"], False).to_numpy(zero_copy_only=False) & (op_start != 0)
+    dep_src, dep_dst = np.asarray(dep_src, dtype=np.int64), np.asarray(dep_dst, dtype=np.int64)
+    by_cpu = np.flatnonzero(cpu[dep_src])
+    launch_of = np.full(ops.num_rows, -1, dtype=np.int64)
+    if len(by_cpu):  # the last such dependency in table order sets an op's launch
+        last = len(by_cpu) - 1 - np.unique(dep_dst[by_cpu][::-1], return_index=True)[1]
+        launch_of[dep_dst[by_cpu[last]]] = op_start[dep_src[by_cpu[last]]]
+    names = pc.fill_null(rows["name"], "")
+    classes = pc.unique(names).to_pylist()
+    cls = np.asarray([kernel_class(n) for n in classes], dtype=object)
+    start = rows["start_time_micros"].to_numpy(zero_copy_only=False).astype(np.int64)
+    return _Device(
+        rank=rows["rank"].to_numpy(),
+        start=start,
+        end=start + rows["duration_micros"].to_numpy(zero_copy_only=False).astype(np.int64),
+        cls=cls[pc.index_in(names, pa.array(classes, pa.string())).to_numpy()] if len(classes) else cls,
+        launch=launch_of[at],
+    )
+
+
 def _launch_bound(start: np.ndarray, end: np.ndarray, launch: np.ndarray) -> float:
     """GPU idle time (µs) in gaps whose next activity was launched only after the gap began: the
     device waited for the host. (The launch is its CPU op's start, so this is a lower bound.)"""
@@ -190,20 +239,48 @@ def breakdown(trace: Trace) -> Breakdown:
     """
     d = _device(trace)
     if not len(d.rank):
-        raise OptionError(
-            f"trace {trace.name!r} has no recorded device activity (GPU kernels, copies with Kineto times) "
-            "to break down"
-        )
-    steps: dict[int, list[tuple[str, int]]] = {
-        int(r): sorted(((str(x[0]), int(x[1])) for x in v), key=lambda t: t[1])
-        for r, v in (trace.params.get("profiler_steps") or {}).items()
-    }
-    when = np.where(d.launch >= 0, d.launch, d.start)  # which step launched it
-    out: dict[str, list[Any]] = {k: [] for k in _RANK_COLUMNS}
-    krows: dict[str, list[Any]] = {"rank": [], "kernel_class": [], "count": [], "sum_us": [], "pct": []}
-    for r in sorted(set(d.rank.tolist())):
-        mine = d.rank == r
-        mine_steps = steps.get(r, [])
+        raise OptionError(no_device_activity(trace.name))
+    rows = RankBreakdowns(trace.params)
+    rows.add(d)
+    ranks, kernels = rows.tables()
+    return Breakdown(ranks, kernels, _collective_waits(trace))
+
+
+def no_device_activity(name: str) -> str:
+    """The refusal of a trace without device activity."""
+    return (
+        f"trace {name!r} has no recorded device activity (GPU kernels, copies with Kineto times) "
+        "to break down"
+    )
+
+
+class RankBreakdowns:
+    """The ``ranks`` and ``kernels`` tables, added to rank by rank: device activities of some
+    whole ranks at a time (:func:`device_activities`), ranks ascending, give the rows the whole
+    trace gives."""
+
+    def __init__(self, params: Any) -> None:
+        self.steps: dict[int, list[tuple[str, int]]] = {
+            int(r): sorted(((str(x[0]), int(x[1])) for x in v), key=lambda t: t[1])
+            for r, v in ((params or {}).get("profiler_steps") or {}).items()
+        }
+        self.out: dict[str, list[Any]] = {k: [] for k in _RANK_COLUMNS}
+        self.krows: dict[str, list[Any]] = {k: [] for k in ("rank", "kernel_class", "count", "sum_us", "pct")}
+        self.activities = 0
+
+    def add(self, d: _Device) -> None:
+        """The rows of the ranks of ``d`` (each rank's activities one block, ranks ascending)."""
+        self.activities += len(d.rank)
+        if not len(d.rank):
+            return
+        cuts = np.flatnonzero(d.rank[1:] != d.rank[:-1]) + 1
+        for a, z in zip(np.r_[0, cuts].tolist(), np.r_[cuts, len(d.rank)].tolist(), strict=True):
+            self._rank(int(d.rank[a]), _Device(*(x[a:z] for x in d)))
+
+    def _rank(self, r: int, d: _Device) -> None:
+        when = np.where(d.launch >= 0, d.launch, d.start)  # which step launched it
+        mine = np.ones(len(d.rank), dtype=bool)
+        mine_steps = self.steps.get(r, [])
         # the whole trace as HTA counts it: without what the last of two or more steps launched
         whole = mine & (when < mine_steps[-1][1]) if len(mine_steps) >= 2 else mine
         rows = [("all", whole)]
@@ -216,7 +293,7 @@ def breakdown(trace: Trace) -> Breakdown:
             if not sel.any():
                 continue
             for key, v in {"rank": r, "step": step, **_row(d, sel)}.items():
-                out[key].append(v)
+                self.out[key].append(v)
         c, dur = d.cls[whole], (d.end - d.start)[whole]
         total = float(dur.sum())
         for kc in ("COMPUTATION", "COMMUNICATION", "MEMORY", "OTHER"):
@@ -224,9 +301,12 @@ def breakdown(trace: Trace) -> Breakdown:
             if sel.any():
                 t = float(dur[sel].sum())
                 for col, v in (("rank", r), ("kernel_class", kc), ("count", int(sel.sum())), ("sum_us", t)):
-                    krows[col].append(v)
-                krows["pct"].append(_pct(t, total))
-    return Breakdown(pa.table(out), pa.table(krows), _collective_waits(trace))
+                    self.krows[col].append(v)
+                self.krows["pct"].append(_pct(t, total))
+
+    def tables(self) -> tuple[pa.Table, pa.Table]:
+        """``ranks`` and ``kernels`` (see :class:`Breakdown`)."""
+        return pa.table(self.out), pa.table(self.krows)
 
 
 _RANK_COLUMNS = (
@@ -261,7 +341,13 @@ def _collective_waits(trace: Trace) -> pa.Table:
         )
     }
     rank, ids = t["rank"].to_pylist(), t["id"].to_pylist()
-    start = np.asarray([starts[(int(r), int(i))] for r, i in zip(rank, ids, strict=True)], dtype=np.int64)
+    expanded = t["expanded"].to_numpy(zero_copy_only=False)
+    start = np.zeros(t.num_rows, dtype=np.int64)
+    kept = np.flatnonzero(~expanded).tolist()
+    start[kept] = [starts[(int(rank[i]), int(ids[i]))] for i in kept]
+    if expanded.any():  # a node an expansion replaced started when its record says, not at its id
+        found = recorded_blocks(trace.params or {})[0] or {}
+        start[expanded] = [x or 0 for x in found["start_time_micros"]]
     key = [f"{p}/{s}" for p, s in zip(t["pg_name"].to_pylist(), t["seq"].to_pylist(), strict=True)]
     latest: dict[str, int] = {}
     earliest: dict[str, int] = {}
@@ -273,14 +359,38 @@ def _collective_waits(trace: Trace) -> pa.Table:
     wait = np.asarray([latest[k] - s for k, s in zip(key, start.tolist(), strict=True)], dtype=np.float64)
     skew = np.asarray([latest[k] - earliest[k] for k in key], dtype=np.float64)
     transfer = t["own_transfer_us"].to_numpy()
-    busbw = [
-        round(nccl_bytes(c, int(b), members[k]) * busbw_factor(c, members[k]) / (x * 1e3), 3)
-        if c and b and x > 0
-        else None
-        for c, b, x, k in zip(
-            t["comm_type"].to_pylist(), t["size_bytes"].to_pylist(), transfer, key, strict=True
-        )
-    ]
+    busbw = busbw_transfer(
+        t["comm_type"].to_pylist(),
+        t["size_bytes"].to_pylist(),
+        np.asarray([members[k] for k in key], dtype=np.int64),
+        transfer,
+    )
+    return collective_table(t, skew, wait, transfer, busbw)
+
+
+def busbw_transfer(
+    comm_type: list[str | None], size_bytes: list[int | None], members: np.ndarray, transfer_us: np.ndarray
+) -> pa.Array:
+    """Bus bandwidth (GB/s, GB = 10^9 B) of each collective member's transfer part, rounded to
+    3 places; null without a type, a size or a transfer time."""
+    factor: dict[tuple[str, int], tuple[int, float]] = {}
+    out: list[float | None] = []
+    for c, b, m, x in zip(comm_type, size_bytes, members.tolist(), transfer_us.tolist(), strict=True):
+        if not (c and b and x > 0):
+            out.append(None)
+            continue
+        f = factor.get((c, m))
+        if f is None:
+            f = factor[(c, m)] = (nccl_bytes(c, 1, m), busbw_factor(c, m))
+        out.append(round(int(b) * f[0] * f[1] / (x * 1e3), 3))
+    return pa.array(out, pa.float64())
+
+
+def collective_table(
+    t: pa.Table, skew: np.ndarray, wait: np.ndarray, transfer: np.ndarray, busbw: pa.Array
+) -> pa.Table:
+    """The ``collectives`` table from :func:`~etstore.sim.replay.collective_transfers` rows and
+    their waits."""
     return pa.table(
         {
             "rank": t["rank"],
@@ -292,6 +402,6 @@ def _collective_waits(trace: Trace) -> pa.Table:
             "skew_us": skew,
             "wait_us": wait,
             "transfer_us": transfer,
-            "busbw_transfer_gb_per_s": pa.array(busbw, pa.float64()),
+            "busbw_transfer_gb_per_s": busbw,
         }
     )

@@ -23,6 +23,9 @@ it; it calls the floors below it.
 * :mod:`~etstore.app.rewrite` — a stored trace rewritten (opportunities applied), stored as
   its child with lineage;
 * :mod:`~etstore.app.rescale` — a stored trace rescaled, stored as its child;
+* :mod:`~etstore.app.critical_path`, :mod:`~etstore.app.breakdown` — a stored trace's critical
+  path and measured breakdowns, read a unit of whole ranks at a time (memory bounded by a unit,
+  not the trace);
 * :mod:`~etstore.app.publish` — an embedded store's traces, runs and metrics published to a
   Neo4j server (``etstore publish``), idempotently.
 

@@ -12,14 +12,14 @@ import io
 import json
 import math
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple, TextIO
 
 if TYPE_CHECKING:
     import pyarrow as pa
     from rich.console import Console
 
-__all__ = ["FORMATS", "Rows", "json_text", "recognised_line", "render", "to_json_value"]
+__all__ = ["FORMATS", "Rows", "json_text", "recognised_line", "render", "render_parts", "to_json_value"]
 
 FORMATS = ("table", "csv", "json")
 
@@ -156,14 +156,7 @@ def render(
     if fmt == "json":
         out.write(json_text([dict(zip(names, r, strict=True)) for r in rows]) + "\n")
     elif fmt == "csv":
-        buf = io.StringIO()
-        writer = csv.writer(buf, lineterminator="\n")
-        writer.writerow(names)
-        for r in rows:
-            writer.writerow(
-                [_cell(v) if isinstance(v, (bytes, dict, list)) else ("" if v is None else v) for v in r]
-            )
-        out.write(buf.getvalue())
+        out.write(_csv_rows([names]) + _csv_rows(rows))
     else:
         from rich.console import Console  # lazy: JSON and CSV output never load rich
         from rich.table import Table
@@ -184,6 +177,41 @@ def render(
         for row in cells:
             t.add_row(*(Text(c) for c in row))
         (console or Console(file=out)).print(t)
+
+
+def _csv_rows(rows: list[list[Any]]) -> str:
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    for r in rows:
+        writer.writerow(
+            [_cell(v) if isinstance(v, (bytes, dict, list)) else ("" if v is None else v) for v in r]
+        )
+    return buf.getvalue()
+
+
+def render_parts(parts: Iterable[pa.Table], fmt: str, *, limit: int = 0, out: TextIO | None = None) -> int:
+    """Write a table that comes in parts as CSV or JSON, as :func:`render` writes it whole, holding
+    one part at a time; at most ``limit`` rows (0: all). Returns the rows of all parts.
+
+    Why: a table too large to hold (an analysis of a large stored trace, read a few ranks at a
+    time) still prints as one table. ``parts`` holds at least one table (its columns name the
+    header).
+    """
+    out = out or sys.stdout
+    total = shown = 0
+    for index, part in enumerate(parts):
+        names, rows, _ = _columns_and_rows(part if limit <= 0 else part.slice(0, max(limit - shown, 0)))
+        if fmt == "csv":
+            out.write((_csv_rows([names]) if index == 0 else "") + _csv_rows(rows))
+        else:  # a list of row objects, each indented one step as json.dumps(indent=1) nests it
+            for i, r in enumerate(rows):
+                text = json_text(dict(zip(names, r, strict=True))).replace("\n", "\n ")
+                out.write(("[\n " if shown + i == 0 else ",\n ") + text)
+        shown += len(rows)
+        total += part.num_rows
+    if fmt == "json":
+        out.write("\n]\n" if shown else "[]\n")
+    return total
 
 
 def recognised_line(name: str, params: Mapping[str, Any]) -> str | None:

@@ -15,15 +15,15 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from etstore.cli._render import Rows, render
+from etstore.cli._render import Rows, render, render_parts
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
-__all__ = ["add_limit", "add_table", "chosen_table", "note", "one_row", "print_table"]
+__all__ = ["add_limit", "add_table", "chosen_table", "note", "one_row", "print_parts", "print_table"]
 
 
 def add_table(sp: argparse.ArgumentParser, tables: Mapping[str, str], default: str) -> None:
@@ -97,6 +97,41 @@ def print_table(
     shown = table if limit <= 0 or total <= limit else _head(table, limit)
     render(shown, fmt, title=title, console=console)
     hidden = total - _num_rows(shown)
+    if hidden:
+        rows = "row" if hidden == 1 else "rows"
+        note(f"… {hidden:,} more {rows} ({total:,} in all); --limit 0 for all", fmt, console)
+
+
+def print_parts(
+    parts: Iterable[pa.Table],
+    fmt: str,
+    *,
+    console: Any,
+    limit: int = 0,
+    title: str | None = None,
+) -> None:
+    """:func:`print_table` of a table that comes in parts (at least one): CSV and JSON are
+    written part by part; the table format holds the rows it prints (``limit``, or all).
+
+    Notes
+    -----
+    O(rows printed x columns) held at once for the table format, one part for CSV and JSON.
+    """
+    if fmt != "table":
+        total = render_parts(parts, fmt, limit=limit)
+        shown = total if limit <= 0 else min(limit, total)
+    else:
+        import pyarrow as pa  # the parts are Arrow tables already: nothing new is loaded
+
+        kept, total = [], 0
+        for part in parts:
+            if limit <= 0 or total < limit:
+                kept.append(part if limit <= 0 else part.slice(0, limit - total))
+            total += part.num_rows
+        table = pa.concat_tables(kept)
+        shown = table.num_rows
+        render(table, fmt, title=title, console=console)
+    hidden = total - shown
     if hidden:
         rows = "row" if hidden == 1 else "rows"
         note(f"… {hidden:,} more {rows} ({total:,} in all); --limit 0 for all", fmt, console)

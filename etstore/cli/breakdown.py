@@ -8,12 +8,15 @@ from typing import TYPE_CHECKING, Any
 
 from etstore.analysis.breakdown import breakdown
 from etstore.analysis.diff import diff_traces
-from etstore.cli._common import add_format, open_to_record
+from etstore.app.breakdown import stored_breakdown
+from etstore.cli._common import add_format, open_to_record, progress_to
 from etstore.cli._inputs import trace_from
-from etstore.cli._tables import add_limit, add_table, chosen_table, print_table
+from etstore.cli._tables import add_limit, add_table, chosen_table, print_parts, print_table
 
 if TYPE_CHECKING:
     from rich.console import Console
+
+    from etstore.store.base import Store
 
 __all__ = ["register"]
 
@@ -26,6 +29,8 @@ _TABLES = {
 
 def _breakdown(args: argparse.Namespace, console: Console) -> int:
     with open_to_record(args) as store:  # records nothing: the store read-only, or none
+        if store is not None and args.trace in {t.name for t in store.traces()}:
+            return _stored(args, console, store)
         trace = trace_from(store, args.trace)
     out = breakdown(trace)
     tables = {"ranks": out.ranks, "kernels": out.kernels, "collectives": out.collectives}
@@ -33,6 +38,24 @@ def _breakdown(args: argparse.Namespace, console: Console) -> int:
     for name, table in tables.items():
         if one is None or one == name:
             print_table(table, args.format, console=console, limit=args.limit, title=f"{trace.name}: {name}")
+    return 0
+
+
+def _stored(args: argparse.Namespace, console: Console, store: Store) -> int:
+    """A stored trace's breakdowns, read a unit of ranks at a time; the collectives printed part by
+    part (CSV and JSON never hold the whole table)."""
+    with progress_to(console, f"breakdown {args.trace}") as step:
+        out = stored_breakdown(store, args.trace, progress=step)
+    one = chosen_table(args)
+    for name in _TABLES:
+        if one is not None and one != name:
+            continue
+        title = f"{args.trace}: {name}"
+        if name == "collectives":
+            print_parts(out.collective_batches(), args.format, console=console, limit=args.limit, title=title)
+        else:
+            table = out.ranks if name == "ranks" else out.kernels
+            print_table(table, args.format, console=console, limit=args.limit, title=title)
     return 0
 
 

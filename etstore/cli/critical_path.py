@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from etstore.analysis import critical_path
+from etstore.app.critical_path import stored_critical_path
 from etstore.cli._common import add_format, open_from_args, progress_to
 from etstore.cli._tables import add_limit, add_table, chosen_table, one_row, print_table
 from etstore.errors import OptionError, StoreError
@@ -38,12 +38,11 @@ def _critical_path(args: argparse.Namespace, console: Console) -> int:
         return _run_path(args, console)
     if args.trace is None:
         raise OptionError("critical-path: name a stored trace, or a simulation run with --run ID")
-    with progress_to(console, f"critical-path {args.trace}") as step:
-        with open_from_args(args, read_only=True) as store:
-            _report(step, "load", 0)
-            trace = store.load(args.trace)
-            _report(step, "load", 1)
-        cp = critical_path(trace, rank=args.rank, progress=step)
+    with (
+        progress_to(console, f"critical-path {args.trace}") as step,
+        open_from_args(args, read_only=True) as store,
+    ):  # read a unit of ranks at a time: the trace need not fit in memory
+        cp = stored_critical_path(store, args.trace, rank=args.rank, progress=step)
     summary = {
         "trace": args.trace,
         "rank": args.rank,

@@ -17,7 +17,7 @@ from rich.console import Console
 
 from etstore.cli import main
 from etstore.cli._common import print_json
-from etstore.cli._render import json_text, render
+from etstore.cli._render import json_text, render, render_parts
 
 
 def _strict(text: str) -> object:
@@ -37,6 +37,25 @@ def test_json_has_no_nan_or_infinity(capsys: pytest.CaptureFixture[str]) -> None
     print_json({"ratio": float("nan"), "rows": [{"t": float("inf")}], "n": 3})
     assert _strict(capsys.readouterr().out) == {"ratio": None, "rows": [{"t": None}], "n": 3}
     assert json_text({"a": [float("nan")]}) == '{\n "a": [\n  null\n ]\n}'
+
+
+@pytest.mark.parametrize("fmt", ["csv", "json"])
+def test_a_table_in_parts_prints_as_the_whole_table(fmt: str) -> None:
+    """Empty parts, a cut mid-part, values JSON and CSV must convert: byte for byte what
+    ``render`` writes of the whole table, or of its first ``limit`` rows."""
+    whole = pa.table(
+        {"a": [1, 2, 3, 4, 5], "x": [0.5, float("nan"), None, 2.0, 1e300], "s": ["p", 'q"r', "s,t", "", None]}
+    )
+    parts = [whole.slice(0, 0), whole.slice(0, 2), whole.slice(2, 0), whole.slice(2, 3)]
+    for limit in (0, 1, 3, 5, 9):
+        want, got = io.StringIO(), io.StringIO()
+        render(whole if not limit else whole.slice(0, limit), fmt, out=want)
+        assert render_parts(iter(parts), fmt, limit=limit, out=got) == 5
+        assert got.getvalue() == want.getvalue()
+    empty, got = io.StringIO(), io.StringIO()
+    render(whole.slice(0, 0), fmt, out=empty)
+    render_parts([whole.slice(0, 0)], fmt, out=got)
+    assert got.getvalue() == empty.getvalue()
 
 
 @pytest.mark.parametrize("width", [80, 90, 100])
