@@ -37,7 +37,7 @@ __all__ = [
     "apply_opportunity",
     "find_hoists",
     "hoists_from_detail",
-    "measure_changes",
+    "measure_by_place",
     "spmd_key",
 ]
 
@@ -88,23 +88,33 @@ def spmd_key(trace: Trace, lanes: Lanes, names: Sequence[str], row: int) -> tupl
 C = TypeVar("C")
 
 
-def measure_changes(
+def measure_by_place(
     trace: Trace,
     base: Replay,
-    ranked: Sequence[tuple[str, list[C], float]],
-    apply: Callable[[list[C]], Trace],
+    lanes: Lanes,
+    found: Sequence[C],
     *,
+    row: Callable[[C], int],
+    estimate: Callable[[C], float],
+    apply: Callable[[list[C]], Trace],
+    limit: int,
     topo: Topology | None,
     config: SimConfig | None,
     progress: ProgressFn | None,
 ) -> list[tuple[str, list[C], float, float, float]]:
-    """Replay each ``(label, changes, estimate)`` applied on top of the ones taken before it:
-    ``(label, changes, gain_ns, alone_gain_ns, estimate)`` of those that shorten the makespan,
-    in the order taken (module docstring)."""
+    """The changes ``found`` grouped by place (:func:`spmd_key` of ``row(change)``: one change
+    of an SPMD program on every rank), the ``limit`` largest estimates replayed each on top of
+    the ones taken before it: ``(name at the place, changes, gain_ns, alone_gain_ns,
+    estimate)`` of those that shorten the makespan, in the order taken (module docstring)."""
+    names = trace.ops["name"].to_pylist()
+    groups: dict[tuple[str, int, bool], list[C]] = defaultdict(list)
+    for c in found:
+        groups[spmd_key(trace, lanes, names, row(c))].append(c)
+    ranked = sorted(groups.items(), key=lambda kv: -sum(estimate(c) for c in kv[1]))[:limit]
     out: list[tuple[str, list[C], float, float, float]] = []
     taken: list[C] = []
     now = float(base.result.total_ns)
-    for i, (label, changes, estimate) in enumerate(ranked):
+    for i, ((label, _, _), changes) in enumerate(ranked):
         try:
             together = float(replay(apply([*taken, *changes]), topo, config=config).result.total_ns)
         except SimulationError as exc:  # acyclic by construction; never apply a doubt
@@ -112,7 +122,8 @@ def measure_changes(
             together = now
         if together < now:
             alone = float(replay(apply(changes), topo, config=config).result.total_ns)
-            out.append((label, changes, now - together, float(base.result.total_ns) - alone, estimate))
+            gain, alone_gain = now - together, float(base.result.total_ns) - alone
+            out.append((label, changes, gain, alone_gain, float(sum(estimate(c) for c in changes))))
             taken += changes
             now = together
         if progress is not None:
@@ -152,16 +163,15 @@ def find_hoists(
     start, end = op_times(trace, base.result.ops)
     lanes = lanes_of(trace)
     found = hoist_candidates(trace, lanes, start, end, limit=4 * limit)
-    names = trace.ops["name"].to_pylist()
-    groups: dict[tuple[str, int, bool], list[Hoist]] = defaultdict(list)
-    for h in found:
-        groups[spmd_key(trace, lanes, names, h.before)].append(h)
-    ranked = sorted(groups.items(), key=lambda kv: -sum(h.estimate_ns for h in kv[1]))[:limit]
-    measured = measure_changes(
+    measured = measure_by_place(
         trace,
         base,
-        [(key[0], hs, float(sum(h.estimate_ns for h in hs))) for key, hs in ranked],
-        lambda hs: apply_hoists(trace, lanes, hs),
+        lanes,
+        found,
+        row=lambda h: h.before,
+        estimate=lambda h: h.estimate_ns,
+        apply=lambda hs: apply_hoists(trace, lanes, hs),
+        limit=limit,
         topo=topo,
         config=config,
         progress=progress,

@@ -41,7 +41,7 @@ import pyarrow as pa
 
 from etstore.algorithms._chunk_reads import NODE_ATTR, READS_COLUMNS
 from etstore.analysis._rowwise import map_cuts, rowwise
-from etstore.analysis.hoists import measure_changes, spmd_key
+from etstore.analysis.hoists import measure_by_place
 from etstore.analysis.lanes import Lanes, _reach, lanes_of, op_times
 from etstore.analysis.split import SplitCost
 from etstore.errors import RewriteError
@@ -158,16 +158,15 @@ def find_splits(
     start, end = op_times(trace, base.result.ops)
     lanes = lanes_of(trace)
     found = split_candidates(trace, lanes, start, end, cost=cost, max_pieces=max_pieces)
-    names = trace.ops["name"].to_pylist()
-    groups: dict[tuple[str, int, bool], list[ChunkSplit]] = defaultdict(list)
-    for sp in found:
-        groups[spmd_key(trace, lanes, names, sp.op)].append(sp)
-    ranked = sorted(groups.items(), key=lambda kv: -sum(sp.estimate_ns for sp in kv[1]))[:limit]
-    measured = measure_changes(
+    measured = measure_by_place(
         trace,
         base,
-        [(key[0], sps, float(sum(sp.estimate_ns for sp in sps))) for key, sps in ranked],
-        lambda sps: apply_splits(trace, lanes, sps),
+        lanes,
+        found,
+        row=lambda sp: sp.op,
+        estimate=lambda sp: sp.estimate_ns,
+        apply=lambda sps: apply_splits(trace, lanes, sps),
+        limit=limit,
         topo=topo,
         config=config,
         progress=progress,

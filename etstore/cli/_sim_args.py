@@ -73,7 +73,7 @@ def sim_config(args: argparse.Namespace) -> Any:
     return dataclasses.replace(SimConfig(), **overrides)
 
 
-def _passes(text: str) -> int:
+def memory_passes(text: str) -> int:
     """A count of memory passes: a whole number, 0 or more."""
     try:
         value = int(text)
@@ -106,14 +106,14 @@ def add_sim_options(sp: argparse.ArgumentParser) -> None:
     sp.add_argument("--chunks", type=int, default=None, help="chunks per rank for generated algorithms")
     sp.add_argument(
         "--reduction-mem-accesses",
-        type=_passes,
+        type=memory_passes,
         metavar="N",
         help="memory passes of a local reduction, on every path (default 3: ASTRA-sim's native "
         "collectives; 0 with --copy-mem-accesses 0: ASTRA-sim's custom collectives, 1 ns a step)",
     )
     sp.add_argument(
         "--copy-mem-accesses",
-        type=_passes,
+        type=memory_passes,
         metavar="N",
         help="memory passes of a local copy in an algorithm (default 2)",
     )

@@ -14,6 +14,7 @@ from etstore.algorithms.synth import SynthResult, synthesize
 from etstore.cli._common import add_format, open_from_args, print_json, progress_to, stored_status
 from etstore.cli._console import styled
 from etstore.cli._render import render
+from etstore.cli._sim_args import memory_passes
 from etstore.cli._topology_args import add_topology_options, topology_from
 from etstore.collective import chakra_name
 from etstore.sim import collective_workload, simulate
@@ -245,13 +246,13 @@ def register(sub: Any) -> None:
     )
     sp.add_argument(
         "--reduction-mem-accesses",
-        type=_passes,
+        type=memory_passes,
         metavar="N",
         help="memory passes of a reduction in the reported time, as `sim` (default 3; 0: 1 ns a step)",
     )
     sp.add_argument(
         "--copy-mem-accesses",
-        type=_passes,
+        type=memory_passes,
         metavar="N",
         help="memory passes of an all-to-all local copy in the reported time, as `sim` (default 2)",
     )
@@ -262,16 +263,3 @@ def register(sub: Any) -> None:
     )
     add_format(sp)
     sp.set_defaults(handler=_synth)
-
-
-def _passes(text: str) -> int:
-    """A count of memory passes: a whole number, 0 or more."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise argparse.ArgumentTypeError(
-            f"expected a whole number of memory passes (0 or more), got {text!r}"
-        )
-    return value
