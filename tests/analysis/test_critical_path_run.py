@@ -147,8 +147,10 @@ def test_bar_on_a_terminal_none_when_piped(
     args = ["--store", str(tmp_path / "s"), "critical-path", "w", "--format", "json", "--limit", "0"]
     assert main(args) == 0
     out, _ = capsys.readouterr()
-    # the bar's last frame (drawn when it stops): every op weighed within its rank
-    assert "critical-path w (rank paths)" in out and f"{trace.num_ops}/{trace.num_ops}" in out
+    # the bar's frames: the path counts the trace's ops as the streamed solve places them; its
+    # last frame (drawn when it stops) is the path's ops read
+    assert "critical-path w (path)" in out and f"0/{trace.num_ops}" in out
+    assert out.rstrip().rfind("(path ops)") > out.rfind("(path)") and "1/1" in out
     monkeypatch.setenv("CI", "true")
     assert main(args) == 0
     out, _ = capsys.readouterr()
