@@ -405,6 +405,17 @@ def _positions_within(rank: np.ndarray, dst: np.ndarray, kinds: pa.Array) -> np.
     return pos
 
 
+def op_row_map(ops: pa.Table) -> dict[tuple[int, int], int]:
+    """``{(rank, id): row}`` of ``ops``: for lookups one at a time of ids that may be absent
+    (a rewrite's detail, a block's members); many at once that must exist: :func:`op_rows`.
+
+    >>> op_row_map(ops_table({"rank": [0, 0, 1], "id": [5, 7, 5]}))
+    {(0, 5): 0, (0, 7): 1, (1, 5): 2}
+    """
+    pairs = zip(ops["rank"].to_pylist(), ops["id"].to_pylist(), strict=True)
+    return {(int(r), int(i)): k for k, (r, i) in enumerate(pairs)}
+
+
 def op_rows(ops: pa.Table, rank: np.ndarray, ids: np.ndarray) -> np.ndarray:
     """Row in ``ops`` of each ``(rank[i], ids[i])``; every pair must exist.
 

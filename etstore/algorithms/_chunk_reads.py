@@ -35,7 +35,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from etstore.formats._torch_flow import node_ranges
-from etstore.model import Trace, decode_attrs, deps_table
+from etstore.model import Trace, decode_attrs, deps_table, op_row_map
 
 __all__ = ["NODE_ATTR", "READS_COLUMNS", "narrow_consumers"]
 
@@ -68,15 +68,9 @@ def narrow_consumers(workload: Trace, expanded: Trace) -> tuple[Trace, int]:
     if not blocks.get("rank") or NODE_ATTR not in _attr_names(workload):
         return expanded, 0
     ops = expanded.ops
-    rank = ops["rank"].to_numpy().astype(np.int64)
     ids = ops["id"].to_numpy().astype(np.int64)
-    row_of = {(int(r), int(i)): k for k, (r, i) in enumerate(zip(rank.tolist(), ids.tolist(), strict=True))}
-    w_row = {
-        (int(r), int(i)): k
-        for k, (r, i) in enumerate(
-            zip(workload.ops["rank"].to_pylist(), workload.ops["id"].to_pylist(), strict=True)
-        )
-    }
+    row_of = op_row_map(ops)
+    w_row = op_row_map(workload.ops)
     block_of: dict[tuple[int, int], int] = {}  # (rank, id) of each op in a block -> the block
     for b, (r, first, count) in enumerate(
         zip(blocks["rank"], blocks["first_id"], blocks["ops"], strict=True)

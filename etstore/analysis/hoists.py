@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 
 from etstore.analysis.lanes import Hoist, Lanes, apply_hoists, hoist_candidates, lanes_of, op_times
 from etstore.errors import SimulationError
-from etstore.model import Trace
+from etstore.model import Trace, op_row_map
 from etstore.progress import ProgressFn
 from etstore.sim.config import SimConfig
 from etstore.sim.replay import Replay, replay
@@ -187,8 +187,7 @@ def hoists_from_detail(trace: Trace, detail: dict[str, Any]) -> list[Hoist]:
     KeyError
         An op the detail names is not in ``trace``.
     """
-    pairs = zip(trace.ops["rank"].to_pylist(), trace.ops["id"].to_pylist(), strict=True)
-    rows = {(int(r), int(i)): k for k, (r, i) in enumerate(pairs)}
+    rows = op_row_map(trace.ops)
     return [
         Hoist(
             rows[(m["rank"], m["before"])],

@@ -45,7 +45,7 @@ from etstore.analysis.hoists import measure_by_place
 from etstore.analysis.lanes import Lanes, _reach, lanes_of, op_times
 from etstore.analysis.split import SplitCost
 from etstore.errors import RewriteError
-from etstore.model import Trace, decode_attrs, deps_table, op_rows
+from etstore.model import Trace, decode_attrs, deps_table, op_row_map, op_rows
 from etstore.progress import ProgressFn
 from etstore.sim.config import SimConfig
 from etstore.sim.replay import Replay, replay
@@ -393,8 +393,7 @@ def splits_from_detail(trace: Trace, detail: Mapping[str, Any]) -> list[ChunkSpl
     KeyError
         An op the detail names is not in ``trace``.
     """
-    pairs = zip(trace.ops["rank"].to_pylist(), trace.ops["id"].to_pylist(), strict=True)
-    rows = {(int(r), int(i)): k for k, (r, i) in enumerate(pairs)}
+    rows = op_row_map(trace.ops)
     out = []
     for s in detail["splits"]:
         r = int(s["rank"])
