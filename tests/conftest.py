@@ -16,10 +16,13 @@ fixtures and markers from here, or as builders from :mod:`etstore.testing`.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -69,6 +72,23 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         return
     reason = f"no fixture matches {', '.join(mark.args)} ({SHARED} missing or incomplete)"
     metafunc.parametrize("shared_file", [pytest.param(None, marks=pytest.mark.skip(reason=reason))])
+
+
+@pytest.fixture(scope="session")
+def gen_et() -> ModuleType:
+    """``bench/gen_et.py``, the generator of large multi-rank ``.et`` traces (bench/ is no
+    package), loaded once (its dataclasses and its process pool's pickling look it up in
+    ``sys.modules``)."""
+    path = Path(__file__).resolve().parents[1] / "bench" / "gen_et.py"
+    loaded = sys.modules.get("gen_et")
+    if loaded is not None and Path(str(loaded.__file__)) == path:
+        return loaded
+    spec = importlib.util.spec_from_file_location("gen_et", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 @pytest.fixture

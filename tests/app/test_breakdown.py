@@ -6,10 +6,8 @@ prints the collectives part by part, as it printed them whole."""
 
 from __future__ import annotations
 
-import importlib.util
 import io
 import json
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
@@ -32,27 +30,11 @@ DEVICE = ("etplus_ddp_cuda_1r", "torch_ddp_cuda_1r", "torch_ddp_cuda_gloo_2r", "
 CPU_ONLY = "torch_ddp_2r"
 
 
-def _gen_et() -> ModuleType:
-    """bench/gen_et.py (bench/ is no package), the module another test file loaded if any."""
-    loaded = sys.modules.get("gen_et")
-    if loaded is not None and Path(str(loaded.__file__)) == ROOT / "bench" / "gen_et.py":
-        return loaded
-    spec = importlib.util.spec_from_file_location("gen_et", ROOT / "bench" / "gen_et.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses and pickling (its process pool) look it up there
-    spec.loader.exec_module(module)
-    return module
-
-
-GEN = _gen_et()
-
-
 @pytest.fixture(scope="module")
-def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedStore]:
+def store(tmp_path_factory: pytest.TempPathFactory, gen_et: ModuleType) -> Iterator[EmbeddedStore]:
     """The recordings, two of them expanded (``<name>-expanded``), and a generated trace ``gen``."""
     where = tmp_path_factory.mktemp("bd")
-    GEN.generate(where / "gen", ranks=32, ops_per_rank=300)
+    gen_et.generate(where / "gen", ranks=32, ops_per_rank=300)
     with EmbeddedStore(where / "s") as s:
         for name in (*DEVICE, CPU_ONLY):
             s.ingest(read_trace(DATA / name), name=name)

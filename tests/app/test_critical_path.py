@@ -6,7 +6,6 @@ its peak memory does not grow with the number of ranks."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -42,27 +41,11 @@ SHARED_TRACES = {
 CUTS = ((None, None), (300, 0), (1, 0), (1, 2000))
 
 
-def _gen_et() -> ModuleType:
-    """bench/gen_et.py (bench/ is no package), the module another test file loaded if any."""
-    loaded = sys.modules.get("gen_et")
-    if loaded is not None and Path(str(loaded.__file__)) == ROOT / "bench" / "gen_et.py":
-        return loaded
-    spec = importlib.util.spec_from_file_location("gen_et", ROOT / "bench" / "gen_et.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses and pickling (its process pool) look it up there
-    spec.loader.exec_module(module)
-    return module
-
-
-GEN = _gen_et()
-
-
 @pytest.fixture(scope="module")
-def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedStore]:
+def store(tmp_path_factory: pytest.TempPathFactory, gen_et: ModuleType) -> Iterator[EmbeddedStore]:
     """One store holding every trace compared (read-only use)."""
     where = tmp_path_factory.mktemp("cp")
-    GEN.generate(where / "gen", ranks=24, ops_per_rank=200)
+    gen_et.generate(where / "gen", ranks=24, ops_per_rank=200)
     traces: dict[str, Trace] = {name: read_trace(ROOT / "tests" / "data" / name) for name in RECORDINGS}
     traces["expanded"] = expand(transformer(ranks=8, tp=2, layers=12, seed=1), "ring").trace
     traces["gen"] = read_trace(where / "gen")
@@ -195,14 +178,16 @@ def _peak_mib(store: Path, unit_ops: int) -> float:
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="reads /proc/self/status")
-def test_peak_memory_does_not_grow_with_the_ranks(tmp_path: Path) -> None:
+def test_peak_memory_does_not_grow_with_the_ranks(tmp_path: Path, gen_et: ModuleType) -> None:
     """4x the ranks (880k more ops: ≈ 390 MB more for the in-memory path at ≈ 440 bytes per op)
     within 64 MiB of the smaller trace's peak, both read in units of 100k ops (measured: 252-254
     MiB and 246 MiB). What could grow is DuckDB's cache of the blocks read and the collective
     instances (≈ 40 bytes each)."""
     peaks = []
     for ranks in (48, 192):
-        GEN.generate(tmp_path / f"w{ranks}", ranks=ranks, ops_per_rank=6100)  # no pool: GEN may be stale
+        gen_et.generate(
+            tmp_path / f"w{ranks}", ranks=ranks, ops_per_rank=6100
+        )  # no pool: gen_et may be stale
         with EmbeddedStore(tmp_path / f"s{ranks}") as s:
             s.ingest(read_trace(tmp_path / f"w{ranks}"), name="w")
         peaks.append(_peak_mib(tmp_path / f"s{ranks}", 100_000))

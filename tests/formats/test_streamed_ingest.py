@@ -7,7 +7,6 @@ a real multi-rank trace from ../shared/fixtures, and an algorithm in the form ``
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shutil
@@ -36,18 +35,6 @@ from etstore.store import EmbeddedStore
 from etstore.store.schema import CONTENT_TABLES
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def _gen_et() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("gen_et", ROOT / "bench" / "gen_et.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses and pickling (its process pool) look it up there
-    spec.loader.exec_module(module)
-    return module
-
-
-GEN = _gen_et()
 
 
 def _counted(parts: Iterable[Trace], seen: list[int]) -> Iterator[Trace]:
@@ -89,15 +76,15 @@ def _whole_and_parts(tmp_path: Path, spec: Path, part_ops: int) -> tuple[Path, P
 
 
 @pytest.mark.parametrize("gz", [False, True], ids=["plain", "gzip"])
-def test_parts_store_what_a_whole_read_stores(tmp_path: Path, gz: bool) -> None:
-    GEN.generate(tmp_path / "w", ranks=16, ops_per_rank=500, gzip_output=gz)
+def test_parts_store_what_a_whole_read_stores(tmp_path: Path, gz: bool, gen_et: ModuleType) -> None:
+    gen_et.generate(tmp_path / "w", ranks=16, ops_per_rank=500, gzip_output=gz)
     whole, parted, seen = _whole_and_parts(tmp_path, tmp_path / "w", part_ops=1800)
     assert len(seen) >= 4 and sum(seen) == 16 and max(seen) <= 4
     _same_store(whole, parted)
     content = _stored(parted)["content"].to_pylist()[0]
     assert (content["ranks"], content["ops"], content["missing"], content["messages"]) == (16, 8000, 16, 16)
     params = json.loads(_stored(parted)["traces"]["params"][0].as_py())
-    assert params["comm_groups"] == GEN.comm_groups(16, 8)  # the sidecar, as read_et reads it
+    assert params["comm_groups"] == gen_et.comm_groups(16, 8)  # the sidecar, as read_et reads it
 
 
 def test_a_real_trace_in_parts(tmp_path: Path, shared_fixture: Any) -> None:
@@ -133,9 +120,9 @@ def test_files_that_stop_looking_like_an_algorithm(tmp_path: Path) -> None:
     _same_store(whole, parted)
 
 
-def test_decode_batch_is_a_plain_function_of_its_files(tmp_path: Path) -> None:
+def test_decode_batch_is_a_plain_function_of_its_files(tmp_path: Path, gen_et: ModuleType) -> None:
     """What a process pool or a cluster runs: ``(rank, path)`` pairs in, tables out."""
-    GEN.generate(tmp_path / "w", ranks=4, ops_per_rank=50)
+    gen_et.generate(tmp_path / "w", ranks=4, ops_per_rank=50)
     files = [(r, tmp_path / "w" / f"scale.{r}.et") for r in (2, 3)]
     batch = decode_batch(files)
     assert batch.meta["rank"].to_pylist() == [2, 3]
@@ -143,8 +130,8 @@ def test_decode_batch_is_a_plain_function_of_its_files(tmp_path: Path) -> None:
     assert set(batch.ops["rank"].to_pylist()) == {2, 3}
 
 
-def test_a_map_fn_decodes_the_batches(tmp_path: Path) -> None:
-    GEN.generate(tmp_path / "w", ranks=12, ops_per_rank=100)
+def test_a_map_fn_decodes_the_batches(tmp_path: Path, gen_et: ModuleType) -> None:
+    gen_et.generate(tmp_path / "w", ranks=12, ops_per_rank=100)
     calls: list[int] = []
 
     def mapped(func: Any, batches: Any) -> Iterator[Any]:
@@ -168,8 +155,8 @@ def streamed(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.mark.usefixtures("streamed")
-def test_ingest_streams_a_large_input_idempotently(tmp_path: Path) -> None:
-    GEN.generate(tmp_path / "w", ranks=12, ops_per_rank=400)
+def test_ingest_streams_a_large_input_idempotently(tmp_path: Path, gen_et: ModuleType) -> None:
+    gen_et.generate(tmp_path / "w", ranks=12, ops_per_rank=400)
     stages: list[tuple[str, int, int]] = []
     with EmbeddedStore(tmp_path / "s") as s:
         first = ingest_paths(
@@ -204,8 +191,10 @@ def _state(capsys: pytest.CaptureFixture[str], store: Path) -> tuple[list[Any], 
 
 
 @pytest.mark.usefixtures("streamed")
-def test_a_corrupt_file_mid_way_leaves_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    GEN.generate(tmp_path / "w", ranks=24, ops_per_rank=400)
+def test_a_corrupt_file_mid_way_leaves_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], gen_et: ModuleType
+) -> None:
+    gen_et.generate(tmp_path / "w", ranks=24, ops_per_rank=400)
     bad = tmp_path / "w" / "scale.13.et"
     good = bad.read_bytes()
     bad.write_bytes(good[: len(good) // 2])  # truncated in a node frame
@@ -252,28 +241,28 @@ def _peak_mib(files: Path, store: Path) -> float:
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="ru_maxrss is KiB on Linux")
-def test_peak_memory_does_not_grow_with_the_trace(tmp_path: Path) -> None:
+def test_peak_memory_does_not_grow_with_the_trace(tmp_path: Path, gen_et: ModuleType) -> None:
     """4x the ranks (3.4M more ops, about 2 GiB more held whole at ~600 bytes per op) within
     200 MiB of the smaller trace's peak. Both are past the digest's 1,048,576 rows held whole
     (``etstore.digest``), which bounds what the smaller one holds too; what still grows is
     DuckDB's cache of the blocks written, ~14 MiB per 1M ops up to the store's 512 MB limit
     while it stages parts (measured: +80 to +110 MiB here)."""
     small, large = tmp_path / "small", tmp_path / "large"
-    GEN.generate(small, ranks=64, ops_per_rank=17_500)
-    GEN.generate(large, ranks=256, ops_per_rank=17_500, jobs=2)
+    gen_et.generate(small, ranks=64, ops_per_rank=17_500)
+    gen_et.generate(large, ranks=256, ops_per_rank=17_500, jobs=2)
     assert sum(p.stat().st_size for p in small.iterdir()) > ingest_files.STREAM_BYTES  # streamed as is
     peak_small = _peak_mib(small, tmp_path / "s")
     peak_large = _peak_mib(large, tmp_path / "s")
     assert peak_large - peak_small < 200, (peak_small, peak_large)
 
 
-def test_rank_files_decoded_on_ray_store_what_a_whole_read_stores(tmp_path: Path) -> None:
+def test_rank_files_decoded_on_ray_store_what_a_whole_read_stores(tmp_path: Path, gen_et: ModuleType) -> None:
     """``ingest --ray``: the batches decode as Ray tasks on a local Ray instance (given absolute
     paths: a worker does not run in this directory), streamed in order into the store."""
     pytest.importorskip("ray")
     from etstore.app.fanout import fanout
 
-    GEN.generate(tmp_path / "w", ranks=12, ops_per_rank=400)
+    gen_et.generate(tmp_path / "w", ranks=12, ops_per_rank=400)
     whole = tmp_path / "whole"
     here = os.getcwd()
     os.chdir(tmp_path)  # a relative input, as a user types it (and as each trace's source says)
